@@ -1,0 +1,292 @@
+"""Pydantic models of the YAML configuration (see docs/configuration.md).
+
+Every model forbids unknown keys so that a typo names its field instead of being ignored.
+Secrets are SecretStr: they print as '**********' in logs, errors and API output.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$")
+_SIZE_UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+               "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+
+
+def _parse_duration(value: object) -> float:
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 10s, 500ms, 1h")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str) and (m := _DURATION_RE.match(value)):
+        return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+    raise ValueError("expected a duration such as 10s, 500ms, 1h")
+
+
+def _parse_size(value: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and (m := _SIZE_RE.match(value)):
+        return int(m.group(1)) * _SIZE_UNITS[m.group(2)]
+    raise ValueError("expected a size such as 1048576, 512MiB, 1GiB")
+
+
+Seconds = Annotated[float, BeforeValidator(_parse_duration), Field(gt=0)]
+ByteSize = Annotated[int, BeforeValidator(_parse_size), Field(gt=0)]
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- store ---------------------------------------------------------------------------------
+
+
+class EmbeddedStoreConfig(Strict):
+    path: Path | None = None  # default: <data_dir>/telemetry.duckdb
+    retention: Seconds = 7 * 86400.0
+
+
+class InfluxStoreConfig(Strict):
+    url: str = "http://127.0.0.1:8086"
+    database: str = "nms"
+    retention_policy: str | None = None
+    username: str | None = None
+    password: SecretStr | None = None
+    token: SecretStr | None = None  # InfluxDB 2.x/3.x v1-compat token ("Authorization: Token ...")
+    create_database: bool = True
+    batch_size: int = Field(5000, ge=1, le=100_000)
+    flush_interval: Seconds = 1.0
+    timeout: Seconds = 5.0
+    gzip: bool = True
+    spool_dir: Path | None = None  # default: <data_dir>/spool
+    spool_max_bytes: ByteSize = 1 << 30
+    verify_tls: bool = True
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError("must be an http:// or https:// URL")
+        return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _one_auth(self) -> InfluxStoreConfig:
+        if self.token is not None and (self.username or self.password):
+            raise ValueError("give either token or username/password, not both")
+        if self.password is not None and not self.username:
+            raise ValueError("password needs a username")
+        return self
+
+
+class StoreConfig(Strict):
+    backend: Literal["embedded", "influxdb"] = "embedded"
+    embedded: EmbeddedStoreConfig = EmbeddedStoreConfig()
+    influxdb: InfluxStoreConfig = InfluxStoreConfig()
+
+
+# --- API ------------------------------------------------------------------------------------
+
+Scope = Literal["read", "ingest", "act", "admin"]
+
+
+class TokenConfig(Strict):
+    """An API token: either its hash (`nms token create` prints one) or the token itself,
+    normally from an environment variable (`token: ${NMS_AGENT_TOKEN}`)."""
+
+    name: Name
+    scopes: list[Scope] = Field(min_length=1)
+    hash: str | None = None
+    token: SecretStr | None = None
+
+    @field_validator("hash")
+    @classmethod
+    def _hash_format(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"sha256:[0-9a-f]{64}", v):
+            raise ValueError("must look like sha256:<64 hex digits> (see `nms token create`)")
+        return v
+
+    @field_validator("token")
+    @classmethod
+    def _token_strength(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and len(v.get_secret_value()) < 16:
+            raise ValueError("token is too short (at least 16 characters)")
+        return v
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> TokenConfig:
+        if (self.hash is None) == (self.token is None):
+            raise ValueError("give exactly one of hash or token")
+        return self
+
+
+class TlsConfig(Strict):
+    cert: Path
+    key: Path
+
+
+class ApiConfig(Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    tls: TlsConfig | None = None
+    max_body_bytes: ByteSize = 16 << 20
+    max_items_per_batch: int = Field(50_000, ge=1)
+    tokens: list[TokenConfig] = []
+
+    @field_validator("host")
+    @classmethod
+    def _ip(cls, v: str) -> str:
+        if v != "localhost":
+            ipaddress.ip_address(v)  # raises ValueError naming the bad address
+        return v
+
+    @field_validator("tokens")
+    @classmethod
+    def _unique_names(cls, v: list[TokenConfig]) -> list[TokenConfig]:
+        names = [t.name for t in v]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"duplicate token names: {sorted(dup)}")
+        return v
+
+
+# --- scheduler and thresholds -----------------------------------------------------------------
+
+
+class SchedulerConfig(Strict):
+    misfire_grace: Seconds = 5.0
+    retention_interval: Seconds = 3600.0  # how often the embedded store prunes old data
+
+
+class Thresholds(Strict):
+    flap_count: int = Field(8, ge=1)
+    flap_window: Seconds = 3600.0
+    loss_pct: float = Field(1.0, ge=0, le=100)
+    congestion_utilization: float = Field(0.9, gt=0, le=1)
+    owd_inflation_us: float = Field(50.0, gt=0)
+    resolve_after_clean_windows: int = Field(10, ge=1)
+
+
+# --- fabric inventory ------------------------------------------------------------------------
+
+
+class SnmpSettings(Strict):
+    version: Literal["2c", "3"] = "2c"
+    port: int = Field(161, ge=1, le=65535)
+    community: SecretStr | None = None
+    user: str | None = None
+    auth_protocol: Literal["sha", "sha256", "sha512", "md5"] = "sha"
+    auth_key: SecretStr | None = None
+    priv_protocol: Literal["aes", "aes256", "des"] = "aes"
+    priv_key: SecretStr | None = None
+    interval: Seconds = 10.0
+    timeout: Seconds = 2.0
+    retries: int = Field(1, ge=0, le=10)
+    extra_oids: list[str] = []
+
+    @model_validator(mode="after")
+    def _credentials(self) -> SnmpSettings:
+        if self.version == "2c" and self.community is None:
+            raise ValueError("SNMP v2c needs a community")
+        if self.version == "3":
+            if not self.user:
+                raise ValueError("SNMPv3 needs a user")
+            if self.priv_key is not None and self.auth_key is None:
+                raise ValueError("SNMPv3 privacy (priv_key) needs authentication (auth_key)")
+            for key in (self.auth_key, self.priv_key):
+                if key is not None and len(key.get_secret_value()) < 8:
+                    raise ValueError("SNMPv3 keys must be at least 8 characters")
+        return self
+
+
+class CollectorSettings(Strict):
+    snmp: SnmpSettings | None = None
+
+
+class SwitchConfig(Strict):
+    name: Name
+    mgmt_address: str
+    role: Literal["spine", "leaf", "superspine", "other"] = "other"
+    collectors: CollectorSettings = CollectorSettings()
+
+    @field_validator("mgmt_address")
+    @classmethod
+    def _addr(cls, v: str) -> str:
+        ipaddress.ip_address(v)
+        return v
+
+
+class NicConfig(Strict):
+    name: Name
+    address: str
+    switch: Name | None = None
+    switch_port: str | None = None
+
+    @field_validator("address")
+    @classmethod
+    def _addr(cls, v: str) -> str:
+        ipaddress.ip_address(v)
+        return v
+
+
+class HostConfig(Strict):
+    name: Name
+    nics: list[NicConfig] = Field(min_length=1)
+
+
+class LinkConfig(Strict):
+    """Expected cabling, `device:port` on each end."""
+
+    a: str = Field(pattern=r"^[^:\s]+:\S+$")
+    b: str = Field(pattern=r"^[^:\s]+:\S+$")
+
+
+class FabricConfig(Strict):
+    switches: list[SwitchConfig] = []
+    hosts: list[HostConfig] = []
+    links: list[LinkConfig] = []
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FabricConfig:
+        names = [s.name for s in self.switches] + [h.name for h in self.hosts]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"duplicate device names: {dup}")
+        known = set(names)
+        for link in self.links:
+            for end in (link.a, link.b):
+                if end.split(":", 1)[0] not in known:
+                    raise ValueError(f"link end {end!r} names an unknown device")
+        switches = {s.name for s in self.switches}
+        for host in self.hosts:
+            for nic in host.nics:
+                if nic.switch is not None and nic.switch not in switches:
+                    raise ValueError(f"host {host.name} nic {nic.name}: unknown switch {nic.switch!r}")
+        return self
+
+
+class NmsConfig(Strict):
+    site: Name = "default"
+    data_dir: Path = Path("./data")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    store: StoreConfig = StoreConfig()
+    api: ApiConfig = ApiConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    thresholds: Thresholds = Thresholds()
+    fabric: FabricConfig = FabricConfig()

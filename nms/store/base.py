@@ -1,0 +1,193 @@
+"""The telemetry store contract shared by every backend.
+
+Data model (the InfluxDB one, so dashboards read it naturally): a point is a measurement name,
+string tags (identifiers), typed fields (numbers, booleans, strings) and a nanosecond timestamp.
+A series is a measurement plus one tag set. Writing a point whose series and timestamp already
+exist merges its fields into the stored point (InfluxDB semantics), so replaying a batch never
+duplicates data.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+FieldValue = Union[bool, int, float, str]
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MAX_NAME_LEN = 256
+MAX_STRING_FIELD = 64 * 1024  # InfluxDB's limit for a string field
+# Tag values (and keys) cannot end in a backslash or hold one before ',', ' ' or '=':
+# InfluxDB 1.x line protocol has no way to write those (it does not unescape '\\' in tags).
+_BAD_TAG_BACKSLASH = ("\\,", "\\ ", "\\=")
+
+
+class StoreError(Exception):
+    """A backend failed in a way the caller should see (bad query, backend error)."""
+
+
+class StoreUnavailable(StoreError):
+    """The backend cannot take or answer requests now (down, spool full); retry later."""
+
+
+@dataclass(slots=True)
+class Point:
+    measurement: str
+    tags: dict[str, str]
+    fields: dict[str, FieldValue]
+    ts: int  # nanoseconds since the Unix epoch, UTC
+
+
+@dataclass
+class WriteResult:
+    accepted: int = 0
+    rejected: list[tuple[int, str]] = field(default_factory=list)  # (index in batch, reason)
+
+
+Aggregate = Literal["mean", "min", "max", "sum", "count", "first", "last"]
+
+
+class Query(BaseModel):
+    """A time-range read of one measurement. Times are ns since the epoch; the range is [start, end)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    measurement: str = Field(min_length=1, max_length=MAX_NAME_LEN)
+    start: int = Field(ge=0)
+    end: int = Field(gt=0)
+    tags: dict[str, list[str]] = Field(default_factory=dict, description="tag key -> accepted values (OR)")
+    fields: list[str] | None = Field(None, description="fields to return; all when absent")
+    window_ns: int | None = Field(None, gt=0, description="aggregation window; buckets align to the epoch")
+    agg: Aggregate | None = None
+    limit: int = Field(10_000, ge=1, le=1_000_000, description="rows per series")
+
+    @model_validator(mode="after")
+    def _check(self) -> Query:
+        if self.end <= self.start:
+            raise ValueError("end must be after start")
+        if (self.window_ns is None) != (self.agg is None):
+            raise ValueError("window_ns and agg go together")
+        if self.agg is not None and not self.fields:
+            raise ValueError("an aggregation needs an explicit list of fields")
+        for key, values in self.tags.items():
+            if not values:
+                raise ValueError(f"tag filter {key!r} has no values")
+        return self
+
+
+class Series(BaseModel):
+    """One series of a result: rows are [time, field1, field2, ...] in the order of `columns`."""
+
+    measurement: str
+    tags: dict[str, str]
+    columns: list[str]
+    values: list[list[FieldValue | None]]
+
+
+def _check_name(kind: str, name: object) -> str | None:
+    if not isinstance(name, str) or not name:
+        return f"{kind} must be a non-empty string"
+    if len(name) > MAX_NAME_LEN:
+        return f"{kind} {name[:40]!r}... is longer than {MAX_NAME_LEN} characters"
+    if "\n" in name or "\r" in name:
+        return f"{kind} {name!r} contains a newline"
+    if any(ord(c) < 32 for c in name):
+        return f"{kind} {name!r} contains a control character"
+    if name.endswith("\\") or any(seq in name for seq in _BAD_TAG_BACKSLASH):
+        return f"{kind} {name!r} has a backslash at its end or before ',', ' ' or '=' (not storable in InfluxDB)"
+    return None
+
+
+def validate_point(p: Point) -> str | None:
+    """Return why a point cannot be stored, or None. Shared by all backends."""
+    if (err := _check_name("measurement", p.measurement)) is not None:
+        return err
+    if p.measurement.startswith("_"):
+        return f"measurement {p.measurement!r} starts with '_' (reserved)"
+    if not isinstance(p.ts, int) or isinstance(p.ts, bool) or not (0 <= p.ts <= INT64_MAX):
+        return "timestamp must be an integer number of nanoseconds since the epoch (>= 0)"
+    for key, value in p.tags.items():
+        if (err := _check_name("tag key", key)) is not None:
+            return err
+        if key in ("time", "_field", "_measurement"):
+            return f"tag key {key!r} is reserved"
+        if not isinstance(value, str):
+            return f"tag {key!r} must be a string"
+        if (err := _check_name(f"tag {key!r} value", value)) is not None:
+            return err
+    if not p.fields:
+        return "a point needs at least one field"
+    for key, value in p.fields.items():
+        if (err := _check_name("field key", key)) is not None:
+            return err
+        if key == "time":
+            return "field key 'time' is reserved"
+        if key in p.tags:
+            return f"{key!r} is both a tag and a field"
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int):
+            if not INT64_MIN <= value <= INT64_MAX:
+                return f"field {key!r}: integer outside the signed 64-bit range"
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                return f"field {key!r}: NaN and infinity cannot be stored"
+        elif isinstance(value, str):
+            if len(value.encode()) > MAX_STRING_FIELD:
+                return f"field {key!r}: string longer than 64 KiB"
+        else:
+            return f"field {key!r}: unsupported type {type(value).__name__}"
+    return None
+
+
+def field_type(value: FieldValue) -> str:
+    """The store-level type name of a field value: float, integer, boolean or string."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "float"
+    return "string"
+
+
+class TimeSeriesStore(ABC):
+    """What the service needs from a telemetry backend. Implementations are thread-safe."""
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def write(self, points: list[Point]) -> WriteResult:
+        """Store a batch. Bad points are rejected with a reason; good ones in the same batch are kept.
+        Raises StoreUnavailable when the batch could not be taken at all (nothing of it was kept)."""
+
+    @abstractmethod
+    def query(self, q: Query) -> list[Series]:
+        """Rows of q.measurement in [start, end), one Series per tag set, ascending time."""
+
+    @abstractmethod
+    def latest(self, measurement: str, tags: dict[str, list[str]] | None = None,
+               fields: list[str] | None = None) -> list[Series]:
+        """The newest row of each matching series."""
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Make every accepted write durable (or spooled). True when nothing is left in memory."""
+        return True
+
+    def close(self) -> None:
+        """Flush and release resources."""
+
+    def stats(self) -> dict[str, float]:
+        """Numbers for /metrics and /health (points written, spool bytes, ...)."""
+        return {}
+
+    def health(self) -> dict[str, object]:
+        return {"backend": self.name, "ok": True}
+
+    def prune(self, older_than_ns: int) -> int:
+        """Delete data older than the given time; return rows deleted (backends with own retention: 0)."""
+        return 0
