@@ -1,0 +1,131 @@
+"""POST /ingest/<kind>: batches of records. Bad items are rejected with reasons, good ones kept."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
+
+from nms.app.auth import require
+from nms.records import INGEST_KINDS
+
+router = APIRouter(prefix="/ingest", tags=["ingest"])
+
+
+class ItemError(BaseModel):
+    index: int
+    errors: list[str]
+
+
+class IngestResult(BaseModel):
+    accepted: int
+    rejected: list[ItemError] = Field(default_factory=list)
+
+
+def _error_text(err: Any) -> str:
+    where = ".".join(str(p) for p in err["loc"])
+    return f"{where}: {err['msg']}" if where else err["msg"]
+
+
+def decode_body(raw: bytes, encoding: str, limit: int) -> bytes:
+    """Undo Content-Encoding gzip, bounded so that a small 'zip bomb' cannot exhaust memory."""
+    if encoding in ("", "identity"):
+        return raw
+    if encoding != "gzip":
+        raise HTTPException(415, f"unsupported Content-Encoding {encoding!r} (use gzip or none)")
+    inflater = zlib.decompressobj(wbits=31)
+    try:
+        body = inflater.decompress(raw, limit + 1)
+    except zlib.error as e:
+        raise HTTPException(400, f"bad gzip body: {e}") from None
+    if len(body) > limit or inflater.unconsumed_tail:
+        raise HTTPException(413, f"decompressed body larger than {limit} bytes")
+    return body
+
+
+class Ingestor:
+    """Validation and storage of one record kind."""
+
+    def __init__(self, kind: str, model: type[BaseModel]):
+        self.kind = kind
+        self.model = model
+        self.item = TypeAdapter(model)
+        # {"items": [...]} validated straight from JSON bytes by pydantic-core: the fast path.
+        self.envelope = create_model(f"{model.__name__}Batch", __config__=ConfigDict(extra="forbid"),
+                                     items=(list[model], ...))
+
+    def validate(self, body: bytes, max_items: int) -> tuple[list[tuple[int, Any]], list[ItemError]]:
+        try:
+            records = self.envelope.model_validate_json(body).items
+        except ValidationError:
+            return self._validate_each(body, max_items)
+        if len(records) > max_items:
+            raise HTTPException(413, f"batch of {len(records)} items exceeds the limit of {max_items}")
+        return list(enumerate(records)), []
+
+    def _validate_each(self, body: bytes, max_items: int) -> tuple[list[tuple[int, Any]], list[ItemError]]:
+        try:
+            envelope = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise HTTPException(400, f"body is not valid JSON: {e}") from None
+        if not isinstance(envelope, dict) or set(envelope) != {"items"} or not isinstance(envelope["items"], list):
+            raise HTTPException(422, 'body must be an object {"items": [...]} with no other keys')
+        items = envelope["items"]
+        if len(items) > max_items:
+            raise HTTPException(413, f"batch of {len(items)} items exceeds the limit of {max_items}")
+        good, bad = [], []
+        for i, item in enumerate(items):
+            try:
+                good.append((i, self.item.validate_python(item)))
+            except ValidationError as e:
+                bad.append(ItemError(index=i, errors=[_error_text(err) for err in e.errors(include_input=False)]))
+        return good, bad
+
+    def ingest(self, service, body: bytes) -> IngestResult:
+        good, bad = self.validate(body, service.config.api.max_items_per_batch)
+        accepted = 0
+        if good:
+            result = service.store.write([record.to_point() for _, record in good])
+            accepted = result.accepted
+            for point_index, reason in result.rejected:
+                bad.append(ItemError(index=good[point_index][0], errors=[reason]))
+            bad.sort(key=lambda e: e.index)
+        service.metrics.ingest_items.labels(self.kind, "accepted").inc(accepted)
+        service.metrics.ingest_items.labels(self.kind, "rejected").inc(len(bad))
+        return IngestResult(accepted=accepted, rejected=bad)
+
+
+def _route(ingestor: Ingestor):
+    async def ingest(request: Request) -> JSONResponse:
+        service = request.app.state.service
+        limit = service.config.api.max_body_bytes
+        body = decode_body(await request.body(), request.headers.get("content-encoding", "").lower(), limit)
+        result = await run_in_threadpool(ingestor.ingest, service, body)
+        # 422 only when a non-empty batch had nothing worth keeping.
+        status = 422 if result.accepted == 0 and result.rejected else 200
+        return JSONResponse(result.model_dump(), status_code=status)
+
+    return ingest
+
+
+INGESTORS = [Ingestor(kind, model) for kind, model in INGEST_KINDS.items()]
+for _ingestor in INGESTORS:
+    _kind, _model = _ingestor.kind, _ingestor.model
+    router.add_api_route(
+        f"/{_kind}", _route(_ingestor), methods=["POST"], response_model=IngestResult,
+        summary=f"Ingest a batch of {_model.__name__} records",
+        description=(f"Body: `{{\"items\": [{_model.__name__}, ...]}}`, optionally gzip-encoded. Items that fail "
+                     "validation are returned in `rejected` with reasons; the others are stored. 422 when none "
+                     "is stored."),
+        dependencies=[Depends(require("ingest"))],
+        responses={422: {"model": IngestResult, "description": "no item of the batch was valid"},
+                   413: {"description": "body or batch too large"},
+                   503: {"description": "telemetry store unavailable; retry later"}},
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+            "schema": {"$ref": f"#/components/schemas/{_ingestor.envelope.__name__}"}}}}},
+    )

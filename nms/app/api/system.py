@@ -1,0 +1,48 @@
+"""Liveness, version and the service's own Prometheus metrics."""
+
+from __future__ import annotations
+
+import platform
+import time
+
+from fastapi import APIRouter, Depends, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
+
+from nms import __version__
+from nms.app.auth import require
+
+router = APIRouter(tags=["system"])
+
+
+class Health(BaseModel):
+    status: str
+    store_ok: bool
+
+
+class Version(BaseModel):
+    version: str
+    python: str
+    store_backend: str
+    uptime_s: float
+
+
+@router.get("/health", response_model=Health, summary="Liveness and store health (no token needed)")
+def health(request: Request, response: Response) -> Health:
+    ok = bool(request.app.state.service.store.health().get("ok"))
+    if not ok:
+        response.status_code = 503
+    return Health(status="ok" if ok else "degraded", store_ok=ok)
+
+
+@router.get("/version", response_model=Version, dependencies=[Depends(require("read"))])
+def version(request: Request) -> Version:
+    service = request.app.state.service
+    return Version(version=__version__, python=platform.python_version(), store_backend=service.store.name,
+                   uptime_s=round(time.time() - service.started_at, 3))
+
+
+@router.get("/metrics", dependencies=[Depends(require("read"))], response_class=Response,
+            responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
+def metrics(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,39 @@
+"""Backend-neutral telemetry reads (the same answers from the embedded store and InfluxDB)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, HTTPException, Query as Param, Request
+from pydantic import BaseModel
+
+from nms.app.auth import require
+from nms.store import Query, Series
+
+router = APIRouter(prefix="/telemetry", tags=["telemetry"], dependencies=[Depends(require("read"))])
+
+
+class QueryResult(BaseModel):
+    series: list[Series]
+
+
+def parse_tag_filters(tags: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for item in tags:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise HTTPException(422, f"tag filter {item!r} must look like key=value")
+        out.setdefault(key, []).append(value)
+    return out
+
+
+@router.post("/query", response_model=QueryResult, summary="Rows or windowed aggregates of one measurement")
+def query(q: Query, request: Request) -> QueryResult:
+    return QueryResult(series=request.app.state.service.store.query(q))
+
+
+@router.get("/latest", response_model=QueryResult, summary="Newest row of each matching series")
+def latest(request: Request,
+           measurement: str = Param(min_length=1, max_length=256),
+           tag: list[str] = Param([], description="key=value; repeat for OR within a key, AND across keys"),
+           field: list[str] = Param([], description="fields to return (all when absent)")) -> QueryResult:
+    store = request.app.state.service.store
+    return QueryResult(series=store.latest(measurement, parse_tag_filters(tag), field or None))

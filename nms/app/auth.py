@@ -1,0 +1,79 @@
+"""Bearer-token authentication with scopes (read, ingest, act, admin; admin implies all).
+
+Tokens are kept only as SHA-256 hashes: API tokens are long random strings, so a fast hash is
+enough (no password-style stretching needed) and lookups stay O(1) per request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from nms.config.models import TokenConfig
+
+SCOPES = ("read", "ingest", "act", "admin")
+
+
+def hash_token(token: str) -> str:
+    return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    return "nms_" + secrets.token_urlsafe(32)
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    scopes: frozenset[str]
+
+    def allows(self, scope: str) -> bool:
+        return scope in self.scopes or "admin" in self.scopes
+
+
+class TokenRegistry:
+    def __init__(self, tokens: list[TokenConfig]):
+        self._by_hash: dict[str, Principal] = {}
+        for t in tokens:
+            digest = t.hash if t.hash is not None else hash_token(t.token.get_secret_value())
+            self._by_hash[digest] = Principal(t.name, frozenset(t.scopes))
+
+    def __len__(self) -> int:
+        return len(self._by_hash)
+
+    def lookup(self, token: str) -> Principal | None:
+        digest = hash_token(token)
+        for known, principal in self._by_hash.items():
+            if hmac.compare_digest(known, digest):
+                return principal
+        return None
+
+
+_bearer = HTTPBearer(auto_error=False, description="API token (see `nms token create`)")
+
+
+def require(scope: str):
+    """FastAPI dependency: 401 without a valid token, 403 when the token lacks `scope`."""
+    assert scope in SCOPES
+
+    def check(request: Request, creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Principal:
+        registry: TokenRegistry = request.app.state.tokens
+        metrics = request.app.state.metrics
+        if creds is None or creds.scheme.lower() != "bearer":
+            metrics.auth_failures.labels("missing").inc()
+            raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
+        principal = registry.lookup(creds.credentials)
+        if principal is None:
+            metrics.auth_failures.labels("invalid").inc()
+            raise HTTPException(401, "invalid token", headers={"WWW-Authenticate": "Bearer"})
+        if not principal.allows(scope):
+            metrics.auth_failures.labels("scope").inc()
+            raise HTTPException(403, f"token {principal.name!r} lacks scope {scope!r}")
+        return principal
+
+    return check

@@ -1,0 +1,28 @@
+"""Find plugins (store backends now; collectors and notifiers later) by name via entry points."""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from typing import Any
+
+from nms.config import NmsConfig
+from nms.store import TimeSeriesStore
+
+STORE_GROUP = "nms.stores"
+
+
+class PluginError(Exception):
+    pass
+
+
+def load_plugin(group: str, name: str) -> Any:
+    matches = [ep for ep in entry_points(group=group) if ep.name == name]
+    if not matches:
+        available = sorted(ep.name for ep in entry_points(group=group))
+        raise PluginError(f"no {group} plugin named {name!r} (installed: {', '.join(available) or 'none'})")
+    return matches[0].load()
+
+
+def open_store(config: NmsConfig) -> TimeSeriesStore:
+    backend = load_plugin(STORE_GROUP, config.store.backend)
+    return backend.from_config(config)

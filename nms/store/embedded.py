@@ -1,0 +1,311 @@
+"""Embedded telemetry store: one DuckDB file, no server.
+
+Each measurement is a table with a `time` column, a series key `sk` (hash of the tag set), one
+column per tag key and one typed column per field key; (sk, time) is the primary key so a point
+written twice merges instead of duplicating (InfluxDB semantics). Names are mapped to generated
+table/column names through two catalog tables, because DuckDB identifiers are case-insensitive
+while measurement, tag and field names are not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import duckdb
+import pyarrow as pa
+
+from nms.store.base import (
+    Point,
+    Query,
+    Series,
+    StoreError,
+    TimeSeriesStore,
+    WriteResult,
+    field_type,
+    validate_point,
+)
+
+if TYPE_CHECKING:
+    from nms.config import NmsConfig
+
+log = logging.getLogger(__name__)
+
+_SQL_TYPES = {"float": "DOUBLE", "integer": "BIGINT", "boolean": "BOOLEAN", "string": "VARCHAR"}
+_ARROW_TYPES = {"float": pa.float64(), "integer": pa.int64(), "boolean": pa.bool_(), "string": pa.string()}
+_AGG_SQL = {"mean": "avg", "min": "min", "max": "max", "sum": "sum", "count": "count",
+            "first": "arg_min({c}, time)", "last": "arg_max({c}, time)"}
+
+
+def series_key(tags: dict[str, str]) -> int:
+    canonical = "\x00".join(f"{k}\x01{v}" for k, v in sorted(tags.items()))
+    return int.from_bytes(hashlib.blake2b(canonical.encode(), digest_size=8).digest(), "little")
+
+
+class _Table:
+    """Catalog entry of one measurement: its table and the columns of its tags and fields."""
+
+    def __init__(self, table: str):
+        self.table = table
+        self.tag_cols: dict[str, str] = {}  # tag key -> column
+        self.field_cols: dict[str, str] = {}  # field key -> column
+        self.field_types: dict[str, str] = {}  # field key -> float/integer/boolean/string
+
+
+class EmbeddedStore(TimeSeriesStore):
+    name = "embedded"
+
+    def __init__(self, path: Path, retention_s: float | None = None):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.retention_s = retention_s
+        self._lock = threading.Lock()
+        self._con = duckdb.connect(str(path))
+        self._con.execute("CREATE TABLE IF NOT EXISTS _measurements (name VARCHAR PRIMARY KEY, tbl VARCHAR)")
+        self._con.execute(
+            "CREATE TABLE IF NOT EXISTS _columns (tbl VARCHAR, kind VARCHAR, key VARCHAR, col VARCHAR, type VARCHAR)")
+        self._tables: dict[str, _Table] = {}
+        for name, tbl in self._con.execute("SELECT name, tbl FROM _measurements").fetchall():
+            self._tables[name] = _Table(tbl)
+        for tbl, kind, key, col, typ in self._con.execute("SELECT tbl, kind, key, col, type FROM _columns").fetchall():
+            entry = next(t for t in self._tables.values() if t.table == tbl)
+            if kind == "t":
+                entry.tag_cols[key] = col
+            else:
+                entry.field_cols[key] = col
+                entry.field_types[key] = typ
+        self._stats = {"points_written": 0.0, "points_rejected": 0.0}
+
+    @classmethod
+    def from_config(cls, cfg: NmsConfig) -> EmbeddedStore:
+        conf = cfg.store.embedded
+        return cls(conf.path or cfg.data_dir / "telemetry.duckdb", retention_s=conf.retention)
+
+    # --- catalog -------------------------------------------------------------------------------
+
+    def _table_for(self, measurement: str) -> _Table:
+        entry = self._tables.get(measurement)
+        if entry is None:
+            entry = _Table(f"m{len(self._tables)}")
+            self._con.execute(
+                f'CREATE TABLE {entry.table} (time BIGINT NOT NULL, sk UBIGINT NOT NULL, PRIMARY KEY (sk, time))')
+            self._con.execute("INSERT INTO _measurements VALUES (?, ?)", [measurement, entry.table])
+            self._tables[measurement] = entry
+        return entry
+
+    def _add_column(self, entry: _Table, kind: str, key: str, typ: str) -> str:
+        col = f"c{len(entry.tag_cols) + len(entry.field_cols)}"
+        self._con.execute(f"ALTER TABLE {entry.table} ADD COLUMN {col} {_SQL_TYPES[typ]}")
+        self._con.execute("INSERT INTO _columns VALUES (?, ?, ?, ?, ?)", [entry.table, kind, key, col, typ])
+        if kind == "t":
+            entry.tag_cols[key] = col
+        else:
+            entry.field_cols[key] = col
+            entry.field_types[key] = typ
+        return col
+
+    # --- write ---------------------------------------------------------------------------------
+
+    def write(self, points: list[Point]) -> WriteResult:
+        result = WriteResult()
+        by_measurement: dict[str, list[tuple[int, Point]]] = defaultdict(list)
+        for i, p in enumerate(points):
+            if (reason := validate_point(p)) is not None:
+                result.rejected.append((i, reason))
+            else:
+                by_measurement[p.measurement].append((i, p))
+        with self._lock:
+            for measurement, items in by_measurement.items():
+                result.accepted += self._write_measurement(measurement, items, result)
+        result.rejected.sort()
+        self._stats["points_written"] += result.accepted
+        self._stats["points_rejected"] += len(result.rejected)
+        return result
+
+    def _write_measurement(self, measurement: str, items: list[tuple[int, Point]], result: WriteResult) -> int:
+        entry = self._table_for(measurement)
+        # Type check against the catalog and the rest of the batch; first type seen wins.
+        batch_types: dict[str, str] = {}
+        rows: dict[tuple[int, int], tuple[dict[str, str], dict]] = {}
+        accepted = 0
+        for i, p in items:
+            conflict = None
+            for key, value in p.fields.items():
+                typ = field_type(value)
+                known = entry.field_types.get(key) or batch_types.get(key)
+                if known is not None and known != typ:
+                    conflict = f"field {key!r} is {typ} but the measurement stores it as {known} (type conflict)"
+                    break
+            if conflict:
+                result.rejected.append((i, conflict))
+                continue
+            accepted += 1
+            for key, value in p.fields.items():
+                batch_types.setdefault(key, field_type(value))
+            row_key = (series_key(p.tags), p.ts)
+            if row_key in rows:  # same series and time twice in one batch: merge, later wins
+                rows[row_key][1].update(p.fields)
+            else:
+                rows[row_key] = (p.tags, dict(p.fields))
+        if not rows:
+            return 0
+        tag_keys = sorted({k for tags, _ in rows.values() for k in tags})
+        field_keys = sorted(batch_types)
+        for key in tag_keys:
+            if key not in entry.tag_cols:
+                self._add_column(entry, "t", key, "string")
+        for key in field_keys:
+            if key not in entry.field_cols:
+                self._add_column(entry, "f", key, batch_types[key])
+
+        columns = {"time": pa.array([k[1] for k in rows], pa.int64()),
+                   "sk": pa.array([k[0] for k in rows], pa.uint64())}
+        for key in tag_keys:
+            columns[entry.tag_cols[key]] = pa.array([tags.get(key) for tags, _ in rows.values()], pa.string())
+        for key in field_keys:
+            columns[entry.field_cols[key]] = pa.array(
+                [fields.get(key) for _, fields in rows.values()], _ARROW_TYPES[batch_types[key]])
+        batch = pa.table(columns)
+        names = ", ".join(columns)
+        updates = ", ".join(f"{c} = COALESCE(EXCLUDED.{c}, {entry.table}.{c})"
+                            for c in list(columns)[2:])
+        conflict = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
+        try:
+            self._con.register("_batch", batch)
+            self._con.execute(f"INSERT INTO {entry.table} ({names}) SELECT {names} FROM _batch ON CONFLICT {conflict}")
+        except duckdb.Error as e:
+            raise StoreError(f"embedded store write failed: {e}") from e
+        finally:
+            self._con.unregister("_batch")
+        return accepted
+
+    # --- read ----------------------------------------------------------------------------------
+
+    def _where(self, entry: _Table, tags: dict[str, list[str]]) -> tuple[list[str], list] | None:
+        clauses, params = [], []
+        for key, values in tags.items():
+            col = entry.tag_cols.get(key)
+            if col is None:
+                return None  # filter on a tag the measurement never had: nothing matches
+            clauses.append(f"{col} IN ({', '.join('?' for _ in values)})")
+            params.extend(values)
+        return clauses, params
+
+    def _series(self, measurement: str, entry: _Table, fields: list[str], rows: list[tuple]) -> list[Series]:
+        """rows: (sk, time, *tag columns, *field values), ordered by sk then time."""
+        tag_keys = list(entry.tag_cols)
+        out: list[Series] = []
+        current_sk = None
+        for row in rows:
+            sk, ts = row[0], row[1]
+            if sk != current_sk:
+                tags = {k: v for k, v in zip(tag_keys, row[2:2 + len(tag_keys)]) if v is not None}
+                out.append(Series(measurement=measurement, tags=tags, columns=["time", *fields], values=[]))
+                current_sk = sk
+            out[-1].values.append([ts, *row[2 + len(tag_keys):]])
+        out.sort(key=lambda s: sorted(s.tags.items()))
+        return out
+
+    def query(self, q: Query) -> list[Series]:
+        with self._lock:
+            entry = self._tables.get(q.measurement)
+            if entry is None:
+                return []
+            where = self._where(entry, q.tags)
+            if where is None:
+                return []
+            clauses, params = where
+            clauses = ["time >= ?", "time < ?", *clauses]
+            params = [q.start, q.end, *params]
+            fields = q.fields if q.fields is not None else sorted(entry.field_cols)
+            known = [f for f in fields if f in entry.field_cols]
+            if not known:
+                return []
+            tag_sel = "".join(f", any_value({c})" if q.agg else f", {c}" for c in entry.tag_cols.values())
+            if q.agg is None:
+                values = ", ".join(entry.field_cols[f] if f in entry.field_cols else "NULL" for f in fields)
+                not_all_null = " OR ".join(f"{entry.field_cols[f]} IS NOT NULL" for f in known)
+                sql = (f"SELECT sk, time{tag_sel}, {values} FROM {entry.table} "
+                       f"WHERE {' AND '.join(clauses)} AND ({not_all_null}) "
+                       f"QUALIFY row_number() OVER (PARTITION BY sk ORDER BY time) <= {q.limit} "
+                       f"ORDER BY sk, time")
+            else:
+                aggs = []
+                for f in fields:
+                    col = entry.field_cols.get(f)
+                    tmpl = _AGG_SQL[q.agg]
+                    aggs.append("NULL" if col is None else
+                                tmpl.format(c=col) if "{c}" in tmpl else f"{tmpl}({col})")
+                having = " OR ".join(f"{a} IS NOT NULL" for a in aggs if a != "NULL")
+                if q.agg == "count":
+                    having = " OR ".join(f"{a} > 0" for a in aggs if a != "NULL")
+                w = q.window_ns
+                sql = (f"SELECT sk, (time // {w}) * {w} AS bucket{tag_sel}, {', '.join(aggs)} "
+                       f"FROM {entry.table} WHERE {' AND '.join(clauses)} "
+                       f"GROUP BY sk, bucket HAVING {having} "
+                       f"QUALIFY row_number() OVER (PARTITION BY sk ORDER BY bucket) <= {q.limit} "
+                       f"ORDER BY sk, bucket")
+            try:
+                rows = self._con.execute(sql, params).fetchall()
+            except duckdb.Error as e:
+                raise StoreError(f"query failed: {e}") from e
+        series = self._series(q.measurement, entry, fields, rows)
+        if q.agg == "mean":
+            for s in series:
+                for row in s.values:
+                    row[1:] = [None if v is None else float(v) for v in row[1:]]
+        return series
+
+    def latest(self, measurement: str, tags: dict[str, list[str]] | None = None,
+               fields: list[str] | None = None) -> list[Series]:
+        with self._lock:
+            entry = self._tables.get(measurement)
+            if entry is None:
+                return []
+            where = self._where(entry, tags or {})
+            if where is None:
+                return []
+            clauses, params = where
+            fields = fields if fields is not None else sorted(entry.field_cols)
+            known = [f for f in fields if f in entry.field_cols]
+            if not known:
+                return []
+            clauses.append("(" + " OR ".join(f"{entry.field_cols[f]} IS NOT NULL" for f in known) + ")")
+            tag_sel = "".join(f", {c}" for c in entry.tag_cols.values())
+            values = ", ".join(entry.field_cols.get(f, "NULL") for f in fields)
+            sql = (f"SELECT sk, time{tag_sel}, {values} FROM {entry.table} WHERE {' AND '.join(clauses)} "
+                   f"QUALIFY row_number() OVER (PARTITION BY sk ORDER BY time DESC) = 1 ORDER BY sk")
+            rows = self._con.execute(sql, params).fetchall()
+        return self._series(measurement, entry, fields, rows)
+
+    # --- housekeeping --------------------------------------------------------------------------
+
+    def prune(self, older_than_ns: int) -> int:
+        deleted = 0
+        with self._lock:
+            for entry in self._tables.values():
+                res = self._con.execute(f"DELETE FROM {entry.table} WHERE time < ?", [older_than_ns]).fetchone()
+                deleted += res[0] if res else 0
+        return deleted
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        with self._lock:
+            self._con.execute("CHECKPOINT")
+        return True
+
+    def close(self) -> None:
+        with self._lock:
+            try:
+                self._con.execute("CHECKPOINT")
+            finally:
+                self._con.close()
+
+    def stats(self) -> dict[str, float]:
+        return dict(self._stats, measurements=float(len(self._tables)))
+
+    def health(self) -> dict[str, object]:
+        return {"backend": self.name, "ok": True, "path": str(self.path)}
