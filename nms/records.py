@@ -22,6 +22,8 @@ U64_MAX = (1 << 64) - 1
 
 def _to_ns(value: Any) -> Any:
     """Accept ns integers or RFC 3339 strings / datetimes; return ns."""
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
     if isinstance(value, str):
         try:
             value = datetime.fromisoformat(value.replace("Z", "+00:00"))

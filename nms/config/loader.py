@@ -131,7 +131,8 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         for err in e.errors(include_input=False, include_url=False):
             # Drop pydantic's internal union/validator tags from the location.
             loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
-            if loc in unresolved:  # already reported: the reference itself is the problem
+            # An unresolved reference was reported already; errors it causes at or above it are noise.
+            if any(loc and ref[:len(loc)] == loc for ref in unresolved):
                 continue
             issues.append(ConfigIssue(_dotted(loc), _nearest_line(lines, loc), err["msg"]))
         config = None

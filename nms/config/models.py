@@ -28,7 +28,7 @@ _SIZE_UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, 
                "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 
 
-def _parse_duration(value: object) -> float:
+def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError("expected a duration such as 10s, 500ms, 1h")
     if isinstance(value, (int, float)):
@@ -38,7 +38,7 @@ def _parse_duration(value: object) -> float:
     raise ValueError("expected a duration such as 10s, 500ms, 1h")
 
 
-def _parse_size(value: object) -> int:
+def parse_size(value: object) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, str) and (m := _SIZE_RE.match(value)):
@@ -46,8 +46,8 @@ def _parse_size(value: object) -> int:
     raise ValueError("expected a size such as 1048576, 512MiB, 1GiB")
 
 
-Seconds = Annotated[float, BeforeValidator(_parse_duration), Field(gt=0)]
-ByteSize = Annotated[int, BeforeValidator(_parse_size), Field(gt=0)]
+Seconds = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+ByteSize = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")]
 
 

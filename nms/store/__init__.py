@@ -10,10 +10,11 @@ from nms.store.base import (
     StoreUnavailable,
     TimeSeriesStore,
     WriteResult,
+    parse_tag_filters,
     validate_point,
 )
 
 __all__ = [
     "FieldValue", "Point", "Query", "Series", "StoreError", "StoreUnavailable",
-    "TimeSeriesStore", "WriteResult", "validate_point",
+    "TimeSeriesStore", "WriteResult", "parse_tag_filters", "validate_point",
 ]

@@ -88,6 +88,17 @@ class Series(BaseModel):
     values: list[list[FieldValue | None]]
 
 
+def parse_tag_filters(items: list[str]) -> dict[str, list[str]]:
+    """['device=leaf1', 'device=leaf2', 'port=eth1'] -> {'device': ['leaf1', 'leaf2'], 'port': ['eth1']}."""
+    out: dict[str, list[str]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"tag filter {item!r} must look like key=value")
+        out.setdefault(key, []).append(value)
+    return out
+
+
 def _check_name(kind: str, name: object) -> str | None:
     if not isinstance(name, str) or not name:
         return f"{kind} must be a non-empty string"

@@ -51,6 +51,6 @@ def encode_point(p: Point) -> str:
     return f"{''.join(parts)} {fields} {p.ts}"
 
 
-def encode_lines(lines: list[str]) -> bytes:
-    """A write body from encoded lines."""
-    return ("\n".join(lines) + "\n").encode()
+def encode_batch(points: list[Point]) -> bytes:
+    """A /write body."""
+    return "".join(encode_point(p) + "\n" for p in points).encode()

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query as Param, Request
 from pydantic import BaseModel
 
 from nms.app.auth import require
-from nms.store import Query, Series
+from nms.store import Query, Series, parse_tag_filters
 
 router = APIRouter(prefix="/telemetry", tags=["telemetry"], dependencies=[Depends(require("read"))])
 
@@ -15,14 +15,6 @@ class QueryResult(BaseModel):
     series: list[Series]
 
 
-def parse_tag_filters(tags: list[str]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for item in tags:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise HTTPException(422, f"tag filter {item!r} must look like key=value")
-        out.setdefault(key, []).append(value)
-    return out
 
 
 @router.post("/query", response_model=QueryResult, summary="Rows or windowed aggregates of one measurement")
@@ -35,5 +27,8 @@ def latest(request: Request,
            measurement: str = Param(min_length=1, max_length=256),
            tag: list[str] = Param([], description="key=value; repeat for OR within a key, AND across keys"),
            field: list[str] = Param([], description="fields to return (all when absent)")) -> QueryResult:
-    store = request.app.state.service.store
-    return QueryResult(series=store.latest(measurement, parse_tag_filters(tag), field or None))
+    try:
+        tags = parse_tag_filters(tag)
+    except ValueError as e:
+        raise HTTPException(422, str(e)) from None
+    return QueryResult(series=request.app.state.service.store.latest(measurement, tags, field or None))

@@ -1,0 +1,1 @@
+"""NCCL profiler plugin (C) and its Python decoder/ingest. Lands with the NCCL plugin issue."""

@@ -1,0 +1,5 @@
+"""`python -m nms` is `nms`."""
+
+from nms.app.cli import main
+
+main()

@@ -1,0 +1,193 @@
+"""`nms`: the service and its command-line client."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from nms import __version__
+from nms.app.cli.client import ApiClient, TokenOpt, UrlOpt, err_console, fmt_time
+from nms.app.cli.jobs import jobs_app
+from nms.config import ConfigError, load_config
+from nms.config.models import parse_duration
+from nms.store import parse_tag_filters
+
+app = typer.Typer(help="Open network management for AI GPU fabrics.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+config_app = typer.Typer(help="Configuration files.", no_args_is_help=True)
+token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+app.add_typer(token_app, name="token")
+app.add_typer(jobs_app, name="jobs")
+console = Console(soft_wrap=True)
+
+
+
+def _load(path: Path):
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        err_console.print(f"[red]{e.source}: {len(e.issues)} configuration error(s)[/]")
+        for issue in e.issues:
+            err_console.print(f"  {issue}")
+        raise typer.Exit(1) from None
+
+
+@config_app.command("check")
+def config_check(file: Path = typer.Argument(..., help="YAML configuration file")) -> None:
+    """Validate a configuration file; print every error with its field path and line."""
+    cfg = _load(file)
+    fabric = cfg.fabric
+    console.print(f"[green]ok[/] {file}: site {cfg.site!r}, store {cfg.store.backend}, "
+                  f"{len(fabric.switches)} switches, {len(fabric.hosts)} hosts, {len(fabric.links)} links, "
+                  f"{len(cfg.api.tokens)} API tokens")
+
+
+@app.command()
+def serve(config: Path = typer.Option(..., "--config", "-c", help="YAML configuration file")) -> None:
+    """Run the service: REST API and scheduler in one process (Ctrl-C stops it cleanly)."""
+    import uvicorn
+
+    from nms.app.api import create_app
+    from nms.app.service import Service
+
+    cfg = _load(config)
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not cfg.api.tokens:
+        err_console.print("[yellow]warning:[/] no API tokens configured: every authenticated endpoint "
+                          "will answer 401 (see `nms token create`)")
+    tls = cfg.api.tls
+    uvicorn.run(create_app(Service(cfg)), host=cfg.api.host, port=cfg.api.port, log_level=cfg.log_level,
+                ssl_certfile=str(tls.cert) if tls else None, ssl_keyfile=str(tls.key) if tls else None,
+                server_header=False)
+
+
+@app.command()
+def version(url: Optional[str] = typer.Option(None, "--url", envvar="NMS_URL",
+                                              help="also ask this service for its version"),
+            token: Optional[str] = TokenOpt) -> None:
+    """Print the version (and the service's, with --url)."""
+    console.print(f"nms {__version__}")
+    if url:
+        info = ApiClient(url, token).call("GET", "/version")
+        console.print(f"service {info['version']} at {url} (store {info['store_backend']}, "
+                      f"up {info['uptime_s']:.0f} s)")
+
+
+@token_app.command("create")
+def token_create(name: str = typer.Option(..., help="token name (shown in logs and errors)"),
+                 scopes: str = typer.Option("read", help="comma-separated: read,ingest,act,admin")) -> None:
+    """Make a new random token; print it once, and the config entry that stores only its hash."""
+    from nms.app.auth import SCOPES, hash_token, new_token
+
+    wanted = [s.strip() for s in scopes.split(",") if s.strip()]
+    bad = [s for s in wanted if s not in SCOPES]
+    if bad or not wanted:
+        err_console.print(f"[red]error:[/] unknown scopes {bad}; choose from {', '.join(SCOPES)}")
+        raise typer.Exit(2)
+    token = new_token()
+    console.print(f"token (shown once, keep it secret): {token}")
+    console.print("config entry (api.tokens):")
+    console.print(f"  - name: {name}\n    scopes: [{', '.join(wanted)}]\n    hash: {hash_token(token)}",
+                  highlight=False)
+
+
+def _parse_time(value: str, now_ns: int) -> int:
+    """'now', a duration ago ('15m'), ns since the epoch, or RFC 3339."""
+    if value == "now":
+        return now_ns
+    if value.isdigit():
+        return int(value)
+    try:
+        return now_ns - int(parse_duration(value) * 1e9)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise typer.BadParameter(f"{value!r}: use now, a duration like 15m, ns, or RFC 3339") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return int(dt.timestamp()) * 10**9 + dt.microsecond * 1000
+
+
+def _tag_filters(tags: list[str]) -> dict[str, list[str]]:
+    try:
+        return parse_tag_filters(tags)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+@app.command()
+def query(measurement: str = typer.Argument(..., help="e.g. port_rates, probe_window"),
+          start: str = typer.Option("15m", help="start: duration ago (15m), ns, or RFC 3339"),
+          end: str = typer.Option("now", help="end (exclusive)"),
+          tag: list[str] = typer.Option([], "--tag", "-t", help="key=value filter (repeatable)"),
+          field: list[str] = typer.Option([], "--field", "-f", help="field to show (repeatable)"),
+          window: Optional[str] = typer.Option(None, help="aggregation window, e.g. 10s (needs --agg, --field)"),
+          agg: Optional[str] = typer.Option(None, help="mean, min, max, sum, count, first, last"),
+          latest: bool = typer.Option(False, "--latest", help="only the newest row of each series"),
+          limit: int = typer.Option(10_000, help="rows per series"),
+          as_json: bool = typer.Option(False, "--json", help="print JSON instead of tables"),
+          url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+    """Read telemetry from the service (works the same on either store backend)."""
+    client = ApiClient(url, token)
+    with console.status(f"querying {measurement}..."):
+        if latest:
+            params = {"measurement": measurement, "tag": [f"{k}={v}" for k, vs in _tag_filters(tag).items()
+                                                          for v in vs], "field": field}
+            result = client.call("GET", "/telemetry/latest", params=params)
+        else:
+            now = time.time_ns()
+            body = {"measurement": measurement, "start": _parse_time(start, now), "end": _parse_time(end, now),
+                    "tags": _tag_filters(tag), "fields": field or None, "limit": limit}
+            if window or agg:
+                body.update(window_ns=int(parse_duration(window or "0") * 1e9) or None, agg=agg)
+            result = client.call("POST", "/telemetry/query", json=body)
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    if not result["series"]:
+        err_console.print("no data")
+        raise typer.Exit(0)
+    for series in result["series"]:
+        tags = ", ".join(f"{k}={v}" for k, v in series["tags"].items()) or "(no tags)"
+        table = Table(title=f"{series['measurement']} {tags}", title_justify="left")
+        for col in series["columns"]:
+            table.add_column(col, justify="left" if col == "time" else "right")
+        for row in series["values"]:
+            table.add_row(fmt_time(row[0]), *("" if v is None else str(v) for v in row[1:]))
+        console.print(table)
+
+
+@app.command()
+def demo(minutes: int = typer.Option(5, min=1, max=60, help="minutes of synthetic fabric telemetry"),
+         keep_running: bool = typer.Option(False, "--keep-running", help="leave the service up afterwards")) -> None:
+    """Run the service on the embedded store and use its API end to end (the README's main job)."""
+    from nms.app.cli.demo import run_demo
+
+    run_demo(minutes, keep_running)
+
+
+def _mount_optional() -> None:
+    try:
+        from nms.lab.cli import app as lab_app
+    except ImportError:
+        return
+    app.add_typer(lab_app, name="lab")
+
+
+_mount_optional()
+
+
+def main() -> None:
+    app()
+
