@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -19,7 +19,8 @@ from nms.store import StoreError, StoreUnavailable
 
 class BodyLimit:
     """Reject request bodies larger than `limit` bytes with 413, whether or not Content-Length is
-    given (chunked bodies are counted as they stream)."""
+    given: chunked bodies are counted as they stream, and the route reading past the limit gets an
+    HTTPException(413), answered by FastAPI's normal exception handling."""
 
     def __init__(self, app: ASGIApp, limit: int):
         self.app = app
@@ -30,36 +31,51 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         for name, value in scope["headers"]:
             if name == b"content-length" and value.isdigit() and int(value) > self.limit:
-                return await self._too_large(send)
+                response = JSONResponse({"detail": self._message}, status_code=413)
+                return await response(scope, receive, send)
         seen = 0
-        too_large = False
 
         async def limited_receive():
-            nonlocal seen, too_large
+            nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    too_large = True
-                    raise _BodyTooLarge()
+                    raise HTTPException(413, self._message)
             return message
 
+        await self.app(scope, limited_receive, send)
+
+    @property
+    def _message(self) -> str:
+        return f"request body larger than {self.limit} bytes"
+
+
+class RequestMetrics:
+    """Count requests and latency per route template (pure ASGI: streams bodies untouched)."""
+
+    def __init__(self, app: ASGIApp, metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = time.perf_counter()
+        status = 500
+
+        async def send_and_record(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
         try:
-            await self.app(scope, limited_receive, send)
-        except _BodyTooLarge:
-            await self._too_large(send)
-
-    async def _too_large(self, send: Send) -> None:
-        response = JSONResponse({"detail": f"request body larger than {self.limit} bytes"}, status_code=413)
-        await response({"type": "http"}, _empty_receive, send)
-
-
-class _BodyTooLarge(Exception):
-    pass
-
-
-async def _empty_receive():
-    return {"type": "http.request", "body": b"", "more_body": False}
+            await self.app(scope, receive, send_and_record)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.requests.labels(scope["method"], route, str(status)).inc()
+            self.metrics.latency.labels(route).observe(time.perf_counter() - started)
 
 
 def _add_ingest_schemas(app: FastAPI) -> None:
@@ -106,16 +122,6 @@ def create_app(service: Service, manage_lifecycle: bool = True) -> FastAPI:
     app.state.tokens = TokenRegistry(service.config.api.tokens)
     app.state.metrics = service.metrics
 
-    @app.middleware("http")
-    async def record_metrics(request: Request, call_next):
-        started = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        path = getattr(route, "path", "unmatched")
-        service.metrics.requests.labels(request.method, path, str(response.status_code)).inc()
-        service.metrics.latency.labels(path).observe(time.perf_counter() - started)
-        return response
-
     @app.exception_handler(StoreUnavailable)
     async def store_unavailable(request: Request, exc: StoreUnavailable):
         return JSONResponse({"detail": f"telemetry store unavailable: {exc}"}, status_code=503,
@@ -128,5 +134,6 @@ def create_app(service: Service, manage_lifecycle: bool = True) -> FastAPI:
     for module in (system, ingest, telemetry, jobs):
         app.include_router(module.router)
     _add_ingest_schemas(app)
+    app.add_middleware(RequestMetrics, metrics=service.metrics)
     app.add_middleware(BodyLimit, limit=service.config.api.max_body_bytes)
     return app
