@@ -22,6 +22,8 @@ U64_MAX = (1 << 64) - 1
 
 def _to_ns(value: Any) -> Any:
     """Accept ns integers or RFC 3339 strings / datetimes; return ns."""
+    if isinstance(value, bool):
+        raise ValueError("expected integer nanoseconds or an RFC 3339 timestamp, not a boolean")
     if isinstance(value, str) and value.isdigit():
         return int(value)
     if isinstance(value, str):
@@ -44,7 +46,8 @@ OperStatus = Literal["up", "down", "testing", "unknown", "dormant", "notPresent"
 
 
 class Record(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no silent coercions (a boolean is not a counter, "5" is not a number)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class TelemetryRecord(Record):

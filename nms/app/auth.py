@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
 
 from nms.config.models import TokenConfig
 
@@ -53,6 +54,15 @@ class TokenRegistry:
                 return principal
         return None
 
+
+class ErrorDetail(BaseModel):
+    detail: str
+
+
+# Documented on every route that needs a token.
+AUTH_RESPONSES = {401: {"model": ErrorDetail, "description": "missing or invalid token"},
+                  403: {"model": ErrorDetail, "description": "token lacks the required scope"}}
+BAD_BODY_RESPONSE = {400: {"model": ErrorDetail, "description": "body is not valid JSON"}}
 
 _bearer = HTTPBearer(auto_error=False, description="API token (see `nms token create`)")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -97,6 +97,26 @@ def _add_ingest_schemas(app: FastAPI) -> None:
     app.openapi = openapi
 
 
+def reject_unknown_query_params(request: Request) -> None:
+    """422 for query parameters a route does not take: a typo such as ?activ_at= must not be
+    silently ignored and return unfiltered data."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None:
+        return
+    known = {p.alias for p in _all_query_params(dependant)}
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        raise HTTPException(422, [{"loc": ["query", name], "msg": "unknown query parameter", "type": "extra_forbidden"}
+                                  for name in unknown])
+
+
+def _all_query_params(dependant):
+    yield from dependant.query_params
+    for sub in dependant.dependencies:
+        yield from _all_query_params(sub)
+
+
 def create_app(service: Service, manage_lifecycle: bool = True) -> FastAPI:
     """Build the API around a service. With manage_lifecycle, app startup/shutdown start and stop
     the service (scheduler, store flush)."""
@@ -117,6 +137,7 @@ def create_app(service: Service, manage_lifecycle: bool = True) -> FastAPI:
         description="Fabric telemetry ingest and query, jobs, and (later) topology and incidents. "
                     "Authenticate with `Authorization: Bearer <token>`; scopes: read, ingest, act, admin.",
         lifespan=lifespan,
+        dependencies=[Depends(reject_unknown_query_params)],
     )
     app.state.service = service
     app.state.tokens = TokenRegistry(service.config.api.tokens)

@@ -11,10 +11,10 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 
-from nms.app.auth import require
+from nms.app.auth import AUTH_RESPONSES, ErrorDetail, require
 from nms.records import INGEST_KINDS
 
-router = APIRouter(prefix="/ingest", tags=["ingest"])
+router = APIRouter(prefix="/ingest", tags=["ingest"], responses=AUTH_RESPONSES)
 
 
 class ItemError(BaseModel):
@@ -74,14 +74,15 @@ class Ingestor:
         except (ValueError, UnicodeDecodeError) as e:
             raise HTTPException(400, f"body is not valid JSON: {e}") from None
         if not isinstance(envelope, dict) or set(envelope) != {"items"} or not isinstance(envelope["items"], list):
-            raise HTTPException(422, 'body must be an object {"items": [...]} with no other keys')
+            raise HTTPException(400, 'body must be an object {"items": [...]} with no other keys')
         items = envelope["items"]
         if len(items) > max_items:
             raise HTTPException(413, f"batch of {len(items)} items exceeds the limit of {max_items}")
         good, bad = [], []
         for i, item in enumerate(items):
             try:
-                good.append((i, self.item.validate_python(item)))
+                # validate_json like the fast path, so both paths apply the same (JSON-mode) rules
+                good.append((i, self.item.validate_json(json.dumps(item))))
             except ValidationError as e:
                 bad.append(ItemError(index=i, errors=[_error_text(err) for err in e.errors(include_input=False)]))
         return good, bad
@@ -124,8 +125,10 @@ for _ingestor in INGESTORS:
                      "is stored."),
         dependencies=[Depends(require("ingest"))],
         responses={422: {"model": IngestResult, "description": "no item of the batch was valid"},
-                   413: {"description": "body or batch too large"},
-                   503: {"description": "telemetry store unavailable; retry later"}},
+                   400: {"model": ErrorDetail, "description": "body is not gzip, JSON, or {\"items\": [...]}"},
+                   413: {"model": ErrorDetail, "description": "body or batch too large"},
+                   415: {"model": ErrorDetail, "description": "unsupported Content-Encoding"},
+                   503: {"model": ErrorDetail, "description": "telemetry store unavailable; retry later"}},
         openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
             "schema": {"$ref": f"#/components/schemas/{_ingestor.envelope.__name__}"}}}}},
     )

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
-from nms.app.auth import require
+from nms.app.auth import AUTH_RESPONSES, BAD_BODY_RESPONSE, require
 from nms.records import Job, TimestampNs
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"], responses={**AUTH_RESPONSES, **BAD_BODY_RESPONSE})
 
 
 @router.post("", response_model=Job, status_code=201, dependencies=[Depends(require("ingest"))],

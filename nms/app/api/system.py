@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
 from nms import __version__
-from nms.app.auth import require
+from nms.app.auth import AUTH_RESPONSES, require
 
 router = APIRouter(tags=["system"])
 
@@ -35,7 +35,7 @@ def health(request: Request, response: Response) -> Health:
     return Health(status="ok" if ok else "degraded", store_ok=ok)
 
 
-@router.get("/version", response_model=Version, dependencies=[Depends(require("read"))])
+@router.get("/version", response_model=Version, dependencies=[Depends(require("read"))], responses=AUTH_RESPONSES)
 def version(request: Request) -> Version:
     service = request.app.state.service
     return Version(version=__version__, python=platform.python_version(), store_backend=service.store.name,
@@ -43,6 +43,7 @@ def version(request: Request) -> Version:
 
 
 @router.get("/metrics", dependencies=[Depends(require("read"))], response_class=Response,
-            responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
+            responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"},
+                       **AUTH_RESPONSES})
 def metrics(request: Request) -> Response:
     return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, HTTPException, Query as Param, Request
 from pydantic import BaseModel
 
-from nms.app.auth import require
+from nms.app.auth import AUTH_RESPONSES, BAD_BODY_RESPONSE, require
 from nms.store import Query, Series, parse_tag_filters
 
-router = APIRouter(prefix="/telemetry", tags=["telemetry"], dependencies=[Depends(require("read"))])
+router = APIRouter(prefix="/telemetry", tags=["telemetry"], dependencies=[Depends(require("read"))],
+                   responses={**AUTH_RESPONSES, **BAD_BODY_RESPONSE})
 
 
 class QueryResult(BaseModel):
@@ -29,6 +30,6 @@ def latest(request: Request,
            field: list[str] = Param([], description="fields to return (all when absent)")) -> QueryResult:
     try:
         tags = parse_tag_filters(tag)
-    except ValueError as e:
-        raise HTTPException(422, str(e)) from None
+    except ValueError as e:  # same shape as FastAPI's own validation errors
+        raise HTTPException(422, [{"loc": ["query", "tag"], "msg": str(e), "type": "value_error"}]) from None
     return QueryResult(series=request.app.state.service.store.latest(measurement, tags, field or None))
