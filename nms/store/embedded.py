@@ -299,10 +299,13 @@ class EmbeddedStore(TimeSeriesStore):
 
     def close(self) -> None:
         with self._lock:
+            if self._con is None:
+                return
             try:
                 self._con.execute("CHECKPOINT")
             finally:
                 self._con.close()
+                self._con = None
 
     def stats(self) -> dict[str, float]:
         return dict(self._stats, measurements=float(len(self._tables)))
