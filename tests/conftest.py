@@ -1,0 +1,1 @@
+from _influx import influxd, influx_store  # noqa: F401
