@@ -47,7 +47,7 @@ OperStatus = Literal["up", "down", "testing", "unknown", "dormant", "notPresent"
 
 class Record(BaseModel):
     # strict: no silent coercions (a boolean is not a counter, "5" is not a number)
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class TelemetryRecord(Record):
@@ -58,15 +58,21 @@ class TelemetryRecord(Record):
     tag_keys: ClassVar[tuple[str, ...]]
     time_attr: ClassVar[str] = "ts"
 
+    _value_keys: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        cls._value_keys = tuple(k for k in cls.model_fields if k not in cls.tag_keys and k != cls.time_attr)
+
     def to_point(self) -> Point:
         data = self.__dict__
-        tags = {k: str(data[k]) for k in self.tag_keys if data[k] is not None}
-        fields: dict[str, Any] = {}
-        for key, value in data.items():
-            if value is None or key in self.tag_keys or key == self.time_attr:
-                continue
+        tags = {k: data[k] for k in self.tag_keys if data[k] is not None}
+        fields = {k: v for k in self._value_keys if (v := data[k]) is not None}
+        for key, value in fields.items():
             # InfluxDB has no unsigned integers: counters past 2^63 are kept as floats.
-            fields[key] = float(value) if isinstance(value, int) and value > INT64_MAX else value
+            if value.__class__ is int and value > INT64_MAX:
+                fields[key] = float(value)
         return Point(self.measurement, tags, fields, data[self.time_attr])
 
 

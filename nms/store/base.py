@@ -10,6 +10,7 @@ duplicates data.
 from __future__ import annotations
 
 import math
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Literal, Union
@@ -21,9 +22,8 @@ FieldValue = Union[bool, int, float, str]
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_NAME_LEN = 256
 MAX_STRING_FIELD = 64 * 1024  # InfluxDB's limit for a string field
-# Tag values (and keys) cannot end in a backslash or hold one before ',', ' ' or '=':
+# Names and tag values cannot end in a backslash or hold one before ',', ' ' or '=':
 # InfluxDB 1.x line protocol has no way to write those (it does not unescape '\\' in tags).
-_BAD_TAG_BACKSLASH = ("\\,", "\\ ", "\\=")
 
 
 class StoreError(Exception):
@@ -99,17 +99,29 @@ def parse_tag_filters(items: list[str]) -> dict[str, list[str]]:
     return out
 
 
+# Control characters, or a backslash at the end or before ',', ' ' or '='.
+_BAD_NAME = re.compile(r"[\x00-\x1f]|\\(?:[, =]|$)")
+# Names repeat across points (tag keys, field keys, device names): remember the good ones.
+_good_names: set[str] = set()
+
+
 def _check_name(kind: str, name: object) -> str | None:
+    if name.__class__ is str and name in _good_names:
+        return None
     if not isinstance(name, str) or not name:
         return f"{kind} must be a non-empty string"
     if len(name) > MAX_NAME_LEN:
         return f"{kind} {name[:40]!r}... is longer than {MAX_NAME_LEN} characters"
-    if "\n" in name or "\r" in name:
-        return f"{kind} {name!r} contains a newline"
-    if any(ord(c) < 32 for c in name):
+    if (bad := _BAD_NAME.search(name)) is not None:
+        if "\n" in name or "\r" in name:
+            return f"{kind} {name!r} contains a newline"
+        if bad.group().startswith("\\"):
+            return (f"{kind} {name!r} has a backslash at its end or before ',', ' ' or '=' "
+                    "(not storable in InfluxDB)")
         return f"{kind} {name!r} contains a control character"
-    if name.endswith("\\") or any(seq in name for seq in _BAD_TAG_BACKSLASH):
-        return f"{kind} {name!r} has a backslash at its end or before ',', ' ' or '=' (not storable in InfluxDB)"
+    if len(_good_names) > 100_000:
+        _good_names.clear()
+    _good_names.add(name)
     return None
 
 
@@ -155,15 +167,12 @@ def validate_point(p: Point) -> str | None:
     return None
 
 
+_TYPE_NAMES = {bool: "boolean", int: "integer", float: "float", str: "string"}
+
+
 def field_type(value: FieldValue) -> str:
     """The store-level type name of a field value: float, integer, boolean or string."""
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "float"
-    return "string"
+    return _TYPE_NAMES[value.__class__]
 
 
 class TimeSeriesStore(ABC):

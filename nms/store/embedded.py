@@ -132,20 +132,20 @@ class EmbeddedStore(TimeSeriesStore):
         batch_types: dict[str, str] = {}
         rows: dict[tuple[int, int], tuple[dict[str, str], dict]] = {}
         accepted = 0
+        known_types = entry.field_types
         for i, p in items:
             conflict = None
-            for key, value in p.fields.items():
-                typ = field_type(value)
-                known = entry.field_types.get(key) or batch_types.get(key)
+            types = {key: field_type(value) for key, value in p.fields.items()}
+            for key, typ in types.items():
+                known = known_types.get(key) or batch_types.get(key)
                 if known is not None and known != typ:
                     conflict = f"field {key!r} is {typ} but the measurement stores it as {known} (type conflict)"
                     break
             if conflict:
                 result.rejected.append((i, conflict))
                 continue
+            batch_types.update(types)
             accepted += 1
-            for key, value in p.fields.items():
-                batch_types.setdefault(key, field_type(value))
             row_key = (series_key(p.tags), p.ts)
             if row_key in rows:  # same series and time twice in one batch: merge, later wins
                 rows[row_key][1].update(p.fields)
@@ -154,13 +154,14 @@ class EmbeddedStore(TimeSeriesStore):
         if not rows:
             return 0
         tag_keys = sorted({k for tags, _ in rows.values() for k in tags})
-        field_keys = sorted(batch_types)
+        field_keys = sorted({k for _, fields in rows.values() for k in fields})
         for key in tag_keys:
             if key not in entry.tag_cols:
                 self._add_column(entry, "t", key, "string")
         for key in field_keys:
             if key not in entry.field_cols:
                 self._add_column(entry, "f", key, batch_types[key])
+        types = entry.field_types
 
         columns = {"time": pa.array([k[1] for k in rows], pa.int64()),
                    "sk": pa.array([k[0] for k in rows], pa.uint64())}
@@ -168,7 +169,7 @@ class EmbeddedStore(TimeSeriesStore):
             columns[entry.tag_cols[key]] = pa.array([tags.get(key) for tags, _ in rows.values()], pa.string())
         for key in field_keys:
             columns[entry.field_cols[key]] = pa.array(
-                [fields.get(key) for _, fields in rows.values()], _ARROW_TYPES[batch_types[key]])
+                [fields.get(key) for _, fields in rows.values()], _ARROW_TYPES[types[key]])
         batch = pa.table(columns)
         names = ", ".join(columns)
         updates = ", ".join(f"{c} = COALESCE(EXCLUDED.{c}, {entry.table}.{c})"

@@ -338,17 +338,26 @@ class InfluxStore(TimeSeriesStore):
         if not self._ping():
             self._mark_down("no answer to /ping")
             return
-        while (seg := self._spool.peek()) is not None and not self._stopping:
-            try:
-                data = seg.read()
-            except OSError as e:
-                log.error("unreadable spool segment %s dropped: %s", seg.path.name, e)
-                self._count_dropped("unreadable spool segment", seg.points)
-                self._spool.pop(seg)
+        # Small segments (one per flush while down) are sent together, up to one batch's size.
+        while (group := self._spool.head(self.cfg.batch_size, _MAX_BATCH_BYTES)) and not self._stopping:
+            parts: list[bytes] = []
+            for seg in group:
+                try:
+                    parts.append(seg.read())
+                except OSError as e:
+                    if parts:  # send the readable ones first; this one comes up first next time
+                        break
+                    log.error("unreadable spool segment %s dropped: %s", seg.path.name, e)
+                    self._count_dropped("unreadable spool segment", seg.points)
+                    self._spool.pop(seg)
+                    break
+            if not parts:
                 continue
-            if self._post(data, seg.points) == _RETRY:
+            group, data = group[:len(parts)], b"".join(parts)
+            if self._post(data, sum(seg.points for seg in group)) == _RETRY:
                 return
-            self._spool.pop(seg)
+            for seg in group:
+                self._spool.pop(seg)
             with self._cond:
                 self._cond.notify_all()
                 due = (self._flush_requested

@@ -102,6 +102,19 @@ class Spool:
         with self._lock:
             return self._segments[0] if self._segments else None
 
+    def head(self, max_points: int, max_bytes: int) -> list[Segment]:
+        """The oldest segments that together stay within both limits (at least one if any)."""
+        out: list[Segment] = []
+        points = size = 0
+        with self._lock:
+            for seg in self._segments:
+                if out and (points + seg.points > max_points or size + seg.size > max_bytes):
+                    break
+                out.append(seg)
+                points += seg.points
+                size += seg.size
+        return out
+
     def pop(self, seg: Segment) -> None:
         """Delete a delivered segment (must be the oldest)."""
         with self._lock:

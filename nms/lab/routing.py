@@ -1,0 +1,66 @@
+"""Static routes of the fabric, computed from the plan minus the links withdrawn by failover faults.
+
+No routing daemon runs: the lab itself plays the converged control plane. With nothing withdrawn a
+leaf reaches every other leaf's /24 over an ECMP route through all spines (hashed on the 5-tuple,
+see builder.SWITCH_SYSCTLS); a spine has one route per leaf. A "failover" link-down withdraws the
+link here, as BGP would after the session drops, and the routes are reprogrammed at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from nms.lab import sh
+from nms.lab.topology import FABRIC_NET, Topology
+
+Nexthop = tuple[str, str]             # (gateway address, device)
+Routes = dict[str, list[Nexthop]]     # prefix -> nexthops (empty: no route)
+
+
+def compute(topo: Topology, withdrawn: Iterable[str] = ()) -> dict[str, Routes]:
+    gone = set(withdrawn)
+    uplink = {}  # (leaf index, spine index) -> link, for links still in service
+    for link in topo.links:
+        if link.kind == "fabric" and link.name not in gone:
+            uplink[(topo.nodes[link.a.node].index, topo.nodes[link.b.node].index)] = link
+    spines = [n.index for n in topo.by_role("spine")]
+    leaves = [n.index for n in topo.by_role("leaf")]
+    out: dict[str, Routes] = {}
+    for host in topo.by_role("host"):
+        link = topo.link_of_port(host.name, "eth0")
+        out[host.name] = {str(FABRIC_NET): [(link.a.ip, "eth0")]}
+    for s in spines:
+        out[f"spine{s}"] = {
+            topo.leaf_prefix(l): ([(uplink[(l, s)].a.ip, uplink[(l, s)].b.name)] if (l, s) in uplink else [])
+            for l in leaves  # noqa: E741
+        }
+    for l in leaves:  # noqa: E741
+        routes: Routes = {}
+        for m in leaves:
+            if m != l:
+                routes[topo.leaf_prefix(m)] = [(uplink[(l, s)].b.ip, uplink[(l, s)].a.name)
+                                               for s in spines if (l, s) in uplink and (m, s) in uplink]
+        out[f"leaf{l}"] = routes
+    return out
+
+
+def commands(routes: Routes) -> list[str]:
+    """`ip -batch` lines that make the node's table match `routes` (replace is idempotent)."""
+    lines = []
+    for prefix, hops in routes.items():
+        if not hops:
+            lines.append(f"route del {prefix}")
+        elif len(hops) == 1:
+            lines.append(f"route replace {prefix} via {hops[0][0]} dev {hops[0][1]}")
+        else:
+            lines.append(f"route replace {prefix} " + " ".join(f"nexthop via {gw} dev {dev} weight 1" for gw, dev in hops))
+    return lines
+
+
+def apply(topo: Topology, withdrawn: Iterable[str] = (), nodes: Iterable[str] | None = None) -> None:
+    """Program the routes of `nodes` (default: every switch); deleting an absent route is fine."""
+    table = compute(topo, withdrawn)
+    for name in nodes if nodes is not None else [n.name for n in topo.switches]:
+        lines = commands(table[name])
+        sh.ip_batch(topo.netns(name), [x for x in lines if not x.startswith("route del")])
+        sh.ip_batch(topo.netns(name), [x for x in lines if x.startswith("route del")], force=True)

@@ -1,0 +1,106 @@
+"""The lab directory and its state.json: what was built, which processes run, the faults (ground truth).
+
+state.json is plain JSON so tests, benchmarks and the host agent read it without this package.
+Every change happens under an exclusive flock on <lab dir>/lock (the CLI and background flappers
+both write), and is written to a temporary file then renamed, so readers never see half a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+from nms.lab.sh import LabError
+from nms.lab.topology import Spec, Topology, plan
+
+DEFAULT_LAB_DIR = "/run/nms-lab"
+MARKER = ".nms-lab"  # present in every directory the lab created; `down` removes only such dirs
+
+
+def now() -> dict:
+    """A timestamp in both forms the ground truth carries."""
+    ns = time.time_ns()
+    return {"ns": ns, "iso": iso(ns)}
+
+
+def iso(ns: int) -> str:
+    return dt.datetime.fromtimestamp(ns / 1e9, dt.timezone.utc).isoformat(timespec="microseconds")
+
+
+class LabDir:
+    def __init__(self, path: str | os.PathLike):
+        self.root = Path(path).resolve()
+
+    state = property(lambda self: self.root / "state.json")
+    lock_file = property(lambda self: self.root / "lock")
+    marker = property(lambda self: self.root / MARKER)
+    config = property(lambda self: self.root / "nms.yaml")
+    token = property(lambda self: self.root / "api-token")
+    data = property(lambda self: self.root / "data")
+    run_dir = property(lambda self: self.root / "run")
+
+    def node(self, name: str) -> Path:
+        return self.root / "nodes" / name
+
+    def exists(self) -> bool:
+        return self.state.exists()
+
+    def create(self) -> None:
+        """Make the directory (or adopt an empty/previous-lab one); refuse a foreign non-empty one."""
+        if self.root.exists() and any(self.root.iterdir()) and not self.marker.exists():
+            raise LabError(f"{self.root} exists and is not a lab directory; choose another --lab-dir")
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o755)
+        self.marker.write_text("created by `nms lab up`; removed by `nms lab down`\n")
+        for sub in (self.run_dir, self.root / "nodes", self.data):
+            sub.mkdir(exist_ok=True)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.lock_file, "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def load(self) -> dict:
+        try:
+            return json.loads(self.state.read_text())
+        except FileNotFoundError:
+            raise LabError(f"no lab at {self.root} (run `nms lab up`, or pass --lab-dir / NMS_LAB_DIR)") from None
+        except json.JSONDecodeError as e:
+            raise LabError(f"{self.state} is corrupt ({e}); `nms lab down` still cleans up") from None
+
+    def save(self, state: dict) -> None:
+        tmp = self.state.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2, sort_keys=False) + "\n")
+        os.replace(tmp, self.state)
+
+    @contextlib.contextmanager
+    def update(self) -> Iterator[dict]:
+        """Load, let the caller change, save: all under the lock."""
+        with self.locked():
+            state = self.load()
+            yield state
+            self.save(state)
+
+
+def spec_of(state: dict) -> Spec:
+    return Spec(**state["lab"]["spec"])
+
+
+def topology_of(state: dict) -> Topology:
+    return plan(spec_of(state))
+
+
+def spec_dict(spec: Spec) -> dict:
+    return asdict(spec)
