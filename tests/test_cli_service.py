@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -27,32 +28,39 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def server(tmp_path):
+def start_server(tmp_path, tls: dict | None = None) -> dict:
     port = _free_port()
     config = tmp_path / "nms.yaml"
-    config.write_text(yaml.safe_dump({
-        "data_dir": str(tmp_path / "data"),
-        "api": {"port": port, "tokens": [{"name": "admin", "scopes": ["admin"], "token": "${TEST_ADMIN_TOKEN}"},
-                                         {"name": "viewer", "scopes": ["read"], "token": READ_TOKEN}]}}))
+    api = {"port": port, "tokens": [{"name": "admin", "scopes": ["admin"], "token": "${TEST_ADMIN_TOKEN}"},
+                                    {"name": "viewer", "scopes": ["read"], "token": READ_TOKEN}]}
+    if tls:
+        api["tls"] = tls
+    config.write_text(yaml.safe_dump({"data_dir": str(tmp_path / "data"), "api": api}))
     env = dict(os.environ, TEST_ADMIN_TOKEN=TOKEN)
     log = open(tmp_path / "server.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "nms", "serve", "--config", str(config)], env=env,
                             stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    verify = ssl.create_default_context(cafile=tls["cert"]) if tls else True
     for _ in range(200):
         try:
-            if httpx.get(f"{url}/health", timeout=0.5).status_code == 200:
+            if httpx.get(f"{url}/health", timeout=0.5, verify=verify).status_code == 200:
                 break
         except httpx.HTTPError:
             time.sleep(0.05)
     else:
         proc.kill()
         pytest.fail((tmp_path / "server.log").read_text())
-    yield {"url": url, "proc": proc, "data": tmp_path / "data", "log": tmp_path / "server.log"}
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    return {"url": url, "proc": proc, "data": tmp_path / "data", "log": tmp_path / "server.log", "port": port}
+
+
+@pytest.fixture
+def server(tmp_path):
+    srv = start_server(tmp_path)
+    yield srv
+    if srv["proc"].poll() is None:
+        srv["proc"].kill()
+        srv["proc"].wait()
 
 
 def nms(*args: str, token: str | None = TOKEN, url: str) -> subprocess.CompletedProcess:
@@ -121,3 +129,21 @@ def test_sigterm_shuts_down_cleanly_and_keeps_data(server):
     assert len(series.values) == 100
     store.close()
     assert TOKEN not in server["log"].read_text()
+
+
+def test_tls_when_a_certificate_is_configured(tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    srv = start_server(tmp_path, tls={"cert": str(cert), "key": str(key)})
+    try:
+        r = httpx.get(f"{srv['url']}/version", verify=ssl.create_default_context(cafile=str(cert)), headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 200 and r.json()["store_backend"] == "embedded"
+        with pytest.raises(httpx.HTTPError):  # plain HTTP is not served on the TLS port
+            httpx.get(f"http://127.0.0.1:{srv['port']}/health", timeout=2)
+        with pytest.raises(httpx.HTTPError):  # and an unverified certificate is refused by clients
+            httpx.get(f"{srv['url']}/health", timeout=2)
+    finally:
+        srv["proc"].kill()
+        srv["proc"].wait()
