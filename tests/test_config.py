@@ -89,12 +89,12 @@ def test_invalid_yaml_reports_line():
 def test_env_and_file_secrets_resolved_and_never_shown(tmp_path, monkeypatch):
     monkeypatch.setenv("MY_TOKEN", SECRET)
     (tmp_path / "pw").write_text("file-password\n")
-    cfg = parse_config(f"""\
+    cfg = parse_config("""\
 api:
   tokens:
-    - {{name: agent, scopes: [ingest], token: "${{MY_TOKEN}}"}}
+    - {name: agent, scopes: [ingest], token: "${MY_TOKEN}"}
 store:
-  influxdb: {{username: u, password: "${{file:pw}}"}}
+  influxdb: {username: u, password: "${file:pw}"}
 """, base_dir=tmp_path)
     assert cfg.api.tokens[0].token.get_secret_value() == SECRET
     assert cfg.store.influxdb.password.get_secret_value() == "file-password"

@@ -85,6 +85,9 @@ def test_spool_is_fifo_bounded_and_survives_reopen(tmp_path):
     assert first.read() == b"a" * 40 and first.points == 4
     again.pop(first)
     again.push(b"d" * 10, 1)
+    assert [s.points for s in again.head(max_points=100, max_bytes=1000)] == [3, 1]  # oldest first
+    assert [s.points for s in again.head(max_points=3, max_bytes=1000)] == [3]
+    assert [s.points for s in again.head(max_points=1, max_bytes=1)] == [3]  # at least one
     assert [again.peek().read()] == [b"b" * 40]
     again.close()
     third = Spool(tmp_path / "sp", max_bytes=100)
@@ -130,7 +133,7 @@ HOSTILE = [
 def test_hostile_names_and_values_survive_exactly(influx_store):
     points = []
     for i, name in enumerate(HOSTILE):
-        # A backslash before '"' is not storable in a measurement name (see unstorable()).
+        # A backslash before '"' is not storable in a measurement name (see validate_point()).
         measurement = name if '\\"' not in name else f"m{i}"
         points.append(Point(measurement, {name: name, "idx": str(i)}, {f"{name}_f": i, "s": name}, T0 + i))
     result = influx_store.write(points)
@@ -262,6 +265,36 @@ def test_from_config_uses_data_dir_spool(influxd, tmp_path):
         store.close()
 
 
+def test_retention_policy_is_used(influxd, tmp_path):
+    store = make_store(influxd.url, tmp_path, retention_policy="autogen")
+    try:
+        assert store.write([Point("rp", {"d": "a"}, {"v": 1}, T0)]).accepted == 1
+        assert store.flush(5)
+        assert store._write_params["rp"] == "autogen"
+        assert store.query(Query(measurement="rp", start=T0, end=T0 + 1))[0].values == [[T0, 1]]
+        assert store.latest("rp")[0].values == [[T0, 1]]
+    finally:
+        store.close()
+
+
+def test_credentials_in_the_url_are_used_but_not_shown(auth_influxd, tmp_path):
+    host = auth_influxd.url.removeprefix("http://")
+    store = make_store(f"http://admin:{PASSWORD}@{host}", tmp_path)
+    try:
+        assert store.write([Point("urlauth", {}, {"v": 1.0}, T0)]).accepted == 1
+        assert store.drain(10)
+        assert store.query(Query(measurement="urlauth", start=T0, end=T0 + 1))[0].values == [[T0, 1.0]]
+    finally:
+        store.close()
+    dead = make_store(f"http://admin:{PASSWORD}@127.0.0.1:{free_port()}", tmp_path / "dead")
+    try:
+        with pytest.raises(StoreUnavailable) as err:
+            dead.query(Query(measurement="x", start=0, end=T0))
+        assert PASSWORD not in str(err.value)
+    finally:
+        dead.close()
+
+
 # --- auth -----------------------------------------------------------------------------------
 
 
@@ -376,7 +409,7 @@ def assert_exactly_once(store: InfluxStore, server: InfluxServer, written: list[
 
 
 def test_outage_loses_nothing_and_duplicates_nothing(own_influxd, tmp_path):
-    store = make_store(own_influxd.url, tmp_path, batch_size=50)
+    store = make_store(own_influxd.url, tmp_path, batch_size=500)
     writer = Writer(store)
     writer.start()
     try:
@@ -454,7 +487,7 @@ def flaky(influxd):
 
 
 def test_server_errors_and_timeouts_lose_and_duplicate_nothing(flaky, influxd, tmp_path):
-    store = make_store(flaky.url, tmp_path, batch_size=50, timeout=0.3)
+    store = make_store(flaky.url, tmp_path, batch_size=500, timeout=0.3)
     writer = Writer(store)
     writer.start()
     try:
@@ -488,6 +521,20 @@ def test_refused_points_are_counted_not_retried(flaky, tmp_path):
         assert stats["points_dropped"] == 3 and stats["points_written"] == 7
         assert stats["spool_segments"] == 0 and stats["write_errors"] == 1
         assert store.health()["dropped_by_reason"] == {"field type conflict": 3}
+    finally:
+        store.close()
+
+
+def test_store_starts_while_influxd_is_down_and_creates_the_database_later(own_influxd, tmp_path):
+    own_influxd.stop()
+    store = make_store(own_influxd.url, tmp_path)
+    try:
+        assert store.write([Point("late", {}, {"v": i}, T0 + i) for i in range(100)]).accepted == 100
+        assert store.flush(5)
+        assert store.stats()["spool_points"] == 100 and store.health()["ok"] is False
+        own_influxd.start()
+        assert store.drain(20)
+        assert count_points(own_influxd, store.cfg.database, "late") == 100
     finally:
         store.close()
 

@@ -131,6 +131,10 @@ def validate_point(p: Point) -> str | None:
         return err
     if p.measurement.startswith("_"):
         return f"measurement {p.measurement!r} starts with '_' (reserved)"
+    if p.measurement.startswith("#"):  # a comment line in InfluxDB line protocol: silently lost
+        return f"measurement {p.measurement!r} starts with '#' (a comment in line protocol)"
+    if '\\"' in p.measurement:  # InfluxDB 1.x stores it under two different names
+        return f"measurement {p.measurement!r} has a backslash before '\"' (not storable in InfluxDB)"
     if not isinstance(p.ts, int) or isinstance(p.ts, bool) or not (0 <= p.ts <= INT64_MAX):
         return "timestamp must be an integer number of nanoseconds since the epoch (>= 0)"
     for key, value in p.tags.items():

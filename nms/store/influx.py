@@ -37,7 +37,7 @@ from nms.store.base import (
     field_type,
     validate_point,
 )
-from nms.store.lineprotocol import encode_point, unstorable
+from nms.store.lineprotocol import encode_point
 from nms.store.spool import Spool
 
 if TYPE_CHECKING:
@@ -89,14 +89,18 @@ class InfluxStore(TimeSeriesStore):
         self._url = _redact(config.url)  # for messages and logs
         self._spool = Spool(config.spool_dir or Path(data_dir) / "spool", config.spool_max_bytes)
         headers, auth = {}, None
+        url = httpx.URL(config.url)
         if config.token is not None:
             headers["Authorization"] = f"Token {config.token.get_secret_value()}"
         elif config.username:
             password = config.password.get_secret_value() if config.password else ""
             auth = httpx.BasicAuth(config.username, password)
+        elif url.userinfo:  # credentials in the URL: use them, but keep them out of logged URLs
+            auth = httpx.BasicAuth(url.username, url.password)
+        base_url = url.copy_with(userinfo=b"")
 
         def client() -> httpx.Client:
-            return httpx.Client(base_url=config.url, auth=auth, headers=headers,
+            return httpx.Client(base_url=base_url, auth=auth, headers=headers,
                                 timeout=config.timeout, verify=config.verify_tls)
 
         self._send_http = client()  # the sender thread's own
@@ -149,12 +153,15 @@ class InfluxStore(TimeSeriesStore):
         result = WriteResult()
         valid: list[tuple[int, Point, bytes]] = []
         for i, p in enumerate(points):
-            reason = validate_point(p) or unstorable(p)
+            reason = validate_point(p)
             if reason is not None:
                 result.rejected.append((i, reason))
             else:
                 valid.append((i, p, encode_point(p).encode()))
-        self._load_types({p.measurement: p.fields for _, p, _ in valid})
+        fields_seen: dict[str, set[str]] = {}
+        for _, p, _ in valid:
+            fields_seen.setdefault(p.measurement, set()).update(p.fields)
+        self._load_types(fields_seen)
 
         with self._types_lock:
             new: dict[tuple[str, str], str] = {}
@@ -191,13 +198,13 @@ class InfluxStore(TimeSeriesStore):
                     self._cond.notify_all()
             for (measurement, key), ftype in new.items():
                 self._types.setdefault(measurement, {}).setdefault(key, ftype)
+            self._counts["points_rejected"] += len(result.rejected)  # under the lock: writers race
 
         result.accepted = len(lines)
         result.rejected.sort()
-        self._counts["points_rejected"] += len(result.rejected)
         return result
 
-    def _load_types(self, fields_by_measurement: dict[str, dict]) -> None:
+    def _load_types(self, fields_by_measurement: dict[str, set[str]]) -> None:
         """Refresh the type cache for measurements never loaded or with fields we do not know."""
         if not self._up:  # do not make writers wait on an unreachable server
             return
@@ -256,8 +263,8 @@ class InfluxStore(TimeSeriesStore):
             self._cond.notify_all()
         # The sender's last round sends or spools everything buffered.
         self._thread.join(timeout=4 * self.cfg.timeout + 10)
-        if self._thread.is_alive():
-            log.error("InfluxDB sender did not stop; %d buffered points not spooled", len(self._buffer))
+        if self._thread.is_alive() or self._buffer:
+            log.error("InfluxDB store closed with %d points neither written nor spooled", len(self._buffer))
         self._send_http.close()
         self._http.close()
         self._spool.close()

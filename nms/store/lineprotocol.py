@@ -7,7 +7,7 @@ Escaping follows what InfluxDB 1.6 actually parses (checked against influxd 1.6.
 - field keys: ',', ' ', '=' and '"' are escaped (1.6 unescapes '\\"' in field keys, so a
   literal backslash before a quote survives only when the quote is escaped).
 - string field values: '\\' and '"' are escaped; newlines are allowed raw.
-Points are assumed valid (nms.store.base.validate_point plus `unstorable`).
+Points are assumed valid (nms.store.base.validate_point).
 """
 
 from __future__ import annotations
@@ -18,17 +18,6 @@ _MEASUREMENT = str.maketrans({",": r"\,", " ": r"\ "})
 _TAG = str.maketrans({",": r"\,", " ": r"\ ", "=": r"\="})
 _FIELD_KEY = str.maketrans({",": r"\,", " ": r"\ ", "=": r"\=", '"': r"\""})
 _STRING = str.maketrans({"\\": "\\\\", '"': r"\""})
-
-
-def unstorable(p: Point) -> str | None:
-    """Names that pass validate_point but that influxd 1.6 would silently drop or rename."""
-    if p.measurement.startswith("#"):
-        # A line starting with '#' is a comment: influxd answers 204 and stores nothing.
-        return f"measurement {p.measurement!r} starts with '#' (a comment in line protocol)"
-    if '\\"' in p.measurement:
-        # 1.6 stores such a measurement under two different names (index vs series key).
-        return f"measurement {p.measurement!r} has a backslash before '\"' (not storable in InfluxDB)"
-    return None
 
 
 def format_value(value: FieldValue) -> str:
