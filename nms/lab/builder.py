@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import time
 
 from nms.lab import netns, routing, sh
 from nms.lab.topology import Topology
@@ -118,8 +119,23 @@ def ifindexes(topo: Topology, node: str) -> dict[str, int]:
     return {i["ifname"]: i["ifindex"] for i in json.loads(out)}
 
 
+def wait_links_up(topo: Topology, timeout: float = 5.0) -> None:
+    """Carrier changes reach operstate through the kernel's linkwatch, up to ~1 s later."""
+    deadline = time.monotonic() + timeout
+    pending = set(topo.nodes)
+    while pending:
+        for node in sorted(pending):
+            out = json.loads(sh.run(["ip", "-n", topo.netns(node), "-j", "link", "show"]).stdout)
+            state = {i["ifname"]: i.get("operstate") for i in out}
+            if all(state.get(p.name) == "UP" for p in topo.nodes[node].ports):
+                pending.discard(node)
+        if pending and time.monotonic() > deadline:
+            raise sh.LabError(f"links of {sorted(pending)} did not come up within {timeout:.0f}s")
+        if pending:
+            time.sleep(0.1)
+
+
 def build(topo: Topology) -> None:
-    check_mgmt_free(topo)
     create_namespaces(topo)
     create_links(topo)
     create_mgmt(topo)

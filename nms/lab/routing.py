@@ -53,7 +53,8 @@ def commands(routes: Routes) -> list[str]:
         elif len(hops) == 1:
             lines.append(f"route replace {prefix} via {hops[0][0]} dev {hops[0][1]}")
         else:
-            lines.append(f"route replace {prefix} " + " ".join(f"nexthop via {gw} dev {dev} weight 1" for gw, dev in hops))
+            nexthops = " ".join(f"nexthop via {gw} dev {dev} weight 1" for gw, dev in hops)
+            lines.append(f"route replace {prefix} {nexthops}")
     return lines
 
 

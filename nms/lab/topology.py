@@ -200,7 +200,7 @@ def plan(spec: Spec) -> Topology:
     mgmt = ipaddress.ip_network(spec.mgmt_subnet)
     nodes: dict[str, Node] = {}
     order = ([("spine", i, None) for i in range(1, S + 1)] + [("leaf", i, None) for i in range(1, L + 1)]
-             + [("host", (l - 1) * H + k, l) for l in range(1, L + 1) for k in range(1, H + 1)])
+             + [("host", (lf - 1) * H + k, lf) for lf in range(1, L + 1) for k in range(1, H + 1)])
     for n, (role, idx, leaf) in enumerate(order):
         name = f"{role}{idx}"
         nodes[name] = Node(name, role, idx, str(mgmt.network_address + 10 + n), leaf)

@@ -1,0 +1,7 @@
+"""The fabric lab: a leaf-spine AI fabric built from network namespaces on one Linux machine.
+
+Modules: topology (plan and addresses), builder (namespaces, links, shaping, management),
+routing (static ECMP routes), services (snmpd, lldpd), faults (+ flap, the background flapper),
+traffic (iperf3 load), paths (ECMP path prediction, UDP probes), inventory (NMS config file),
+state (lab directory, ground truth JSON), cleanup (teardown), lab (lifecycle), cli (`nms lab`).
+"""
