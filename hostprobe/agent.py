@@ -1,29 +1,291 @@
-"""`nms-agent`: the host agent entry point."""
+"""`nms-agent --config FILE`: the host probe agent.
+
+One process per host. The probe loop (this module) runs on the main thread with epoll: probe
+sends on schedule, replies, follow-ups, TX stamps, ICMP errors, netlink link events. Two daemon
+threads do HTTP: the reporter (batches, on-disk buffer) and the control thread (registration,
+peers, commands). Everything the probe loop produces is a record of nms.records handed to the
+reporter; nothing in the loop blocks on the network.
+"""
 
 from __future__ import annotations
 
 import argparse
+import fcntl
+import json
+import logging
+import os
+import queue
+import random
+import resource
+import select
+import signal
+import socket
+import struct
 import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from hostprobe import transport
+from hostprobe.client import Control, ServiceClient
+from hostprobe.clock import Clock
+from hostprobe.config import AgentConfig
+from hostprobe.counters import NicCounters
+from hostprobe.netlink import LinkMonitor
+from hostprobe.prober import LocalNic, Prober
+from hostprobe.report import Reporter
+from hostprobe.responder import make_responders
+from hostprobe.tstamp import StampedSocket
+from nms import __version__
+from nms.records import GenericPoint
+
+log = logging.getLogger("nms-agent")
+
+HOUSEKEEPING = 0.02  # path-down checks, timeouts, traceroute steps, commands
+SLOW = 0.1  # window closing, counters, stats
+SIOCGIFADDR = 0x8915
+SHUTDOWN_WAIT = 1.0  # seconds of listening for late replies before the last windows close
+
+
+def nic_address(name: str) -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            res = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+        except OSError as e:
+            raise OSError(e.errno, f"NIC {name}: no IPv4 address ({e.strerror}); set nics[].address") from None
+    return socket.inet_ntoa(res[20:24])
+
+
+def open_sports(address: str, count: int, base: int) -> list[StampedSocket]:
+    """`count` stamped sockets on distinct source ports (kernel-chosen when base is 0)."""
+    out: list[StampedSocket] = []
+    port = base
+    while len(out) < count:
+        try:
+            out.append(StampedSocket(address, port))
+        except OSError as e:
+            if base == 0 or e.errno != 98 or port >= 65535:  # 98: EADDRINUSE, try the next port
+                for s in out:
+                    s.close()
+                raise OSError(e.errno, f"cannot bind a probe socket on {address}:{port}: {e.strerror}") from None
+        if base:
+            port += 1
+    return out
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig):
+        self.cfg = cfg
+        self.stats: defaultdict[str, int] = defaultdict(int)
+        self.session = random.getrandbits(63) or 1
+        self.clock = Clock(cfg.lab_clock, cfg.host)
+        self.transport = transport.choose(cfg.probe.transport)
+        key = cfg.probe.key.get_secret_value().encode()
+        self.nics: list[LocalNic] = []
+        for nic in cfg.nics:
+            address = nic.address or nic_address(nic.name)
+            self.nics.append(LocalNic(nic.name, address, open_sports(address, cfg.probe.sports, cfg.probe.sport_base)))
+        self.responders = make_responders(self.nics, cfg.probe.port, key, self.session, self.clock, self.stats)
+        self.buffer_dir = Path(cfg.report.buffer_dir)
+        self.buffer_dir.mkdir(parents=True, exist_ok=True)
+        self.client = ServiceClient(cfg.service, cfg.host)
+        self.reporter = Reporter(self.client, self.buffer_dir, cfg.report.buffer_max_bytes, cfg.report.interval,
+                                 self.stats)
+        self.prober = Prober(cfg.host, self.nics, cfg.probe, key, self.session, self.clock, self.stats,
+                             self.reporter.put)
+        self.counters = NicCounters(cfg.host, [n.name for n in self.nics], cfg.counters.ethtool)
+        self.links = LinkMonitor()
+        self.link_state: dict[str, str] = {}
+        self.inbox: queue.Queue = queue.Queue()
+        info = {"session": f"{self.session:016x}", "version": __version__, "transport": self.transport,
+                "probe_port": cfg.probe.port, "nics": [{"name": n.name, "address": n.address} for n in self.nics]}
+        self.control = Control(self.client, info, cfg.peers.refresh, self.buffer_dir, self.inbox)
+        self.running = True
+        self.started = time.monotonic()
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def run(self) -> None:
+        ep = select.epoll()
+        handlers = {}
+        for r in self.responders:
+            handlers[r.fileno()] = (r.on_readable, r.on_errqueue)
+        for nic in self.nics:
+            for sock in nic.sockets:
+                handlers[sock.fileno()] = (lambda s=sock: self.prober.on_readable(s),
+                                           lambda s=sock: self.prober.on_errqueue(s))
+        handlers[self.links.fileno()] = (self._on_links, lambda: None)
+        for fd in handlers:
+            ep.register(fd, select.EPOLLIN)
+        self.reporter.start()
+        self.control.start()
+        if not self.control.registered.wait(3.0):
+            cached = self.control.cached_peers()
+            if cached is not None:
+                log.warning("service not reachable yet: probing the %d cached peers", len(cached))
+                self.prober.set_peers(cached)
+        log.info("agent %s up: session %016x, NICs %s, probe port %d, %g exchanges/s per path",
+                 self.cfg.host, self.session, ", ".join(f"{n.name}={n.address}" for n in self.nics),
+                 self.cfg.probe.port, self.cfg.probe.rate)
+        now = time.monotonic()
+        next_hk = next_slow = now
+        next_counters = now + 1.0
+        next_stats = now + 2.0
+        next_clock = now + 1.0
+        stop_at = None
+        down_after = self.cfg.probe.down_after
+        while True:
+            wake = min(self.prober.next_due() if stop_at is None else next_hk, next_hk)
+            timeout = max(0.0, wake - time.monotonic())
+            for fd, ev in ep.poll(timeout):
+                readable, errqueue = handlers[fd]
+                if ev & select.EPOLLERR:
+                    errqueue()
+                if ev & select.EPOLLIN:
+                    readable()
+            now = time.monotonic()
+            if stop_at is None:
+                self.prober.send_due(now)
+            if now >= next_hk:
+                next_hk = now + HOUSEKEEPING
+                self.prober.check_paths(now, down_after)
+                self.prober.expire(now)
+                self.prober.tick_tracer(now)
+                self._drain_inbox()
+            if now >= next_slow:
+                next_slow = now + SLOW
+                self.prober.close_windows()
+                if now >= next_clock:
+                    next_clock = now + 1.0
+                    self.clock.refresh()
+                    if not self.prober.tracer.busy:
+                        due = self.prober.retrace_due(now, self.cfg.probe.trace_interval)
+                        if due:
+                            self.prober.trace(due)
+                if now >= next_counters:
+                    next_counters = now + self.cfg.counters.interval
+                    for sample in self.counters.sample_all(self.clock.now()):
+                        self.reporter.put("host_nic_samples", sample)
+                if now >= next_stats:
+                    next_stats = now + self.cfg.report.stats_interval
+                    self._report_stats()
+            if not self.running and stop_at is None:
+                stop_at = now + SHUTDOWN_WAIT  # stop sending; late replies may still come in
+            if stop_at is not None and now >= stop_at:
+                break
+        self.prober.close_windows(final=True)
+        self._report_stats()
+        ep.close()
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                kind, payload = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "peers":
+                self.prober.set_peers(payload)
+            elif kind == "command":
+                self._command(payload)
+
+    def _command(self, command: dict) -> None:
+        kind, args = command.get("kind"), command.get("args") or {}
+        self.stats["commands"] += 1
+        if kind == "reprobe_paths":
+            log.info("command %s: tracing every path again", command.get("id"))
+            self.prober.trace()
+        elif kind == "set_rate":
+            rate = args.get("rate")
+            if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 < rate <= 10_000:
+                log.warning("command set_rate: bad rate %r (want 0 < rate <= 10000)", rate)
+                return
+            log.info("command %s: probe rate %g exchanges/s per path", command.get("id"), rate)
+            self.prober.set_rate(float(rate))
+        elif kind == "refresh_peers":
+            pass  # the control thread fetches the list and posts it here
+        else:
+            log.warning("unknown command %r ignored", kind)
+
+    def _on_links(self) -> None:
+        watched = {n.name for n in self.nics}
+        for name, oper in self.links.read():
+            if name in watched and self.link_state.get(name) != oper:
+                self.link_state[name] = oper
+                log.info("NIC %s is %s", name, oper)
+                self.stats["link_changes"] += 1
+                sample = self.counters.sample(name, self.clock.now())
+                self.reporter.put("host_nic_samples", sample.model_copy(update={"oper_status": oper}))
+
+    def _report_stats(self) -> None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        fields = {**{k: int(v) for k, v in self.stats.items()}, **self.prober.snapshot(),
+                  "cpu_user_s": usage.ru_utime, "cpu_system_s": usage.ru_stime, "max_rss_kib": usage.ru_maxrss,
+                  "buffered_bytes": self.reporter.buffered_bytes, "uptime_s": time.monotonic() - self.started,
+                  "clock_offset_ns": self.clock.offset_ns}
+        fields = {k: v for k, v in fields.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self.reporter.put("points", GenericPoint(measurement="agent_stats", tags={"host": self.cfg.host},
+                                                 fields=fields, ts=self.clock.now()))
+        status = {"host": self.cfg.host, "session": f"{self.session:016x}", "stats": fields,
+                  "paths": self.paths_table()}
+        tmp = self.buffer_dir / "status.tmp"
+        tmp.write_text(json.dumps(status, indent=1))
+        os.replace(tmp, self.buffer_dir / "status.json")
+
+    def paths_table(self) -> list[dict]:
+        return [{"peer": t.host, "peer_nic": t.nic_name, "nic": t.nic.name, "path_id": p.path_id,
+                 "sport": p.sock.port, "state": p.state}
+                for t in self.prober.targets.values() for p in t.paths.values()]
+
+    def stop(self, *_args) -> None:
+        self.running = False
+
+    def close(self) -> None:
+        self.control.stop()
+        self.reporter.stop()
+        self.prober.close()
+        for r in self.responders:
+            r.close()
+        self.links.close()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="nms-agent",
-        description="fabric-nms host probe agent: probes peers NIC-to-NIC with kernel timestamps and reports "
-                    "one-way delays, loss, path events and clock estimates to the service. "
-                    "The probe mesh is not implemented yet: this build only prints this help.")
-    parser.add_argument("--config", help="agent configuration file (YAML)")
+        description="fabric-nms host probe agent: probes peers NIC-to-NIC over every ECMP path with kernel "
+                    "timestamps and reports loss, one-way delays, path events and NIC counters to the service.")
+    parser.add_argument("--config", help="agent configuration file (YAML; see docs/hostprobe.md)")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     args = parser.parse_args(argv)
     if args.version:
-        from nms import __version__
-
         print(f"nms-agent {__version__}")
         return 0
-    if args.config is not None:
-        print("nms-agent: the probe agent is not part of this build yet (see docs/ARCHITECTURE.md)", file=sys.stderr)
+    if args.config is None:
+        parser.print_help()
         return 2
-    parser.print_help()
+    from nms.config import ConfigError
+
+    from hostprobe.config import load
+
+    try:
+        cfg = load(args.config)
+    except ConfigError as e:
+        print(f"nms-agent: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        agent = Agent(cfg)
+    except (OSError, transport.TransportError) as e:
+        print(f"nms-agent: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # e.g. the buffer directory is locked by another agent
+        print(f"nms-agent: cannot start: {e}", file=sys.stderr)
+        return 1
+    signal.signal(signal.SIGTERM, agent.stop)
+    signal.signal(signal.SIGINT, agent.stop)
+    try:
+        agent.run()
+    finally:
+        agent.close()
+    log.info("agent stopped")
     return 0
 
 

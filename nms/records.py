@@ -97,6 +97,10 @@ class PortSample(TelemetryRecord):
     speed_bps: Counter | None = None
     mtu: int | None = Field(None, ge=0, le=1 << 20)
     uptime_ticks: Counter | None = Field(None, description="sysUpTime (1/100 s) when sampled: reboot detection")
+    discontinuity_ticks: Counter | None = Field(
+        None, description="ifCounterDiscontinuityTime: a change means the counters restarted (rates dropped)")
+    last_change_ticks: Counter | None = Field(
+        None, description="ifLastChange: a change with the same oper status means the link went away and back")
 
 
 class PortRates(TelemetryRecord):
@@ -170,11 +174,16 @@ class ProbeWindow(TelemetryRecord):
     rtt_min_ns: int | None = Field(None, ge=0)
     rtt_p50_ns: int | None = Field(None, ge=0)
     rtt_p99_ns: int | None = Field(None, ge=0)
+    pairs: int | None = Field(None, ge=0, description="coded probe pairs sent in this window")
+    pure_pairs: int | None = Field(None, ge=0, description="pairs whose receive spacing matched their send "
+                                                          "spacing within the guard, both ways (clock sync)")
 
     @model_validator(mode="after")
     def _received_le_sent(self) -> ProbeWindow:
         if self.received > self.sent:
             raise ValueError("received cannot exceed sent")
+        if self.pure_pairs is not None and self.pairs is not None and self.pure_pairs > self.pairs:
+            raise ValueError("pure_pairs cannot exceed pairs")
         return self
 
     @property
@@ -196,6 +205,34 @@ class PathEvent(TelemetryRecord):
     ts: TimestampNs
     state: Literal["down", "up"]
     reason: str | None = Field(None, max_length=512)
+    sport: int | None = Field(None, ge=0, le=65535)
+    since_ns: TimestampNs | None = Field(None, description="down: when the last reply arrived; up: when the "
+                                                           "path was declared down")
+
+
+class ProbePath(TelemetryRecord):
+    """One probed ECMP path as a Paris traceroute found it: the router hops each way, by address
+    (each router answers from the interface the probe came in on; '*' = no answer). `path_id` is a
+    stable hash of the endpoints and both hop lists; ProbeWindow/PathEvent carry the same id."""
+
+    measurement: ClassVar[str] = "probe_path"
+    tag_keys: ClassVar[tuple[str, ...]] = ("src_host", "src_nic", "dst_host", "dst_nic", "path_id")
+
+    src_host: Ident
+    src_nic: Ident
+    dst_host: Ident
+    dst_nic: Ident
+    path_id: Ident
+    ts: TimestampNs
+    src_addr: str = Field(max_length=64)
+    dst_addr: str = Field(max_length=64)
+    dport: int = Field(ge=0, le=65535)
+    sports: str = Field(max_length=4096, description="comma-separated source ports that take this path")
+    probed_sport: int | None = Field(None, ge=0, le=65535, description="the source port probing this path")
+    fwd_hops: str = Field(max_length=1024, description="comma-separated router addresses, source side first")
+    rev_hops: str = Field(max_length=1024, description="the reply direction's routers, peer side first")
+    fwd_complete: bool = Field(description="the destination answered the forward trace")
+    rev_complete: bool = Field(description="the reverse trace reached this host")
 
 
 class ClockEdge(TelemetryRecord):
@@ -283,7 +320,149 @@ INGEST_KINDS: dict[str, type[TelemetryRecord] | type[GenericPoint]] = {
     "host_nic_samples": HostNicSample,
     "probe_windows": ProbeWindow,
     "path_events": PathEvent,
+    "probe_paths": ProbePath,
     "clock_edges": ClockEdge,
     "clock_solutions": ClockSolution,
     "points": GenericPoint,
 }
+
+
+# --- switch-side collectors: link state, LLDP, device facts, collector status ------------------
+
+
+class LinkEvent(TelemetryRecord):
+    """A port's oper status changed between two polls (or, by ifLastChange, changed and came back).
+
+    `flaps_in_window` counts the port's down-transitions within the configured flap window;
+    `flapping` is true while that count exceeds the flap threshold (default: more than 8 per hour)."""
+
+    measurement: ClassVar[str] = "link_event"
+    tag_keys: ClassVar[tuple[str, ...]] = ("device", "port")
+
+    device: Ident
+    port: Ident
+    ts: TimestampNs
+    state: OperStatus
+    previous: OperStatus | None = None
+    transitions: int = Field(1, ge=1, description="status changes seen in this poll interval (2: down and back)")
+    flaps_in_window: int = Field(0, ge=0)
+    flapping: bool = False
+
+
+class LldpNeighbor(TelemetryRecord):
+    """One LLDP neighbour seen on a local port (LLDP-MIB lldpRemTable, or any other source)."""
+
+    measurement: ClassVar[str] = "lldp_neighbor"
+    tag_keys: ClassVar[tuple[str, ...]] = ("device", "port")
+
+    device: Ident
+    port: Ident
+    ts: TimestampNs
+    remote_name: str | None = Field(None, max_length=255, description="lldpRemSysName")
+    remote_port: str | None = Field(None, max_length=255, description="lldpRemPortId (an ifname with subtype 5/7)")
+    remote_port_desc: str | None = Field(None, max_length=255)
+    remote_chassis_id: str | None = Field(None, max_length=255, description="hex for MAC chassis ids")
+    remote_description: str | None = Field(None, max_length=1024)
+
+
+class DeviceFacts(TelemetryRecord):
+    """Identity and uptime of a polled device."""
+
+    measurement: ClassVar[str] = "device_facts"
+    tag_keys: ClassVar[tuple[str, ...]] = ("device",)
+
+    device: Ident
+    ts: TimestampNs
+    sys_name: str | None = Field(None, max_length=255)
+    sys_descr: str | None = Field(None, max_length=1024)
+    sys_object_id: str | None = Field(None, max_length=255)
+    uptime_ticks: Counter | None = Field(None, description="sysUpTime, 1/100 s")
+    interfaces: int | None = Field(None, ge=0)
+    lldp_chassis_id: str | None = Field(None, max_length=255)
+
+
+CollectorState = Literal["pending", "ok", "error", "backoff"]
+CollectorErrorKind = Literal["timeout", "auth", "bad_response", "unreachable", "config", "internal"]
+
+
+class DeviceStatus(Record):
+    """What one collector knows about one device: last outcome, timings, backoff (GET /devices)."""
+
+    device: Ident
+    collector: Ident
+    address: str
+    state: CollectorState = "pending"
+    interval_s: float = Field(gt=0)
+    deadline_s: float = Field(gt=0)
+    polls: int = Field(0, ge=0)
+    failures: int = Field(0, ge=0)
+    consecutive_failures: int = Field(0, ge=0)
+    last_poll_ns: int | None = None
+    last_success_ns: int | None = None
+    last_duration_s: float | None = None
+    last_error_kind: CollectorErrorKind | None = None
+    last_error: str | None = Field(None, max_length=1024)
+    next_attempt_ns: int | None = None
+    records: int = Field(0, ge=0, description="records produced by the last successful poll")
+
+
+# --- topology (built by nms.topology from LLDP and the configured inventory) -------------------
+
+LinkCheck = Literal["ok", "missing", "unexpected", "miscabled", "unverified", "discovered"]
+LinkState = Literal["up", "down", "degraded", "unknown"]
+
+
+class TopologyNode(Record):
+    name: Ident
+    kind: Literal["switch", "host", "unknown"]
+    role: str | None = None
+    configured: bool = Field(description="listed in the configured inventory")
+    reachable: bool | None = Field(None, description="its collector's last poll succeeded (switches)")
+
+
+class TopologyLink(Record):
+    """One cable, `a` and `b` as `device:port` (sorted so that a link has one spelling)."""
+
+    a: str
+    b: str
+    check: LinkCheck = Field(description="ok: seen as configured; missing: configured, both ends polled, not "
+                                         "seen; miscabled: an end sees another peer; unexpected: seen, not "
+                                         "configured; unverified: configured, no polled end could confirm it; "
+                                         "discovered: seen, and the inventory lists no cabling to compare")
+    state: LinkState = "unknown"
+    seen_by: list[str] = Field(default_factory=list, description="devices whose LLDP reported this link")
+    expected: str | None = Field(None, description="miscabled: the configured peer of the end that moved")
+    flapping: bool = False
+    rate_port: str | None = Field(None, description="the polled end whose rates in_bps/out_bps are")
+    in_bps: float | None = None
+    out_bps: float | None = None
+
+
+class FabricTopology(Record):
+    nodes: list[TopologyNode]
+    links: list[TopologyLink]
+    generated_ns: int
+
+    def problems(self) -> list[TopologyLink]:
+        return [link for link in self.links if link.check in ("missing", "unexpected", "miscabled")]
+
+
+class PathHop(Record):
+    device: Ident
+    ingress: str | None = Field(None, description="port the path enters by (None at the source host)")
+    egress: str | None = Field(None, description="port the path leaves by (None at the destination host)")
+
+
+class FabricPath(Record):
+    """One of the equal-cost paths between two hosts."""
+
+    hops: list[PathHop]
+
+    @property
+    def links(self) -> list[tuple[str, str]]:
+        """Directed (egress end, ingress end) pairs as `device:port`."""
+        return [(f"{a.device}:{a.egress}", f"{b.device}:{b.ingress}") for a, b in zip(self.hops, self.hops[1:])]
+
+    @property
+    def devices(self) -> list[str]:
+        return [h.device for h in self.hops]

@@ -10,6 +10,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from nms.app.metrics import ServiceMetrics
 from nms.app.plugins import open_store
+from nms.app.polling import Poller
 from nms.config import NmsConfig
 from nms.state import StateStore
 from nms.store import TimeSeriesStore
@@ -27,9 +28,11 @@ class Service:
         self.metrics.watch_store(self.store.stats, self.store.name)
         self.scheduler: AsyncIOScheduler | None = None
         self.started_at = time.time()
+        self.poller = Poller(config, self.store, self.metrics.registry)  # switch collectors, by entry point
 
     async def start(self) -> None:
-        """Start the scheduler on the running event loop (collectors register jobs here later)."""
+        """Start the scheduler on the running event loop: store retention and one polling job per
+        (collector, device)."""
         self.scheduler = AsyncIOScheduler(
             timezone="UTC", job_defaults={"misfire_grace_time": int(self.config.scheduler.misfire_grace),
                                           "coalesce": True, "max_instances": 1})
@@ -37,6 +40,8 @@ class Service:
         if retention:
             self.scheduler.add_job(self._prune, "interval", seconds=self.config.scheduler.retention_interval,
                                    id="store-retention", args=[retention])
+        if self.config.polling.enabled:
+            self.poller.schedule(self.scheduler)
         self.scheduler.start()
         log.info("service started: store=%s, api on %s:%d", self.store.name,
                  self.config.api.host, self.config.api.port)
@@ -55,6 +60,7 @@ class Service:
         """Clean shutdown: stop scheduling, flush the store (or spool it), close state."""
         if self.scheduler is not None and self.scheduler.running:
             self.scheduler.shutdown(wait=False)
+        await self.poller.close()
         await asyncio.to_thread(self.store.close)
         self.state.close()
         log.info("service stopped; store flushed")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from nms.config.models import NmsConfig
 
@@ -104,8 +104,10 @@ def _nearest_line(lines: dict[tuple, int], path: tuple) -> int | None:
         path = path[:-1]
 
 
-def parse_config(text: str, source: str = "<config>", base_dir: Path | None = None) -> NmsConfig:
-    """Parse and validate config text; raise ConfigError listing every problem."""
+def parse_config(text: str, source: str = "<config>", base_dir: Path | None = None,
+                 model: type[BaseModel] = NmsConfig) -> Any:
+    """Parse and validate config text into `model` (default: the service's NmsConfig; the host agent
+    passes its own); raise ConfigError listing every problem."""
     base_dir = base_dir or Path.cwd()
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -126,7 +128,7 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
     issues = [ConfigIssue(_dotted(p), _nearest_line(lines, p), m) for p, m in ref_issues]
     unresolved = {p for p, _ in ref_issues}
     try:
-        config = NmsConfig.model_validate(data)
+        config = model.model_validate(data)
     except ValidationError as e:
         for err in e.errors(include_input=False, include_url=False):
             # Drop pydantic's internal union/validator tags from the location.
@@ -139,15 +141,15 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
     if issues:
         raise ConfigError(source, issues)
     assert config is not None
-    if not config.data_dir.is_absolute():
+    if isinstance(config, NmsConfig) and not config.data_dir.is_absolute():
         config = config.model_copy(update={"data_dir": (base_dir / config.data_dir).resolve()})
     return config
 
 
-def load_config(path: str | Path) -> NmsConfig:
+def load_config(path: str | Path, model: type[BaseModel] = NmsConfig) -> Any:
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as e:
         raise ConfigError(str(path), [ConfigIssue("", None, f"cannot read file: {e.strerror}")]) from None
-    return parse_config(text, str(path), base_dir=path.resolve().parent)
+    return parse_config(text, str(path), base_dir=path.resolve().parent, model=model)

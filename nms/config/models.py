@@ -143,6 +143,9 @@ class TlsConfig(Strict):
 
 class ApiConfig(Strict):
     host: str = "127.0.0.1"
+    # more addresses served on the same port, e.g. a management address that host agents in
+    # other network namespaces reach (the lab's bridge gateway)
+    listen: list[str] = []
     port: int = Field(8080, ge=0, le=65535)
     tls: TlsConfig | None = None
     max_body_bytes: ByteSize = 16 << 20
@@ -154,6 +157,14 @@ class ApiConfig(Strict):
     def _ip(cls, v: str) -> str:
         if v != "localhost":
             ipaddress.ip_address(v)  # raises ValueError naming the bad address
+        return v
+
+    @field_validator("listen")
+    @classmethod
+    def _ips(cls, v: list[str]) -> list[str]:
+        for addr in v:
+            if addr != "localhost":
+                ipaddress.ip_address(addr)
         return v
 
     @field_validator("tokens")
@@ -174,6 +185,17 @@ class SchedulerConfig(Strict):
     retention_interval: Seconds = 3600.0  # how often the embedded store prunes old data
 
 
+class PollingConfig(Strict):
+    """How the service runs its switch collectors (per-device settings live in fabric.switches)."""
+
+    enabled: bool = True
+    max_concurrency: int = Field(64, ge=1, le=10_000)  # devices polled at once, per collector
+    backoff_max: Seconds = 300.0  # a failing device is retried after interval x 2^n, at most this
+    recent_window: Seconds = 900.0  # how much recent data the service keeps in memory for the API
+    max_utilization: float = Field(1.5, gt=1, le=10)  # rates above speed x this are impossible: dropped
+    mib_dirs: list[Path] = []  # MIB sources for extra SNMP objects named MIB::object (besides ./mibs)
+
+
 class Thresholds(Strict):
     flap_count: int = Field(8, ge=1)
     flap_window: Seconds = 3600.0
@@ -181,6 +203,15 @@ class Thresholds(Strict):
     congestion_utilization: float = Field(0.9, gt=0, le=1)
     owd_inflation_us: float = Field(50.0, gt=0)
     resolve_after_clean_windows: int = Field(10, ge=1)
+
+
+class AgentsConfig(Strict):
+    """How the service steers host probe agents (hostprobe/; the agents' own settings are in their
+    config files)."""
+
+    peers_random: int = Field(12, ge=0, le=256)  # K: random peers besides the hosts under the same leaf
+    seed: str = "fabric"  # peer choice is a pure function of (inventory, seed): stable across restarts
+    command_wait_max: Seconds = 30.0  # longest long-poll an agent may hold for commands
 
 
 # --- fabric inventory ------------------------------------------------------------------------
@@ -198,7 +229,21 @@ class SnmpSettings(Strict):
     interval: Seconds = 10.0
     timeout: Seconds = 2.0
     retries: int = Field(1, ge=0, le=10)
+    deadline: Seconds | None = None  # a poll still running then is cancelled (default: 0.8 x interval)
+    max_repetitions: int = Field(20, ge=1, le=1000)  # GETBULK rows per column and request
+    lldp: bool = True  # also walk LLDP-MIB (neighbours, for the topology)
+    interfaces: list[str] = []  # fnmatch patterns of ifName to keep (all when empty)
+    # numeric OIDs (1.3.6.1.4.1.x.y...), or MIB::name resolved from MIB modules in mibs/ (needs pysmi);
+    # an OID ending in .0 is read with GET, anything else is walked
     extra_oids: list[str] = []
+
+    @field_validator("extra_oids")
+    @classmethod
+    def _oids(cls, v: list[str]) -> list[str]:
+        for oid in v:
+            if not re.fullmatch(r"\.?\d+(\.\d+)+|[A-Za-z][\w-]*::[A-Za-z][\w-]*(\.\d+)*", oid):
+                raise ValueError(f"extra OID {oid!r}: give a numeric OID (1.3.6.1...) or MIB-NAME::object[.index]")
+        return v
 
     @model_validator(mode="after")
     def _credentials(self) -> SnmpSettings:
@@ -288,5 +333,7 @@ class NmsConfig(Strict):
     store: StoreConfig = StoreConfig()
     api: ApiConfig = ApiConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
+    polling: PollingConfig = PollingConfig()
     thresholds: Thresholds = Thresholds()
+    agents: AgentsConfig = AgentsConfig()
     fabric: FabricConfig = FabricConfig()

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from nms import __version__
 from nms.app.cli.client import ApiClient, TokenOpt, UrlOpt, err_console, fmt_time
+from nms.app.cli.fabric import collect_app, devices as devices_cmd, topology as topology_cmd
 from nms.app.cli.jobs import jobs_app
 from nms.config import ConfigError, load_config
 from nms.config.models import parse_duration
@@ -27,6 +28,9 @@ token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(token_app, name="token")
 app.add_typer(jobs_app, name="jobs")
+app.add_typer(collect_app, name="collect")
+app.command("topology")(topology_cmd)
+app.command("devices")(devices_cmd)
 console = Console(soft_wrap=True)
 
 
@@ -65,9 +69,33 @@ def serve(config: Path = typer.Option(..., "--config", "-c", help="YAML configur
         err_console.print("[yellow]warning:[/] no API tokens configured: every authenticated endpoint "
                           "will answer 401 (see `nms token create`)")
     tls = cfg.api.tls
-    uvicorn.run(create_app(Service(cfg)), host=cfg.api.host, port=cfg.api.port, log_level=cfg.log_level,
-                ssl_certfile=str(tls.cert) if tls else None, ssl_keyfile=str(tls.key) if tls else None,
-                server_header=False)
+    options = dict(log_level=cfg.log_level, ssl_certfile=str(tls.cert) if tls else None,
+                   ssl_keyfile=str(tls.key) if tls else None, server_header=False)
+    if not cfg.api.listen:
+        uvicorn.run(create_app(Service(cfg)), host=cfg.api.host, port=cfg.api.port, **options)
+        return
+    # api.listen: the same server on more addresses (uvicorn.run binds one host only)
+    sockets = [_listen_socket(host, cfg.api.port) for host in dict.fromkeys([cfg.api.host, *cfg.api.listen])]
+    server = uvicorn.Server(uvicorn.Config(create_app(Service(cfg)), host=cfg.api.host, port=cfg.api.port,
+                                           **options))
+    server.run(sockets=sockets)
+
+
+def _listen_socket(host: str, port: int):
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        err_console.print(f"[red]error:[/] cannot listen on {host}:{port}: {e.strerror}")
+        raise typer.Exit(1) from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
 
 
 @app.command()

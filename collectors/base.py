@@ -1,0 +1,123 @@
+"""The collector contract every switch-side collector follows (SNMP now; gNMI, UFM, CLI later).
+
+A collector is one object per protocol for the whole service (it may hold one engine, one
+connection pool). It is configured per device: a device is polled by collector `name` when its
+`collectors.<name>` section is set. The service schedules `collect_with_deadline(device)` per
+device at `schedule(device).interval_s`; each call returns a `PollResult` of shared records
+(PortSample, LldpNeighbor, DeviceFacts, GenericPoint for extra objects) or raises a
+`CollectorError` whose `kind` says what went wrong (timeout, auth, bad_response, unreachable,
+config). Messages name the device and the address, never a secret.
+
+A new collector is one module with a subclass and one line in pyproject.toml:
+
+    [project.entry-points."nms.collectors"]
+    snmp = "collectors.snmp:SnmpCollector"
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from nms.config.models import SwitchConfig
+from nms.records import CollectorErrorKind, DeviceFacts, LldpNeighbor, PortSample
+
+
+class CollectorError(Exception):
+    kind: ClassVar[CollectorErrorKind] = "internal"
+
+    def __init__(self, device: str, message: str):
+        super().__init__(f"{device}: {message}")
+        self.device = device
+        self.message = message
+
+
+class CollectorTimeout(CollectorError):
+    kind = "timeout"
+
+
+class CollectorAuthError(CollectorError):
+    kind = "auth"
+
+
+class CollectorBadResponse(CollectorError):
+    kind = "bad_response"
+
+
+class CollectorUnreachable(CollectorError):
+    kind = "unreachable"
+
+
+class CollectorConfigError(CollectorError):
+    kind = "config"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    interval_s: float
+    deadline_s: float  # a poll still running then is cancelled and counted as a timeout
+
+
+@dataclass
+class PollResult:
+    device: str
+    collector: str
+    started_ns: int
+    duration_s: float = 0.0
+    records: list[Any] = field(default_factory=list)
+    counter_bits: Mapping[str, int] = field(default_factory=dict)  # widths of the PortSample counters
+    values: int = 0  # objects read from the device (for throughput numbers)
+
+    @property
+    def samples(self) -> list[PortSample]:
+        return [r for r in self.records if isinstance(r, PortSample)]
+
+    @property
+    def neighbors(self) -> list[LldpNeighbor]:
+        return [r for r in self.records if isinstance(r, LldpNeighbor)]
+
+    @property
+    def facts(self) -> DeviceFacts | None:
+        return next((r for r in self.records if isinstance(r, DeviceFacts)), None)
+
+
+class Collector(ABC):
+    name: ClassVar[str]
+    # widths of PortSample counters this protocol delivers (a counter not named is 64-bit)
+    counter_bits: ClassVar[Mapping[str, int]] = {}
+
+    @classmethod
+    def from_config(cls, config: Any) -> Collector:
+        """Build the collector from the whole NmsConfig (plugins may read their own section)."""
+        return cls()
+
+    def settings(self, device: SwitchConfig) -> Any | None:
+        """This collector's settings for `device`, or None when the device is not polled by it."""
+        return getattr(device.collectors, self.name, None)
+
+    def schedule(self, device: SwitchConfig) -> Schedule:
+        s = self.settings(device)
+        interval = float(s.interval)
+        deadline = getattr(s, "deadline", None) or interval * 0.8
+        return Schedule(interval, min(float(deadline), interval))
+
+    @abstractmethod
+    async def collect(self, device: SwitchConfig) -> PollResult:
+        """Poll one device once; raise CollectorError on failure."""
+
+    async def collect_with_deadline(self, device: SwitchConfig, deadline_s: float | None = None) -> PollResult:
+        """`collect`, cancelled at the device's deadline (a CollectorTimeout then)."""
+        deadline = deadline_s if deadline_s is not None else self.schedule(device).deadline_s
+        started = time.monotonic()
+        try:
+            return await asyncio.wait_for(self.collect(device), deadline)
+        except TimeoutError:
+            raise CollectorTimeout(device.name, f"poll did not finish within its deadline of {deadline:g} s "
+                                                f"(took {time.monotonic() - started:.1f} s)") from None
+
+    async def close(self) -> None:
+        """Release engines, sockets, sessions."""

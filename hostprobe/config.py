@@ -1,0 +1,129 @@
+"""The agent's YAML configuration (`nms-agent --config FILE`).
+
+Loaded by the service's loader (nms.config.load_config with this model), so `${ENV}`,
+`${ENV:-default}` and `${file:PATH}` work the same way and every error names its field and line,
+never its value. Secrets (token, probe key) are SecretStr: they print as '**********'.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from nms.config.models import ByteSize, Name, Seconds, Strict
+
+
+class ServiceSettings(Strict):
+    url: str  # e.g. http://198.18.0.1:8080 (the service's management address)
+    token: SecretStr  # an API token with the `ingest` scope
+    timeout: Seconds = 5.0
+    verify_tls: bool = True
+    ca_file: Path | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError("must be an http:// or https:// URL")
+        return v.rstrip("/")
+
+
+class NicSettings(Strict):
+    name: Name  # interface name, e.g. eth0
+    address: str | None = None  # IPv4 address to probe from (default: the interface's first one)
+
+    @field_validator("address")
+    @classmethod
+    def _ipv4(cls, v: str | None) -> str | None:
+        if v is not None and ipaddress.ip_address(v).version != 4:
+            raise ValueError("only IPv4 probe addresses are supported")
+        return v
+
+
+class ProbeSettings(Strict):
+    key: SecretStr  # fabric-wide probe key: packets without its MAC are dropped and counted
+    port: int = Field(33434, ge=1, le=65535)  # UDP port every agent answers probes on
+    rate: float = Field(10.0, gt=0, le=10_000)  # exchanges per second per (peer, path); sent as pairs
+    down_after: Seconds = 1.0  # a path with no reply for this long is down (PathEvent at once)
+    timeout: Seconds = 1.0  # a probe unanswered this long is lost; windows close this late
+    sports: int = Field(32, ge=1, le=1024)  # source ports per NIC, traced to every peer (ECMP coverage)
+    sport_base: int = Field(0, ge=0, le=65535)  # first source port (0: ephemeral ports from the kernel)
+    max_hops: int = Field(8, ge=1, le=32)  # traceroute depth
+    trace_interval: Seconds = 120.0  # how often paths are re-traced
+    trace_rate: float = Field(300.0, gt=0, le=10_000)  # traceroute packets per second (routers rate-limit ICMP)
+    purity_guard_us: float = Field(5.0, gt=0)  # a pair is impure when its spacings differ by more
+    transport: Literal["auto", "udp", "verbs"] = "auto"
+    exchange_log: int = Field(4096, ge=0, le=1_000_000)  # raw exchanges kept per peer (clock sync)
+
+    @field_validator("key")
+    @classmethod
+    def _key_strength(cls, v: SecretStr) -> SecretStr:
+        if len(v.get_secret_value()) < 16:
+            raise ValueError("probe key is too short (at least 16 characters)")
+        return v
+
+
+class PeerSettings(Strict):
+    refresh: Seconds = 60.0  # how often the peer list is fetched again
+
+
+class ReportSettings(Strict):
+    interval: Seconds = 1.0  # batching interval (path events are sent at once)
+    buffer_dir: Path = Path("/var/lib/nms-agent/buffer")  # reports kept here while the service is away
+    buffer_max_bytes: ByteSize = 64 << 20
+    stats_interval: Seconds = 10.0  # agent_stats points (drops, forged packets, queue sizes)
+
+
+class CounterSettings(Strict):
+    interval: Seconds = 5.0  # HostNicSample period (link changes are sent at once)
+    ethtool: Literal["auto", "off"] = "auto"
+
+
+class LabClock(Strict):
+    """Emulated clock error for the fabric lab: t_host = t_real + offset + drift * (t_real - ref).
+
+    Either fixed numbers, or `state_file` (the lab's state.json), re-read when it changes, whose
+    `clocks[host]` entry the lab writes when a clock fault is injected."""
+
+    offset_ns: int = 0
+    drift_ppm: float = Field(0.0, ge=-1000, le=1000)
+    ref_ns: int = 0
+    state_file: Path | None = None
+    host: str | None = None  # the entry in state_file (default: the agent's host name)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> LabClock:
+        if self.state_file is not None and (self.offset_ns or self.drift_ppm or self.ref_ns):
+            raise ValueError("give either state_file or offset_ns/drift_ppm/ref_ns, not both")
+        return self
+
+
+class AgentConfig(Strict):
+    host: Name
+    service: ServiceSettings
+    nics: list[NicSettings] = Field(min_length=1)
+    probe: ProbeSettings
+    peers: PeerSettings = PeerSettings()
+    report: ReportSettings = ReportSettings()
+    counters: CounterSettings = CounterSettings()
+    lab_clock: LabClock | None = None
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("nics")
+    @classmethod
+    def _unique(cls, v: list[NicSettings]) -> list[NicSettings]:
+        names = [n.name for n in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate NIC names: {sorted({n for n in names if names.count(n) > 1})}")
+        return v
+
+
+def load(path: str | Path) -> AgentConfig:
+    """Load and validate; raises nms.config.ConfigError listing every problem."""
+    from nms.config import load_config
+
+    return load_config(path, model=AgentConfig)

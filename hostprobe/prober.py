@@ -1,0 +1,397 @@
+"""The probing side: source-port sockets per NIC, paths per peer, coded pairs, windows, path events.
+
+Per local NIC, `probe.sports` UDP sockets (one per source port) are shared by all peers. Every
+(source port, peer) 5-tuple is traced (trace.py); source ports that share a round-trip path id
+are one path, and one of them probes it. Each path sends `rate` exchanges per second as coded
+pairs; each exchange's four stamps land in the 1 s window (local clock) it was sent in. A window
+closes `timeout` after its end: its numbers become a ProbeWindow. A path that was answering and
+then gets no reply for `down_after` is down (PathEvent at once); its next reply brings it back.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import random
+import time
+from collections import deque
+from itertools import count
+
+from hostprobe import tstamp, wire
+from hostprobe.stats import Exchange, judge_pair, window_stats
+from hostprobe.trace import TraceJob, Tracer, hops_text, int_to_ip
+from nms.records import PathEvent, ProbePath, ProbeWindow
+
+log = logging.getLogger(__name__)
+
+WINDOW_NS = 1_000_000_000
+CLOSE_GRACE_NS = 100_000_000
+NEVER_UP_AFTER = 3.0  # seconds: a path that never answered is reported down after this long
+RETRACE_UNREACHED = 15.0  # seconds: peers whose traces did not reach them are traced again this soon
+
+
+class LocalNic:
+    def __init__(self, name: str, address: str, sockets: list[tstamp.StampedSocket]):
+        self.name, self.address, self.sockets = name, address, sockets
+
+
+class Target:
+    """One (local NIC, peer NIC) pair and the paths between them."""
+
+    def __init__(self, nic: LocalNic, host: str, nic_name: str, addr: str, log_size: int):
+        self.nic, self.host, self.nic_name, self.addr = nic, host, nic_name, addr
+        self.paths: dict[str, PathState] = {}  # probed, by path id
+        self.retired: list[PathState] = []  # no longer probed; kept until their windows close
+        self.jobs: list[TraceJob] = []  # the current trace round
+        self.tracing = 0
+        self.traced_at = 0.0
+        self.reached = False
+        self.unreachable = False  # the peer answered "port unreachable": no agent listening
+        self.exchanges: deque = deque(maxlen=log_size) if log_size else deque(maxlen=0)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.nic.name, self.host, self.nic_name
+
+
+class PathState:
+    __slots__ = ("target", "sock", "path_id", "state", "last_reply", "last_reply_ns", "down_ns", "unanswered",
+                 "first_sent", "windows", "active")
+
+    def __init__(self, target: Target, sock: tstamp.StampedSocket, path_id: str):
+        self.target, self.sock, self.path_id = target, sock, path_id
+        self.state = "unknown"  # -> up (first reply), down (silence), up (replies again)
+        self.last_reply = 0.0  # monotonic
+        self.last_reply_ns = 0  # local clock
+        self.down_ns = 0
+        self.unanswered = 0
+        self.first_sent = 0.0
+        self.windows: dict[int, list[Exchange]] = {}
+        self.active = True
+
+
+class Prober:
+    def __init__(self, host: str, nics: list[LocalNic], settings, key: bytes, session: int, clock, stats: dict,
+                 emit):
+        self.host, self.nics, self.cfg = host, nics, settings
+        self.key, self.session, self.clock, self.stats, self.emit = key, session, clock, stats, emit
+        self.port = settings.port
+        self.rate = settings.rate
+        self.guard_ns = int(settings.purity_guard_us * 1000)
+        self.timeout_ns = int(settings.timeout * 1e9)
+        self.targets: dict[tuple[str, str, str], Target] = {}
+        self.inflight: dict[int, Exchange] = {}
+        self.sent_order: deque[tuple[float, int]] = deque()
+        self.schedule: list[tuple[float, int, PathState]] = []
+        self._tie = count()
+        self._seq = random.getrandbits(31)
+        self.tracer = Tracer(key, session, self.port, settings.max_hops, settings.trace_rate, self.next_seq)
+        self.by_fd = {s.fileno(): s for nic in nics for s in nic.sockets}
+        self.last_round = 0.0
+        self.retired_targets: list[Target] = []  # peers no longer listed, until their windows close
+
+    def next_seq(self) -> int:
+        self._seq = (self._seq + 1) & 0xFFFFFFFF
+        return self._seq
+
+    # -- peers and paths ---------------------------------------------------------------------------
+    def set_peers(self, peers: list[dict]) -> None:
+        """Peers as the service lists them: [{host, nics: [{name, address}]}]. Local NIC i probes the
+        peer's NIC i (rails), or its first NIC when it has fewer."""
+        wanted: dict[tuple[str, str, str], tuple[LocalNic, str, str, str]] = {}
+        for peer in peers:
+            if peer["host"] == self.host or not peer.get("nics"):
+                continue
+            for i, nic in enumerate(self.nics):
+                pnic = peer["nics"][i] if i < len(peer["nics"]) else peer["nics"][0]
+                wanted[(nic.name, peer["host"], pnic["name"])] = (nic, peer["host"], pnic["name"], pnic["address"])
+        for key in list(self.targets):
+            if key not in wanted or self.targets[key].addr != wanted[key][3]:
+                self._drop_target(self.targets.pop(key))
+        new = []
+        for key, (nic, host, pnic, addr) in wanted.items():
+            if key not in self.targets:
+                self.targets[key] = Target(nic, host, pnic, addr, self.cfg.exchange_log)
+                new.append(self.targets[key])
+        if new:
+            log.info("probing %d new peer NICs (%d in all)", len(new), len(self.targets))
+            self.trace(new)
+
+    def _drop_target(self, target: Target) -> None:
+        for path in target.paths.values():
+            path.active = False
+            target.retired.append(path)
+        self.retired_targets.append(target)
+        target.paths = {}
+
+    def trace(self, targets: list[Target] | None = None) -> None:
+        """Start a trace round (all targets by default) unless one is running for them."""
+        now = time.monotonic()
+        for target in targets if targets is not None else list(self.targets.values()):
+            if target.tracing:
+                continue
+            target.jobs = [TraceJob(sock, target) for sock in target.nic.sockets]
+            target.tracing = len(target.jobs)
+            target.traced_at = now
+            for job in target.jobs:
+                self.tracer.add(job)
+        self.last_round = now
+
+    def _trace_finished(self, job: TraceJob) -> None:
+        target = job.target
+        if self.targets.get(target.key) is not target:
+            return
+        target.tracing -= 1
+        if target.tracing == 0:
+            self._regroup(target)
+
+    def _regroup(self, target: Target) -> None:
+        groups: dict[str, list[TraceJob]] = {}
+        for job in target.jobs:
+            groups.setdefault(job.path_id, []).append(job)
+        target.reached = any(j.fwd_done and not j.unreachable for j in target.jobs)
+        target.unreachable = any(j.unreachable for j in target.jobs)
+        now_ns = self.clock.now()
+        old, target.paths = target.paths, {}
+        for pid, jobs in groups.items():
+            jobs.sort(key=lambda j: j.sport)
+            path = old.pop(pid, None)
+            if path is None or path.sock.port not in {j.sport for j in jobs}:
+                if path is not None:
+                    path.active = False
+                    target.retired.append(path)
+                path = PathState(target, jobs[0].sock, pid)
+                self._schedule(path, time.monotonic() + random.random() * 2 / self.rate)
+            target.paths[pid] = path
+            first = jobs[0]
+            self.emit("probe_paths", ProbePath(
+                src_host=self.host, src_nic=target.nic.name, dst_host=target.host, dst_nic=target.nic_name,
+                path_id=pid, ts=now_ns, src_addr=target.nic.address, dst_addr=target.addr, dport=self.port,
+                sports=",".join(str(j.sport) for j in jobs), probed_sport=path.sock.port,
+                fwd_hops=hops_text(first.fwd), rev_hops=hops_text(first.rev),
+                fwd_complete=first.fwd_done and not first.unreachable, rev_complete=first.rev_done))
+        for path in old.values():
+            path.active = False
+            target.retired.append(path)
+        log.debug("%s:%s via %s: %d paths from %d source ports", target.host, target.nic_name, target.nic.name,
+                  len(groups), len(target.jobs))
+
+    # -- sending ---------------------------------------------------------------------------------
+    def set_rate(self, rate: float) -> None:
+        self.rate = rate
+        now = time.monotonic()
+        for target in self.targets.values():
+            for path in target.paths.values():
+                self._schedule(path, now + random.random() * 2 / rate)
+
+    def _schedule(self, path: PathState, due: float) -> None:
+        heapq.heappush(self.schedule, (due, next(self._tie), path))
+
+    def next_due(self) -> float:
+        return self.schedule[0][0] if self.schedule else float("inf")
+
+    def send_due(self, now: float) -> None:
+        interval = 2.0 / self.rate  # a pair carries two exchanges
+        while self.schedule and self.schedule[0][0] <= now:
+            due, _, path = heapq.heappop(self.schedule)
+            if not path.active or path.target.paths.get(path.path_id) is not path:
+                continue
+            self._send_pair(path, now)
+            nxt = due + interval * (0.9 + 0.2 * random.random())
+            self._schedule(path, nxt if nxt > now else now + interval * random.random())
+
+    def _send_pair(self, path: PathState, now: float) -> None:
+        window = self.clock.now() // WINDOW_NS * WINDOW_NS
+        dest = (path.target.addr, self.port)
+        bucket = path.windows.get(window)
+        if bucket is None:
+            bucket = path.windows[window] = []
+        first = None
+        for second in (False, True):
+            seq = self.next_seq()
+            ex = Exchange(seq, path, window, now, second)
+            pkt = wire.encode(self.key, wire.PROBE, self.session, seq, flags=wire.SECOND if second else 0)
+            if path.sock.send(pkt, dest, token=ex):
+                self.inflight[seq] = ex
+                self.sent_order.append((now, seq))
+            else:
+                self.stats["send_errors"] += 1  # counts as sent and lost: e.g. the NIC lost its route
+            bucket.append(ex)
+            if first is None:
+                first = ex
+            else:
+                first.mate, ex.mate = ex, first
+        path.unanswered += 2
+        self.stats["probes_sent"] += 2
+        if not path.first_sent:
+            path.first_sent = now
+
+    # -- receiving ------------------------------------------------------------------------------
+    def on_readable(self, sock: tstamp.StampedSocket) -> None:
+        key, clock, stats, inflight, session = self.key, self.clock, self.stats, self.inflight, self.session
+        now = time.monotonic()
+        for _ in range(256):
+            try:
+                data, anc, _flags, addr = sock.sock.recvmsg(2048, tstamp.CMSG_SPACE)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as e:
+                if e.errno in tstamp.TRANSIENT:
+                    continue
+                raise
+            try:
+                msg = wire.decode(key, data)
+            except wire.BadPacket as e:
+                stats[f"rx_{e.kind}"] += 1
+                continue
+            if msg.session != session:
+                stats["rx_stale"] += 1  # an answer to an earlier run of this agent
+                continue
+            kind = msg.type
+            if kind == wire.REPLY:
+                ex = inflight.get(msg.seq)
+                if ex is None:
+                    if not self.tracer.on_reply(msg.seq, now):
+                        stats["rx_stale"] += 1
+                    continue
+                raw = tstamp.software_stamp(anc)
+                if not raw:
+                    stats["rx_stamp_missing"] += 1
+                ex.t4 = clock.host(raw) if raw else clock.now()
+                ex.t2 = msg.ta
+                path = ex.path
+                if path.state != "up":
+                    self._path_up(path, now)
+                path.last_reply, path.last_reply_ns, path.unanswered = now, ex.t4, 0
+                stats["replies"] += 1
+            elif kind == wire.FOLLOWUP:
+                for seq, t3 in msg.entries:
+                    ex = inflight.get(seq)
+                    if ex is not None:
+                        ex.t3 = t3
+            elif kind == wire.ECHO:
+                self.tracer.on_echo(msg.seq, now)
+            elif kind == wire.HOP:
+                self.tracer.on_hop(msg.seq, msg.aux, int_to_ip(msg.ta), now)
+            else:
+                stats["rx_unexpected"] += 1
+
+    def on_errqueue(self, sock: tstamp.StampedSocket) -> None:
+        entries = tstamp.read_errqueue(sock.sock)
+        if not entries:
+            tstamp.clear_error(sock.sock)
+        pending, now = sock.pending, time.monotonic()
+        for entry in entries:
+            if entry.origin == tstamp.SO_EE_ORIGIN_TIMESTAMPING:
+                ex = pending.pop(entry.key, None)  # None: the lab's second stamp of the same packet
+                if ex is not None:
+                    ex.t1 = self.clock.host(entry.stamp_ns)
+            elif not self.tracer.on_icmp(sock.port, entry, now):
+                if entry.icmp_type == tstamp.ICMP_DEST_UNREACH and entry.icmp_code == 3:
+                    self.stats["port_unreachable"] += 1
+                    for target in self.targets.values():
+                        if target.addr == entry.offender:
+                            target.unreachable = True
+                else:
+                    self.stats["icmp_errors"] += 1
+
+    # -- housekeeping -----------------------------------------------------------------------------
+    def check_paths(self, now: float, down_after: float) -> None:
+        for target in self.targets.values():
+            for path in target.paths.values():
+                if path.state == "up":
+                    if now - path.last_reply >= down_after and path.unanswered >= 2:
+                        self._path_down(path, now, f"no reply for {now - path.last_reply:.2f} s "
+                                                   f"({path.unanswered} probes unanswered)")
+                elif path.state == "unknown" and path.first_sent and now - path.first_sent >= NEVER_UP_AFTER:
+                    why = "no agent answers on the peer (port unreachable)" if target.unreachable else \
+                        f"never answered ({path.unanswered} probes)"
+                    self._path_down(path, now, why)
+
+    def _event(self, path: PathState, state: str, reason: str, since_ns: int | None) -> None:
+        t = path.target
+        self.emit("path_events", PathEvent(
+            src_host=self.host, src_nic=t.nic.name, dst_host=t.host, dst_nic=t.nic_name, path_id=path.path_id,
+            ts=self.clock.now(), state=state, reason=reason[:512], sport=path.sock.port,
+            since_ns=since_ns or None))
+
+    def _path_down(self, path: PathState, now: float, reason: str) -> None:
+        path.state = "down"
+        path.down_ns = self.clock.now()
+        self.stats["path_down_events"] += 1
+        log.info("path down: %s -> %s:%s sport %d (%s): %s", path.target.nic.name, path.target.host,
+                 path.target.nic_name, path.sock.port, path.path_id, reason)
+        self._event(path, "down", reason, path.last_reply_ns)
+
+    def _path_up(self, path: PathState, now: float) -> None:
+        previous, path.state = path.state, "up"
+        if previous == "down":
+            self.stats["path_up_events"] += 1
+            down_for = (self.clock.now() - path.down_ns) / 1e9
+            log.info("path up: %s -> %s:%s sport %d (%s) after %.2f s", path.target.nic.name, path.target.host,
+                     path.target.nic_name, path.sock.port, path.path_id, down_for)
+            self._event(path, "up", f"replies again after {down_for:.2f} s down", path.down_ns)
+
+    def expire(self, now: float) -> None:
+        """Forget exchanges older than the timeout (unanswered ones count as lost)."""
+        limit = now - self.timeout_ns / 1e9
+        order, inflight = self.sent_order, self.inflight
+        while order and order[0][0] < limit:
+            inflight.pop(order.popleft()[1], None)
+        for nic in self.nics:
+            for sock in nic.sockets:
+                if len(sock.pending) > 8192:
+                    for k in [k for k in sock.pending if k < sock.next_key - 4096]:
+                        del sock.pending[k]
+
+    def close_windows(self, final: bool = False) -> None:
+        horizon = self.clock.now() - WINDOW_NS - self.timeout_ns - CLOSE_GRACE_NS
+        for target in [*self.targets.values(), *self.retired_targets]:
+            for path in [*target.paths.values(), *target.retired]:
+                for window in sorted(w for w in path.windows if final or w <= horizon):
+                    self._close(path, window)
+            target.retired = [p for p in target.retired if p.windows]
+        self.retired_targets = [t for t in self.retired_targets if t.retired]
+
+    def _close(self, path: PathState, window: int) -> None:
+        exchanges = path.windows.pop(window)
+        for ex in exchanges:
+            if ex.second and ex.mate is not None:
+                judge_pair(ex.mate, ex, self.guard_ns)
+        numbers = window_stats(exchanges)
+        t = path.target
+        self.emit("probe_windows", ProbeWindow(
+            src_host=self.host, src_nic=t.nic.name, dst_host=t.host, dst_nic=t.nic_name, path_id=path.path_id,
+            window_start=window, window_s=WINDOW_NS / 1e9, sport=path.sock.port, **numbers))
+        if t.exchanges.maxlen:
+            for ex in exchanges:
+                if ex.t1 and ex.t2 and ex.t3 and ex.t4:
+                    t.exchanges.append((path.path_id, ex.t1, ex.t2, ex.t3, ex.t4,
+                                        bool(ex.pure_fwd and ex.pure_rev)))
+
+    def retrace_due(self, now: float, interval: float) -> list[Target]:
+        due = []
+        for target in self.targets.values():
+            if target.tracing:
+                continue
+            wait = interval if target.reached else min(interval, RETRACE_UNREACHED)
+            if now - target.traced_at >= wait:
+                due.append(target)
+        return due
+
+    def tick_tracer(self, now: float) -> None:
+        self.tracer.tick(now)
+        for job in self.tracer.take_done():
+            self._trace_finished(job)
+
+    def snapshot(self) -> dict:
+        paths = [p for t in self.targets.values() for p in t.paths.values()]
+        return {"targets": len(self.targets), "paths": len(paths),
+                "paths_up": sum(p.state == "up" for p in paths), "paths_down": sum(p.state == "down" for p in paths),
+                "inflight": len(self.inflight), "tracing": sum(t.tracing > 0 for t in self.targets.values()),
+                "rate": self.rate}
+
+    def close(self) -> None:
+        for nic in self.nics:
+            for sock in nic.sockets:
+                sock.close()

@@ -1,0 +1,205 @@
+"""Paris traceroute of each (source port, peer) 5-tuple, both directions, and stable path ids.
+
+Forward: probes from the source port's own socket with IP TTL 1, 2, ... (same 5-tuple as the
+probes, so the same ECMP hash); each router's ICMP time-exceeded comes back on that socket's error
+queue (IP_RECVERR, no raw socket). The peer's reply to the TTL that reaches it ends the trace.
+
+Reverse: the peer sends an ECHO with IP TTL k back along the reply's 5-tuple (its probe port to
+our source port) and reports, in a HOP message, the router whose time-exceeded it received; the
+ECHO that reaches us ends the trace. So each probed path is known hop by hop in both directions.
+
+One TTL is outstanding per job, so an ICMP error is matched by (socket, destination) even when a
+router quotes too little of the probe to read its sequence number. Jobs run concurrently, paced
+by a token bucket (routers rate-limit ICMP generation).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import struct
+from collections import deque
+
+from hostprobe import wire
+
+STEP_TIMEOUT = 0.25  # seconds to wait for one TTL's answer
+STEP_TRIES = 2
+
+
+def path_id(src: str, dst: str, fwd: list[str | None], rev: list[str | None]) -> str:
+    """Stable id of a round-trip path: endpoints and both hop lists ('*' for silent hops)."""
+    text = f"{src}>{dst}|{','.join(h or '*' for h in fwd)}|{','.join(h or '*' for h in rev)}"
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def hops_text(hops: list[str | None]) -> str:
+    return ",".join(h or "*" for h in hops)
+
+
+class TraceJob:
+    __slots__ = ("sock", "target", "fwd", "rev", "fwd_done", "rev_done", "phase", "ttl", "tries",
+                 "seq", "deadline", "finished", "unreachable")
+
+    def __init__(self, sock, target):
+        self.sock, self.target = sock, target
+        self.fwd: list[str | None] = []
+        self.rev: list[str | None] = []
+        self.fwd_done = self.rev_done = False  # the destination (resp. we) was reached
+        self.phase, self.ttl, self.tries, self.seq, self.deadline = "fwd", 1, 0, 0, 0.0
+        self.finished = False
+        self.unreachable = False  # the peer answered "port unreachable": no agent there
+
+    @property
+    def sport(self) -> int:
+        return self.sock.port
+
+    @property
+    def path_id(self) -> str:
+        return path_id(self.sock.addr, self.target.addr, self.fwd, self.rev)
+
+    def _record(self, hop: str | None) -> None:
+        hops = self.fwd if self.phase == "fwd" else self.rev
+        del hops[self.ttl - 1:]
+        hops.append(hop)
+
+
+class Tracer:
+    """Runs trace jobs inside the agent's event loop (no thread, no blocking)."""
+
+    def __init__(self, key: bytes, session: int, port: int, max_hops: int, rate: float, next_seq):
+        self.key, self.session, self.port, self.max_hops = key, session, port, max_hops
+        self.rate, self.tokens, self.last_refill = rate, min(rate, 50.0), 0.0
+        self.next_seq = next_seq  # shared with the prober: one sequence space per session
+        self.waiting: deque[TraceJob] = deque()
+        self.active: dict[int, TraceJob] = {}  # seq -> job
+        self.by_dest: dict[tuple[int, str], TraceJob] = {}  # (our port, peer address) -> job
+        self.done: list[TraceJob] = []
+        self.sent = 0
+
+    def add(self, job: TraceJob) -> None:
+        self.waiting.append(job)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.active)
+
+    # -- sending -------------------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        """Refill tokens, time out steps, start steps of waiting jobs."""
+        if self.last_refill:
+            self.tokens = min(self.rate * 0.2 + 1, self.tokens + (now - self.last_refill) * self.rate)
+        self.last_refill = now
+        for job in [j for j in self.active.values() if now >= j.deadline]:
+            self._forget(job)
+            if job.tries >= STEP_TRIES:
+                job._record(None)  # silent hop
+                self._advance(job, now)
+            else:
+                self._send(job, now)
+        while self.waiting and self.tokens >= 1:
+            job = self.waiting.popleft()
+            job.tries = 0
+            self._send(job, now)
+
+    def _send(self, job: TraceJob, now: float) -> None:
+        self.tokens -= 1
+        job.tries += 1
+        job.seq = self.next_seq()
+        dest = (job.target.addr, self.port)
+        if job.phase == "fwd":
+            pkt = wire.encode(self.key, wire.PROBE, self.session, job.seq, flags=wire.TRACE)
+            job.sock.send(pkt, dest, ttl=job.ttl)
+        else:  # ask the peer for an ECHO with IP TTL = job.ttl
+            pkt = wire.encode(self.key, wire.PROBE, self.session, job.seq, flags=wire.TRACE, aux=job.ttl)
+            job.sock.send(pkt, dest)
+        self.sent += 1
+        job.deadline = now + STEP_TIMEOUT
+        self.active[job.seq] = job
+        self.by_dest[(job.sock.port, job.target.addr)] = job
+
+    def _forget(self, job: TraceJob) -> None:
+        self.active.pop(job.seq, None)
+        if self.by_dest.get((job.sock.port, job.target.addr)) is job:
+            del self.by_dest[(job.sock.port, job.target.addr)]
+
+    def _advance(self, job: TraceJob, now: float) -> None:
+        """Next TTL, next phase, or finished."""
+        if job.phase == "fwd" and job.fwd_done and not job.unreachable:
+            job.phase, job.ttl = "rev", 1
+        elif job.phase == "fwd" and (job.fwd_done or job.unreachable or job.ttl >= self.max_hops):
+            job.finished = True  # nobody answers at the far end: a reverse trace would go unanswered
+        elif job.phase == "rev" and (job.rev_done or job.ttl >= self.max_hops):
+            job.finished = True
+        else:
+            job.ttl += 1
+        if job.finished:
+            self.done.append(job)
+            return
+        job.tries = 0
+        if self.tokens >= 1:
+            self._send(job, now)
+        else:
+            self.waiting.appendleft(job)
+
+    # -- answers -------------------------------------------------------------------------------
+    def on_reply(self, seq: int, now: float) -> bool:
+        """A REPLY to a forward trace probe: the destination is ttl hops away."""
+        job = self.active.get(seq)
+        if job is None or job.phase != "fwd":
+            return job is not None
+        self._forget(job)
+        del job.fwd[job.ttl - 1:]
+        job.fwd_done = True
+        self._advance(job, now)
+        return True
+
+    def on_echo(self, seq: int, now: float) -> bool:
+        """An ECHO reached us: the reverse path has ttl - 1 routers."""
+        job = self.active.get(seq)
+        if job is None or job.phase != "rev":
+            return job is not None
+        self._forget(job)
+        del job.rev[job.ttl - 1:]
+        job.rev_done = True
+        self._advance(job, now)
+        return True
+
+    def on_hop(self, seq: int, ttl: int, router: str, now: float) -> bool:
+        """The peer reports which router dropped its ECHO with IP TTL ttl."""
+        job = self.active.get(seq)
+        if job is None or job.phase != "rev" or ttl != job.ttl:
+            return job is not None
+        self._forget(job)
+        job._record(router)
+        self._advance(job, now)
+        return True
+
+    def on_icmp(self, port: int, entry, now: float) -> bool:
+        """An ICMP error on our source port's socket: a forward hop, or the peer has no agent."""
+        if entry.dest is None:
+            return False
+        job = self.by_dest.get((port, entry.dest[0]))
+        quoted = wire.peek(entry.data)
+        if job is None or job.phase != "fwd" or (quoted is not None and quoted[3] != job.seq):
+            return False
+        self._forget(job)
+        if entry.icmp_type == 11:  # time exceeded: a router
+            job._record(entry.offender)
+        else:  # unreachable from the destination itself: reached, but nobody listens
+            del job.fwd[job.ttl - 1:]
+            job.fwd_done = entry.offender == job.target.addr
+            job.unreachable = True
+        self._advance(job, now)
+        return True
+
+    def take_done(self) -> list[TraceJob]:
+        out, self.done = self.done, []
+        return out
+
+
+def ip_to_int(addr: str) -> int:
+    return struct.unpack("!I", socket.inet_aton(addr))[0]
+
+
+def int_to_ip(value: int) -> str:
+    return socket.inet_ntoa(struct.pack("!I", value & 0xFFFFFFFF))

@@ -1,0 +1,79 @@
+"""The fabric as the collectors see it: topology, per-device collector status, ports, link events.
+
+These read the service's in-memory recent window (what the last polls found). History of rates
+and counters is in the store: `GET /telemetry/latest?measurement=port_rates` or
+`POST /telemetry/query` with `port_rates`, `port_counters`, `link_event`, `lldp_neighbor`.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, HTTPException, Query as Param, Request
+from pydantic import BaseModel
+
+from nms.app.auth import AUTH_RESPONSES, ErrorDetail, require
+from nms.records import DeviceStatus, FabricPath, FabricTopology, LinkEvent, PortRates, PortSample
+from nms.topology import ecmp_paths
+
+router = APIRouter(tags=["fabric"], dependencies=[Depends(require("read"))], responses=AUTH_RESPONSES)
+
+
+class PortView(BaseModel):
+    device: str
+    port: str
+    sample: PortSample
+    rates: PortRates | None = None
+    flaps_in_window: int = 0
+    flapping: bool = False
+
+
+class PathSet(BaseModel):
+    src: str
+    dst: str
+    paths: list[FabricPath]
+
+
+@router.get("/topology", response_model=FabricTopology,
+            summary="Nodes and cables from LLDP, reconciled with the inventory (ok/missing/miscabled/...)")
+def topology(request: Request) -> FabricTopology:
+    return request.app.state.service.poller.topology()
+
+
+@router.get("/topology/paths", response_model=PathSet, summary="The equal-cost paths between two hosts",
+            responses={404: {"model": ErrorDetail, "description": "unknown node"}})
+def paths(request: Request, src: str = Param(min_length=1, max_length=128),
+          dst: str = Param(min_length=1, max_length=128),
+          include_down: bool = Param(False, description="also use cables that are down")) -> PathSet:
+    topo = request.app.state.service.poller.topology()
+    names = {n.name for n in topo.nodes}
+    for host in (src, dst):
+        if host not in names:
+            raise HTTPException(404, f"unknown node {host!r}")
+    return PathSet(src=src, dst=dst, paths=ecmp_paths(topo, src, dst, include_down=include_down))
+
+
+@router.get("/devices", response_model=list[DeviceStatus], summary="Collector status per device")
+def devices(request: Request) -> list[DeviceStatus]:
+    return request.app.state.service.poller.devices()
+
+
+@router.get("/ports", response_model=list[PortView], summary="Latest counters, rates and flap count per port")
+def ports(request: Request, device: list[str] = Param([], description="only these devices (repeatable)")) -> list[PortView]:
+    poller = request.app.state.service.poller
+    recent = poller.recent
+    wanted = set(device)
+    out = []
+    for key, sample in sorted(recent.samples.items()):
+        if wanted and key[0] not in wanted:
+            continue
+        flaps = poller.links.flaps(key[0], key[1], sample.ts)
+        out.append(PortView(device=key[0], port=key[1], sample=sample, rates=recent.rates.get(key),
+                            flaps_in_window=flaps, flapping=flaps > poller.links.flap_count))
+    return out
+
+
+@router.get("/links/events", response_model=list[LinkEvent], summary="Recent link state changes (newest last)")
+def link_events(request: Request, device: list[str] = Param([], description="only these devices (repeatable)"),
+                limit: int = Param(1000, ge=1, le=10_000)) -> list[LinkEvent]:
+    wanted = set(device)
+    events = [e for e in request.app.state.service.poller.recent.events if not wanted or e.device in wanted]
+    return events[-limit:]

@@ -1,0 +1,243 @@
+"""Scheduled polling: one APScheduler job per (collector, device), isolated from each other.
+
+Each job runs the collector with the device's deadline. A failure (timeout, auth, bad response)
+is recorded on that device only; the device is then retried with exponential backoff (interval x
+2^(failures-1), at most `polling.backoff_max`), and no other device or later cycle waits for it.
+Results become rates (nms.counters), link events and flap counts (nms.linkstate), go to the store
+and to an in-memory recent window that the API's /topology, /devices and /ports read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from nms.app.plugins import load_plugin
+from nms.config import NmsConfig
+from nms.config.models import SwitchConfig
+from nms.counters import RateTracker
+from nms.linkstate import LinkStateTracker
+from nms.records import DeviceFacts, DeviceStatus, FabricTopology, LinkEvent, LldpNeighbor, PortRates, PortSample
+from nms.topology import build_topology
+
+log = logging.getLogger(__name__)
+COLLECTOR_GROUP = "nms.collectors"
+NS = 10**9
+
+
+def load_collectors(config: NmsConfig) -> dict[str, Any]:
+    """The collectors that at least one configured switch uses, found by entry-point name."""
+    names = sorted({name for s in config.fabric.switches for name, v in s.collectors if v is not None})
+    return {name: load_plugin(COLLECTOR_GROUP, name).from_config(config) for name in names}
+
+
+@dataclass
+class _Status:
+    device: SwitchConfig
+    collector: str
+    interval_s: float
+    deadline_s: float
+    state: str = "pending"
+    polls: int = 0
+    failures: int = 0
+    consecutive_failures: int = 0
+    last_poll_ns: int | None = None
+    last_success_ns: int | None = None
+    last_duration_s: float | None = None
+    last_error_kind: str | None = None
+    last_error: str | None = None
+    next_attempt_ns: int | None = None
+    records: int = 0
+
+    def snapshot(self) -> DeviceStatus:
+        return DeviceStatus(device=self.device.name, collector=self.collector, address=self.device.mgmt_address,
+                            state=self.state, interval_s=self.interval_s, deadline_s=self.deadline_s,
+                            polls=self.polls, failures=self.failures, consecutive_failures=self.consecutive_failures,
+                            last_poll_ns=self.last_poll_ns, last_success_ns=self.last_success_ns,
+                            last_duration_s=self.last_duration_s, last_error_kind=self.last_error_kind,
+                            last_error=self.last_error, next_attempt_ns=self.next_attempt_ns, records=self.records)
+
+
+@dataclass
+class RecentWindow:
+    """What the API shows without a store query: the latest per port/device, recent events."""
+
+    window_s: float
+    samples: dict[tuple[str, str], PortSample] = field(default_factory=dict)
+    rates: dict[tuple[str, str], PortRates] = field(default_factory=dict)
+    neighbors: dict[str, list[LldpNeighbor]] = field(default_factory=dict)
+    facts: dict[str, DeviceFacts] = field(default_factory=dict)
+    events: deque[LinkEvent] = field(default_factory=lambda: deque(maxlen=10_000))
+
+    def prune(self, now_ns: int) -> None:
+        cutoff = now_ns - int(self.window_s * NS)
+        while self.events and self.events[0].ts < cutoff:
+            self.events.popleft()
+        for store in (self.samples, self.rates):
+            for key in [k for k, v in store.items() if v.ts < cutoff]:
+                del store[key]
+
+
+class _Metrics:
+    def __init__(self, registry) -> None:
+        self.polls = Counter("nms_collector_polls", "device polls", ["collector", "device", "result"], registry=registry)
+        self.seconds = Histogram("nms_collector_poll_seconds", "time to poll one device", ["collector"],
+                                 buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60), registry=registry)
+        self.up = Gauge("nms_collector_device_up", "1 when the device's last poll succeeded",
+                        ["collector", "device"], registry=registry)
+        self.failing = Gauge("nms_collector_consecutive_failures", "failed polls in a row",
+                             ["collector", "device"], registry=registry)
+        self.last_success = Gauge("nms_collector_last_success_timestamp_seconds", "end of the last good poll",
+                                  ["collector", "device"], registry=registry)
+        self.records = Counter("nms_collector_records", "records produced", ["collector", "kind"], registry=registry)
+        self.dropped = Counter("nms_collector_rate_intervals_dropped",
+                               "rate intervals dropped (reboot, reset, discontinuity)", ["collector"], registry=registry)
+        self.store_errors = Counter("nms_collector_store_errors", "batches the store refused", ["collector"],
+                                    registry=registry)
+
+
+class Poller:
+    def __init__(self, config: NmsConfig, store, registry, collectors: dict[str, Any] | None = None):
+        self.config = config
+        self.store = store
+        self.collectors = collectors if collectors is not None else load_collectors(config)
+        self.metrics = _Metrics(registry)
+        t = config.thresholds
+        self.links = LinkStateTracker(t.flap_count, t.flap_window)
+        self.rates = {name: RateTracker(c.counter_bits, config.polling.max_utilization)
+                      for name, c in self.collectors.items()}
+        self.recent = RecentWindow(config.polling.recent_window)
+        self.status: dict[tuple[str, str], _Status] = {}
+        for device in config.fabric.switches:
+            for name, collector in self.collectors.items():
+                if collector.settings(device) is not None:
+                    sched = collector.schedule(device)
+                    self.status[(name, device.name)] = _Status(device, name, sched.interval_s, sched.deadline_s)
+
+    # -- scheduling ----------------------------------------------------------------------------
+
+    def schedule(self, scheduler) -> None:
+        """One interval job per (collector, device); the first runs are spread over one interval."""
+        now = datetime.now(timezone.utc)
+        n = max(len(self.status), 1)
+        for i, ((name, device), st) in enumerate(sorted(self.status.items())):
+            scheduler.add_job(self.poll, "interval", seconds=st.interval_s, id=f"collect-{name}-{device}",
+                              args=[name, device], next_run_time=now + timedelta(seconds=st.interval_s * i / n / 4),
+                              max_instances=1, coalesce=True, misfire_grace_time=max(1, int(st.interval_s)))
+
+    async def poll_all(self) -> list[DeviceStatus]:
+        """Poll every device once, concurrently, ignoring backoff (for `nms collect --once`, tests)."""
+        await asyncio.gather(*(self.poll(name, device, force=True) for name, device in self.status))
+        return self.devices()
+
+    async def poll(self, collector_name: str, device_name: str, force: bool = False) -> None:
+        st = self.status[(collector_name, device_name)]
+        now = time.time_ns()
+        if not force and st.next_attempt_ns is not None and now < st.next_attempt_ns:
+            return  # backing off
+        collector = self.collectors[collector_name]
+        st.polls += 1
+        st.last_poll_ns = now
+        started = time.perf_counter()
+        try:
+            result = await collector.collect_with_deadline(st.device, st.deadline_s)
+        except Exception as e:
+            self._failed(st, e, time.perf_counter() - started)
+            return
+        st.last_duration_s = round(time.perf_counter() - started, 4)
+        self.metrics.seconds.labels(collector_name).observe(st.last_duration_s)
+        await self.ingest(result)
+        st.state, st.consecutive_failures, st.next_attempt_ns = "ok", 0, None
+        st.last_success_ns = time.time_ns()
+        st.records = len(result.records)
+        self.metrics.polls.labels(collector_name, device_name, "ok").inc()
+        self.metrics.up.labels(collector_name, device_name).set(1)
+        self.metrics.failing.labels(collector_name, device_name).set(0)
+        self.metrics.last_success.labels(collector_name, device_name).set(st.last_success_ns / NS)
+
+    def _failed(self, st: _Status, error: Exception, duration: float) -> None:
+        kind = getattr(error, "kind", "internal")
+        message = str(error) if kind != "internal" else f"{st.device.name}: internal error: {type(error).__name__}: {error}"
+        if kind == "internal":
+            log.error("collector %s crashed on %s", st.collector, st.device.name, exc_info=error)
+        st.failures += 1
+        st.consecutive_failures += 1
+        st.last_duration_s = round(duration, 4)
+        st.last_error_kind, st.last_error = kind, message[:1024]
+        backoff = min(st.interval_s * 2 ** (st.consecutive_failures - 1), max(self.config.polling.backoff_max,
+                                                                              st.interval_s))
+        st.next_attempt_ns = time.time_ns() + int(backoff * NS) - int(st.interval_s * NS * 0.1)
+        st.state = "backoff" if st.consecutive_failures > 1 else "error"
+        log.warning("poll failed (%s, retry in %.0f s): %s", kind, backoff, message)
+        self.metrics.polls.labels(st.collector, st.device.name, kind).inc()
+        self.metrics.up.labels(st.collector, st.device.name).set(0)
+        self.metrics.failing.labels(st.collector, st.device.name).set(st.consecutive_failures)
+
+    # -- results -------------------------------------------------------------------------------
+
+    async def ingest(self, result) -> None:
+        records = list(result.records)
+        tracker = self.rates[result.collector]
+        derived: list[Any] = []
+        for sample in result.samples:
+            rate = tracker.update(sample, result.counter_bits)
+            if rate.rates is not None:
+                derived.append(rate.rates)
+                self.recent.rates[(sample.device, sample.port)] = rate.rates
+            elif rate.dropped != "first sample":
+                self.metrics.dropped.labels(result.collector).inc()
+            if (event := self.links.update(sample)) is not None:
+                derived.append(event)
+                self.recent.events.append(event)
+            self.recent.samples[(sample.device, sample.port)] = sample
+        if result.facts is not None:
+            self.recent.facts[result.device] = result.facts
+        if any(isinstance(r, LldpNeighbor) for r in records) or self._lldp_enabled(result):
+            self.recent.neighbors[result.device] = result.neighbors
+        self.recent.prune(time.time_ns())
+        for r in records + derived:
+            self.metrics.records.labels(result.collector, type(r).__name__).inc()
+        points = [r.to_point() for r in records + derived]
+        try:
+            written = await asyncio.to_thread(self.store.write, points)
+            if written.rejected:
+                log.warning("store rejected %d of %d points from %s, e.g. %s", len(written.rejected), len(points),
+                            result.device, written.rejected[0][1])
+        except Exception as e:  # the store spools or is down: polling goes on, the error is counted
+            self.metrics.store_errors.labels(result.collector).inc()
+            log.warning("store write failed for %s: %s", result.device, e)
+
+    def _lldp_enabled(self, result) -> bool:
+        st = self.status.get((result.collector, result.device))
+        settings = self.collectors[result.collector].settings(st.device) if st else None
+        return bool(getattr(settings, "lldp", False))
+
+    # -- views ---------------------------------------------------------------------------------
+
+    def devices(self) -> list[DeviceStatus]:
+        return [st.snapshot() for _, st in sorted(self.status.items())]
+
+    def topology(self) -> FabricTopology:
+        now = time.time_ns()
+        reachable: dict[str, bool] = {}
+        for (_, device), st in self.status.items():
+            reachable[device] = reachable.get(device, False) or st.state == "ok"
+        fresh = {d: n for d, n in self.recent.neighbors.items() if reachable.get(d)}
+        oper = {k: s.oper_status for k, s in self.recent.samples.items() if reachable.get(k[0])}
+        flapping = [k for k in self.recent.samples if self.links.flapping(k[0], k[1], now)]
+        return build_topology(self.config.fabric, fresh, reachable=reachable, oper=oper, rates=self.recent.rates,
+                              flapping=flapping, generated_ns=now)
+
+    async def close(self) -> None:
+        for collector in self.collectors.values():
+            try:
+                await collector.close()
+            except Exception:
+                log.exception("closing collector %s", collector.name)

@@ -1,0 +1,167 @@
+"""Counter math: rates from two successive samples, safe against wraps, resets and reboots.
+
+Pure functions plus one small stateful helper (`RateTracker`), shared by the switch collectors
+and the host agent. The rules (docs/snmp.md explains them with examples):
+
+* Deltas are exact integers. A rate is computed once, as `delta * scale * 1e9 / elapsed_ns` with
+  Python's exact int/int division, so a 100G byte counter near 2**64 loses nothing before that
+  final, correctly rounded float.
+* A counter that went backwards: a 32-bit counter wrapped (once; more wraps cannot be seen, so a
+  wrap must give a plausible rate), a 64-bit counter was reset (it would take ~11 years at 400G to
+  wrap): the interval is dropped for that port.
+* The device restarted (sysUpTime went back, or advanced much less than the wall clock between the
+  two polls, so it restarted in between), or the interface's counter discontinuity time changed:
+  the interval is dropped. sysUpTime itself is a 32-bit TimeTicks value and wraps after ~497 days:
+  a wrap consistent with the wall clock is not a restart.
+* A rate above what the interface can carry (its speed x `max_utilization`, or 10 Tbit/s when the
+  speed is unknown) is impossible: that counter's rate is dropped rather than stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from nms.records import PortRates, PortSample
+
+U32 = 1 << 32
+U64 = 1 << 64
+NS = 10**9
+TICKS_PER_S = 100
+MIN_FRAME_WIRE_BITS = 84 * 8  # 64-byte frame + preamble + inter-frame gap: the most packets a link carries
+ABSOLUTE_MAX_BPS = 10 * 10**12  # no single interface carries 10 Tbit/s: cap when the speed is unknown
+DEFAULT_MAX_UTILIZATION = 1.5  # samples are timed on our side: allow jitter, not 2x line rate
+
+# PortSample counter -> (PortRates field, multiplier, kind)
+RATE_FIELDS: dict[str, tuple[str, int, str]] = {
+    "in_octets": ("in_bps", 8, "bits"),
+    "out_octets": ("out_bps", 8, "bits"),
+    "in_errors": ("in_errors_ps", 1, "packets"),
+    "out_errors": ("out_errors_ps", 1, "packets"),
+    "in_discards": ("in_discards_ps", 1, "packets"),
+    "out_discards": ("out_discards_ps", 1, "packets"),
+}
+# counters needed only for plausibility (packets) are checked too, not stored as rates
+CHECKED_ONLY = {"in_pkts": "packets", "out_pkts": "packets"}
+
+
+def counter_delta(prev: int, cur: int, bits: int) -> int | None:
+    """`cur - prev` for a counter `bits` wide. A 32-bit counter that went backwards wrapped once;
+    a 64-bit counter that went backwards was reset (None). Values outside the width are rejected."""
+    if bits not in (32, 64):
+        raise ValueError(f"counter width must be 32 or 64, not {bits}")
+    top = 1 << bits
+    if not (0 <= prev < top and 0 <= cur < top):
+        raise ValueError(f"counter value outside {bits} bits")
+    if cur >= prev:
+        return cur - prev
+    if bits == 32:
+        return cur + top - prev
+    return None
+
+
+def uptime_restarted(prev_ticks: int, cur_ticks: int, elapsed_ns: int, slack_s: float = 5.0) -> bool:
+    """True when the agent restarted between two polls `elapsed_ns` apart (our clock).
+
+    sysUpTime should advance by the elapsed time. It went back: a restart, unless it is a 32-bit
+    wrap that fits the elapsed time. It advanced much less than the elapsed time: the device
+    restarted in between and has been up for less time than we waited."""
+    advanced = cur_ticks - prev_ticks
+    if advanced < 0:
+        advanced += U32  # a wrap after ~497 days, if the numbers agree
+    elapsed_ticks = elapsed_ns * TICKS_PER_S // NS
+    slack = int(slack_s * TICKS_PER_S) + elapsed_ticks // 10
+    return abs(advanced - elapsed_ticks) > slack
+
+
+def max_rate(kind: str, speed_bps: int | None, max_utilization: float) -> float:
+    """The highest believable rate of a counter kind ('bits' per s or 'packets' per s)."""
+    bps = speed_bps * max_utilization if speed_bps else ABSOLUTE_MAX_BPS
+    bps = min(bps, ABSOLUTE_MAX_BPS)
+    return bps if kind == "bits" else bps / MIN_FRAME_WIRE_BITS
+
+
+def per_second(delta: int, elapsed_ns: int, scale: int = 1) -> float:
+    """delta * scale per second, exact until the final rounding to float."""
+    if elapsed_ns <= 0:
+        raise ValueError("elapsed time must be positive")
+    return delta * scale * NS / elapsed_ns
+
+
+@dataclass(frozen=True)
+class RateResult:
+    rates: PortRates | None
+    dropped: str | None = None  # why the whole interval was dropped
+    implausible: tuple[str, ...] = ()  # counters whose rate was impossible (left out)
+
+
+def port_rates(prev: PortSample, cur: PortSample, bits: Mapping[str, int],
+               max_utilization: float = DEFAULT_MAX_UTILIZATION, min_interval_ns: int = NS // 10) -> RateResult:
+    """Rates of one port between two samples, or why there are none.
+
+    `bits` gives each counter's width (e.g. SNMP: HC octets 64, ifInErrors 32); a counter not named
+    is taken as 64 bits."""
+    if (prev.device, prev.port) != (cur.device, cur.port):
+        raise ValueError("samples of different ports")
+    elapsed = cur.ts - prev.ts
+    if elapsed < min_interval_ns:
+        return RateResult(None, f"interval {elapsed} ns is too short or negative")
+    if prev.uptime_ticks is not None and cur.uptime_ticks is not None:
+        if uptime_restarted(prev.uptime_ticks, cur.uptime_ticks, elapsed):
+            return RateResult(None, "device restarted (sysUpTime does not match the elapsed time)")
+    if prev.discontinuity_ticks != cur.discontinuity_ticks:
+        return RateResult(None, "counter discontinuity (ifCounterDiscontinuityTime changed)")
+    speed = cur.speed_bps if cur.speed_bps else None
+    values: dict[str, float] = {}
+    implausible: list[str] = []
+    for counter, kind in [*((c, k) for c, (_, _, k) in RATE_FIELDS.items()), *CHECKED_ONLY.items()]:
+        a, b = getattr(prev, counter), getattr(cur, counter)
+        if a is None or b is None:
+            continue
+        width = bits.get(counter, 64)
+        delta = counter_delta(a, b, width)
+        if delta is None:
+            return RateResult(None, f"{counter} went backwards on a 64-bit counter (counters were reset)")
+        scale = RATE_FIELDS[counter][1] if counter in RATE_FIELDS else 1
+        rate = per_second(delta, elapsed, scale)
+        if rate > max_rate(kind, speed, max_utilization):
+            if width == 32 and b < a:
+                # a wrap that gives an impossible rate was a reset (or several wraps): unknowable
+                return RateResult(None, f"{counter} went backwards and no single wrap explains it")
+            implausible.append(counter)
+            continue
+        if counter in RATE_FIELDS:
+            values[RATE_FIELDS[counter][0]] = rate
+    if speed:
+        for direction in ("in", "out"):
+            if (bps := values.get(f"{direction}_bps")) is not None:
+                values[f"{direction}_utilization"] = bps / speed
+    rates = PortRates(device=cur.device, port=cur.port, ts=cur.ts, interval_s=elapsed / NS, **values)
+    return RateResult(rates, None, tuple(implausible))
+
+
+class RateTracker:
+    """Keeps the previous sample per (device, port) and turns each new sample into rates."""
+
+    def __init__(self, bits: Mapping[str, int] | None = None, max_utilization: float = DEFAULT_MAX_UTILIZATION):
+        self.bits = dict(bits or {})
+        self.max_utilization = max_utilization
+        self._last: dict[tuple[str, str], PortSample] = {}
+        self.dropped = 0
+
+    def update(self, sample: PortSample, bits: Mapping[str, int] | None = None) -> RateResult:
+        key = (sample.device, sample.port)
+        prev = self._last.get(key)
+        if prev is not None and sample.ts <= prev.ts:
+            return RateResult(None, "sample is not newer than the previous one")
+        self._last[key] = sample
+        if prev is None:
+            return RateResult(None, "first sample")
+        result = port_rates(prev, sample, bits if bits is not None else self.bits, self.max_utilization)
+        if result.rates is None:
+            self.dropped += 1
+        return result
+
+    def forget(self, device: str) -> None:
+        for key in [k for k in self._last if k[0] == device]:
+            del self._last[key]

@@ -1,0 +1,224 @@
+"""Counter math and link-state tracking: exact cases and hypothesis properties."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from nms.counters import (ABSOLUTE_MAX_BPS, MIN_FRAME_WIRE_BITS, U32, U64, RateTracker, counter_delta,
+                          max_rate, port_rates, uptime_restarted)
+from nms.linkstate import LinkStateTracker
+from nms.records import PortSample
+
+T0 = 1_700_000_000 * 10**9
+S = 10**9
+SNMP_BITS = {"in_errors": 32, "out_errors": 32, "in_discards": 32, "out_discards": 32}
+G100 = 100 * 10**9
+
+
+def sample(ts=T0, uptime=100_000, **kw) -> PortSample:
+    return PortSample(device="leaf1", port="swp1", ts=ts, uptime_ticks=uptime, **kw)
+
+
+# --- exact cases -------------------------------------------------------------------------------
+
+
+def test_plain_delta_gives_exact_rate_and_utilization():
+    a = sample(in_octets=1_000, out_octets=0, in_errors=5, speed_bps=10**9)
+    b = sample(ts=T0 + 10 * S, uptime=101_000, in_octets=1_000 + 125_000_000, out_octets=12_500_000,
+               in_errors=15, speed_bps=10**9)
+    r = port_rates(a, b, SNMP_BITS).rates
+    assert r.in_bps == 100_000_000.0 and r.out_bps == 10_000_000.0
+    assert r.in_utilization == pytest.approx(0.1) and r.in_errors_ps == 1.0 and r.interval_s == 10.0
+
+
+def test_100g_counter_near_2_64_keeps_full_precision():
+    # float64 would lose the low bits of values near 2^64 (1 ulp = 4096 bytes there)
+    start = U64 - 10 * 12_500_000_000 - 7
+    a = sample(in_octets=start, speed_bps=G100)
+    b = sample(ts=T0 + 10 * S, uptime=101_000, in_octets=start + 10 * 12_500_000_000 + 3, speed_bps=G100)
+    r = port_rates(a, b, {}).rates
+    assert r.in_bps == (10 * 12_500_000_000 + 3) * 8 / 10
+    assert float(start + 10) - float(start) != 10  # the trap being avoided
+
+
+def test_32_bit_wrap_is_one_wrap():
+    assert counter_delta(U32 - 10, 5, 32) == 15
+    a = sample(in_errors=U32 - 10, speed_bps=10**9)
+    b = sample(ts=T0 + 10 * S, uptime=101_000, in_errors=5, speed_bps=10**9)
+    assert port_rates(a, b, SNMP_BITS).rates.in_errors_ps == 1.5
+
+
+def test_64_bit_counter_going_back_is_a_reset_and_drops_the_interval():
+    assert counter_delta(10**12, 5, 64) is None
+    a = sample(in_octets=10**12, speed_bps=10**9)
+    b = sample(ts=T0 + 10 * S, uptime=101_000, in_octets=5, speed_bps=10**9)
+    res = port_rates(a, b, SNMP_BITS)
+    assert res.rates is None and "reset" in res.dropped
+
+
+def test_32_bit_reset_that_no_single_wrap_explains_is_dropped():
+    # 1 Gbit/s port: 1.5 M errors/s is not possible, so the "wrap" was a reset
+    a = sample(in_errors=3_000_000_000, speed_bps=10**9)
+    b = sample(ts=T0 + 10 * S, uptime=101_000, in_errors=10, speed_bps=10**9)
+    res = port_rates(a, b, SNMP_BITS)
+    assert res.rates is None and "wrap" in res.dropped
+
+
+def test_reboot_drops_the_interval():
+    a = sample(in_octets=10**9, uptime=500_000)
+    b = sample(ts=T0 + 10 * S, uptime=300, in_octets=2 * 10**9)
+    res = port_rates(a, b, {})
+    assert res.rates is None and "restarted" in res.dropped
+
+
+def test_reboot_in_between_polls_is_seen_though_uptime_grew():
+    a = sample(in_octets=10**9, uptime=1_000)       # up 10 s
+    b = sample(ts=T0 + 600 * S, uptime=5_000, in_octets=2 * 10**9)  # 10 min later: up only 50 s
+    assert "restarted" in port_rates(a, b, {}).dropped
+
+
+def test_sysuptime_wrap_after_497_days_is_not_a_reboot():
+    a = sample(in_octets=0, uptime=U32 - 500)
+    b = sample(ts=T0 + 10 * S, uptime=500, in_octets=1250)
+    r = port_rates(a, b, {}).rates
+    assert r is not None and r.in_bps == 1000.0
+
+
+def test_discontinuity_time_change_drops_the_interval():
+    a = sample(in_octets=0, discontinuity_ticks=0)
+    b = sample(ts=T0 + 10 * S, uptime=101_000, in_octets=10, discontinuity_ticks=100_500)
+    assert "discontinuity" in port_rates(a, b, {}).dropped
+
+
+def test_impossible_64_bit_jump_is_left_out_not_stored():
+    a = sample(in_octets=0, out_octets=0, speed_bps=10**9)
+    b = sample(ts=T0 + 10 * S, uptime=101_000, in_octets=1 << 62, out_octets=1000, speed_bps=10**9)
+    res = port_rates(a, b, {})
+    assert res.rates.in_bps is None and res.rates.out_bps == 800.0 and res.implausible == ("in_octets",)
+
+
+def test_tracker_first_sample_then_rates_and_stale_samples():
+    t = RateTracker(SNMP_BITS)
+    assert t.update(sample(in_octets=0)).dropped == "first sample"
+    assert t.update(sample(ts=T0 + S, uptime=100_100, in_octets=125)).rates.in_bps == 1000.0
+    assert t.update(sample(ts=T0, in_octets=0)).rates is None  # older than the last one
+
+
+# --- properties --------------------------------------------------------------------------------
+
+speeds = st.one_of(st.none(), st.sampled_from([0, 10**6, 10**8, 10**9, 25 * 10**9, G100, 400 * 10**9, 800 * 10**9]))
+u64 = st.integers(0, U64 - 1)
+u32 = st.integers(0, U32 - 1)
+elapsed = st.integers(1, 3600 * S)
+
+
+@settings(max_examples=400, deadline=None)
+@given(prev_oct=u64, cur_oct=u64, prev_err=u32, cur_err=u32, dt=elapsed, speed=speeds,
+       up0=u32, up1=st.one_of(st.none(), u32))
+def test_no_negative_or_impossible_rate_ever(prev_oct, cur_oct, prev_err, cur_err, dt, speed, up0, up1):
+    if up1 is None:  # mostly a device that kept running, sometimes an arbitrary (rebooted) uptime
+        up1 = (up0 + dt * 100 // S) % U32
+    a = sample(in_octets=prev_oct, out_octets=prev_oct, in_errors=prev_err, speed_bps=speed, uptime=up0)
+    b = sample(ts=T0 + dt, in_octets=cur_oct, out_octets=cur_oct, in_errors=cur_err, speed_bps=speed, uptime=up1)
+    res = port_rates(a, b, SNMP_BITS)
+    if res.rates is None:
+        assert res.dropped
+        return
+    bound_bps = max_rate("bits", speed, 1.5)
+    for bps in (res.rates.in_bps, res.rates.out_bps):
+        assert bps is None or 0 <= bps <= bound_bps <= ABSOLUTE_MAX_BPS
+    if res.rates.in_errors_ps is not None:
+        assert 0 <= res.rates.in_errors_ps <= bound_bps / MIN_FRAME_WIRE_BITS
+    if speed and res.rates.in_utilization is not None:
+        assert 0 <= res.rates.in_utilization <= 1.5
+    assert cur_oct >= prev_oct, "a 64-bit decrease (a reset) must drop the interval"
+    if uptime_restarted(up0, up1, dt):
+        raise AssertionError("a restarted device must drop the interval")
+
+
+@settings(max_examples=300, deadline=None)
+@given(start=u32, increment=st.integers(0, U32 - 1), dt=st.integers(S, 600 * S))
+def test_single_32_bit_wrap_recovers_the_exact_increment(start, increment, dt):
+    cur = (start + increment) % U32
+    a = sample(in_errors=start)
+    b = sample(ts=T0 + dt, uptime=100_000 + dt * 100 // S, in_errors=cur)
+    res = port_rates(a, b, SNMP_BITS)
+    expected = increment * S / dt
+    if expected <= max_rate("packets", None, 1.5):
+        assert res.rates.in_errors_ps == expected
+    else:
+        assert res.rates is None or res.rates.in_errors_ps is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(start=u64, increment=st.integers(0, 10**13), dt=st.integers(S, 600 * S), speed=speeds)
+def test_64_bit_increments_are_exact_until_the_final_division(start, increment, dt, speed):
+    if start + increment >= U64:
+        start = U64 - 1 - increment
+    a = sample(in_octets=start, speed_bps=speed)
+    b = sample(ts=T0 + dt, uptime=100_000 + dt * 100 // S, in_octets=start + increment, speed_bps=speed)
+    res = port_rates(a, b, {})
+    exact = increment * 8 * S / dt
+    if exact <= max_rate("bits", speed, 1.5):
+        assert res.rates.in_bps == exact
+    else:
+        assert res.rates.in_bps is None and res.implausible == ("in_octets",)
+
+
+@settings(max_examples=200, deadline=None)
+@given(up0=st.integers(0, U32 - 1), dt=st.integers(S, 7 * 86400 * S))
+def test_uptime_consistent_with_clock_is_never_a_restart(up0, dt):
+    up1 = (up0 + dt * 100 // S) % U32
+    assert not uptime_restarted(up0, up1, dt)
+
+
+@settings(max_examples=200, deadline=None)
+@given(up0=st.integers(100_000, U32 // 2), back=st.integers(1, 99_000), dt=st.integers(S, 600 * S))
+def test_uptime_going_back_is_a_restart(up0, back, dt):
+    assert uptime_restarted(up0, up0 - back, dt)
+
+
+# --- link state and flaps ----------------------------------------------------------------------
+
+
+def test_transitions_become_events_and_flapping_needs_more_than_the_threshold():
+    t = LinkStateTracker(flap_count=3, flap_window_s=60)
+    ts, up = T0, 100_000
+    assert t.update(sample(ts=ts, uptime=up, oper_status="up")) is None
+    events = []
+    for i in range(8):  # down, up, down, up, ...
+        ts += S
+        up += 100
+        ev = t.update(sample(ts=ts, uptime=up, oper_status="down" if i % 2 == 0 else "up"))
+        events.append(ev)
+    assert all(e is not None for e in events)
+    assert [e.state for e in events[:2]] == ["down", "up"] and events[0].previous == "up"
+    assert [e.flaps_in_window for e in events] == [1, 1, 2, 2, 3, 3, 4, 4]
+    assert [e.flapping for e in events] == [False] * 6 + [True, True]
+    # the window slides: a minute later the old flaps no longer count
+    assert not t.flapping("leaf1", "swp1", ts + 61 * S)
+
+
+def test_hidden_flap_seen_through_iflastchange():
+    t = LinkStateTracker(flap_count=8, flap_window_s=3600)
+    t.update(sample(oper_status="up", last_change_ticks=500))
+    ev = t.update(sample(ts=T0 + 10 * S, uptime=101_000, oper_status="up", last_change_ticks=100_700))
+    assert ev.transitions == 2 and ev.flaps_in_window == 1 and ev.state == ev.previous == "up"
+    # no change: no event; net-snmp's 0 means unknown, not a change
+    assert t.update(sample(ts=T0 + 20 * S, uptime=102_000, oper_status="up", last_change_ticks=100_700)) is None
+    t2 = LinkStateTracker()
+    t2.update(sample(oper_status="up", last_change_ticks=0))
+    assert t2.update(sample(ts=T0 + 10 * S, uptime=101_000, oper_status="up", last_change_ticks=0)) is None
+
+
+def test_more_than_8_flaps_in_an_hour_by_default():
+    t = LinkStateTracker()
+    ts, up = T0, 100_000
+    t.update(sample(ts=ts, uptime=up, oper_status="up"))
+    last = None
+    for i in range(18):
+        ts += 60 * S
+        up += 6000
+        last = t.update(sample(ts=ts, uptime=up, oper_status="down" if i % 2 == 0 else "up")) or last
+    assert last.flaps_in_window == 9 and last.flapping
