@@ -19,6 +19,7 @@ from nms.app.cli.fabric import collect_app, devices as devices_cmd, topology as 
 from nms.app.cli.jobs import jobs_app
 from nms.config import ConfigError, load_config
 from nms.config.models import parse_duration
+from nms.lab.cli import app as lab_app
 from nms.store import parse_tag_filters
 
 app = typer.Typer(help="Open network management for AI GPU fabrics.", no_args_is_help=True,
@@ -69,16 +70,16 @@ def serve(config: Path = typer.Option(..., "--config", "-c", help="YAML configur
         err_console.print("[yellow]warning:[/] no API tokens configured: every authenticated endpoint "
                           "will answer 401 (see `nms token create`)")
     tls = cfg.api.tls
-    options = dict(log_level=cfg.log_level, ssl_certfile=str(tls.cert) if tls else None,
-                   ssl_keyfile=str(tls.key) if tls else None, server_header=False)
+    app = create_app(Service(cfg))
+    server = uvicorn.Server(uvicorn.Config(app, host=cfg.api.host, port=cfg.api.port, log_level=cfg.log_level,
+                                           ssl_certfile=str(tls.cert) if tls else None,
+                                           ssl_keyfile=str(tls.key) if tls else None, server_header=False))
+    app.state.server = server  # long-polls (GET /agents/{host}/commands) end when it is stopping
     if not cfg.api.listen:
-        uvicorn.run(create_app(Service(cfg)), host=cfg.api.host, port=cfg.api.port, **options)
+        server.run()
         return
-    # api.listen: the same server on more addresses (uvicorn.run binds one host only)
-    sockets = [_listen_socket(host, cfg.api.port) for host in dict.fromkeys([cfg.api.host, *cfg.api.listen])]
-    server = uvicorn.Server(uvicorn.Config(create_app(Service(cfg)), host=cfg.api.host, port=cfg.api.port,
-                                           **options))
-    server.run(sockets=sockets)
+    # api.listen: the same server on more addresses (uvicorn binds one host itself)
+    server.run(sockets=[_listen_socket(host, cfg.api.port) for host in dict.fromkeys([cfg.api.host, *cfg.api.listen])])
 
 
 def _listen_socket(host: str, port: int):
@@ -205,15 +206,7 @@ def demo(minutes: int = typer.Option(5, min=1, max=60, help="minutes of syntheti
     run_demo(minutes, keep_running)
 
 
-def _mount_optional() -> None:
-    try:
-        from nms.lab.cli import app as lab_app
-    except ImportError:
-        return
-    app.add_typer(lab_app, name="lab")
-
-
-_mount_optional()
+app.add_typer(lab_app, name="lab")
 
 
 def main() -> None:
