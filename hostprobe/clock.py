@@ -22,10 +22,10 @@ log = logging.getLogger(__name__)
 
 
 class Clock:
-    __slots__ = ("offset_ns", "drift", "ref_ns", "_state_file", "_host", "_mtime")
+    __slots__ = ("offset_ns", "drift_ppm", "ref_ns", "_state_file", "_host", "_mtime")
 
     def __init__(self, lab: LabClock | None = None, host: str = ""):
-        self.offset_ns, self.drift, self.ref_ns = 0, 0.0, 0
+        self.offset_ns, self.drift_ppm, self.ref_ns = 0, 0.0, 0
         self._state_file = lab.state_file if lab else None
         self._host = (lab.host if lab and lab.host else host)
         self._mtime = 0.0
@@ -34,20 +34,21 @@ class Clock:
         self.refresh()
 
     def set(self, offset_ns: int, drift_ppm: float, ref_ns: int) -> None:
-        self.offset_ns, self.drift, self.ref_ns = int(offset_ns), drift_ppm * 1e-6, int(ref_ns)
+        self.offset_ns, self.drift_ppm, self.ref_ns = int(offset_ns), float(drift_ppm), int(ref_ns)
 
     @property
     def emulated(self) -> bool:
-        return bool(self.offset_ns or self.drift)
+        return bool(self.offset_ns or self.drift_ppm)
 
     def error_ns(self, real_ns: int) -> int:
-        return self.offset_ns + int(self.drift * (real_ns - self.ref_ns))
+        # the lab's own expression (nms.lab.faults.clock_error_ns), so scoring agrees to the ns
+        return int(self.offset_ns + self.drift_ppm * 1e-6 * (real_ns - self.ref_ns))
 
     def host(self, real_ns: int) -> int:
         """A real (kernel or user) timestamp as this host's clock reads it."""
-        if not (self.offset_ns or self.drift):
+        if not (self.offset_ns or self.drift_ppm):
             return real_ns
-        return real_ns + self.offset_ns + int(self.drift * (real_ns - self.ref_ns))
+        return real_ns + int(self.offset_ns + self.drift_ppm * 1e-6 * (real_ns - self.ref_ns))
 
     def now(self) -> int:
         return self.host(time.time_ns())
@@ -68,12 +69,12 @@ class Clock:
         except (OSError, ValueError) as e:
             log.warning("lab clock: cannot read %s: %s", self._state_file, e)
             return False
-        before = (self.offset_ns, self.drift, self.ref_ns)
+        before = (self.offset_ns, self.drift_ppm, self.ref_ns)
         if entry:
             self.set(entry["offset_ns"], entry["drift_ppm"], entry["ref_ns"])
         else:
             self.set(0, 0.0, 0)
-        changed = before != (self.offset_ns, self.drift, self.ref_ns)
+        changed = before != (self.offset_ns, self.drift_ppm, self.ref_ns)
         if changed:
-            log.info("lab clock emulation: offset %d ns, drift %.3f ppm", self.offset_ns, self.drift * 1e6)
+            log.info("lab clock emulation: offset %d ns, drift %.3f ppm", self.offset_ns, self.drift_ppm)
         return changed

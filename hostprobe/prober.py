@@ -26,8 +26,9 @@ log = logging.getLogger(__name__)
 
 WINDOW_NS = 1_000_000_000
 CLOSE_GRACE_NS = 100_000_000
+CATCH_UP = 0.05  # seconds of send backlog made up for (the loop runs every few ms), beyond it skipped
 NEVER_UP_AFTER = 3.0  # seconds: a path that never answered is reported down after this long
-RETRACE_UNREACHED = 15.0  # seconds: peers whose traces did not reach them are traced again this soon
+RETRACE_UNREACHED = 15.0  # seconds: peers whose traces missed a hop or the peer are traced again this soon
 
 
 class LocalNic:
@@ -46,6 +47,7 @@ class Target:
         self.tracing = 0
         self.traced_at = 0.0
         self.reached = False
+        self.complete = False  # every trace reached the peer and back without a silent hop
         self.unreachable = False  # the peer answered "port unreachable": no agent listening
         self.exchanges: deque = deque(maxlen=log_size) if log_size else deque(maxlen=0)
 
@@ -56,7 +58,7 @@ class Target:
 
 class PathState:
     __slots__ = ("target", "sock", "path_id", "state", "last_reply", "last_reply_ns", "down_ns", "unanswered",
-                 "first_sent", "windows", "active")
+                 "first_sent", "windows", "active", "turn")
 
     def __init__(self, target: Target, sock: tstamp.StampedSocket, path_id: str):
         self.target, self.sock, self.path_id = target, sock, path_id
@@ -68,6 +70,7 @@ class PathState:
         self.first_sent = 0.0
         self.windows: dict[int, list[Exchange]] = {}
         self.active = True
+        self.turn = 0  # the schedule entry that counts; older ones (before a rate change) are skipped
 
 
 class Prober:
@@ -82,7 +85,7 @@ class Prober:
         self.targets: dict[tuple[str, str, str], Target] = {}
         self.inflight: dict[int, Exchange] = {}
         self.sent_order: deque[tuple[float, int]] = deque()
-        self.schedule: list[tuple[float, int, PathState]] = []
+        self.schedule: list[tuple[float, int, int, PathState]] = []
         self._tie = count()
         self._seq = random.getrandbits(31)
         self.tracer = Tracer(key, session, self.port, settings.max_hops, settings.trace_rate, self.next_seq)
@@ -147,14 +150,21 @@ class Prober:
 
     def _regroup(self, target: Target) -> None:
         groups: dict[str, list[TraceJob]] = {}
+        whole = [j for j in target.jobs if not j.gaps]
         for job in target.jobs:
-            groups.setdefault(job.path_id, []).append(job)
+            pid = job.path_id
+            if job.gaps:  # a silent hop (an ICMP lost to rate limiting) is a gap, not another path
+                fits = {w.path_id for w in whole if job.fits(w)}
+                if len(fits) == 1:
+                    pid = fits.pop()
+            groups.setdefault(pid, []).append(job)
         target.reached = any(j.fwd_done and not j.unreachable for j in target.jobs)
+        target.complete = target.reached and not any(j.gaps for j in target.jobs)
         target.unreachable = any(j.unreachable for j in target.jobs)
         now_ns = self.clock.now()
         old, target.paths = target.paths, {}
         for pid, jobs in groups.items():
-            jobs.sort(key=lambda j: j.sport)
+            jobs.sort(key=lambda j: (j.gaps, j.sport))  # a complete trace describes the path
             path = old.pop(pid, None)
             if path is None or path.sock.port not in {j.sport for j in jobs}:
                 if path is not None:
@@ -167,7 +177,7 @@ class Prober:
             self.emit("probe_paths", ProbePath(
                 src_host=self.host, src_nic=target.nic.name, dst_host=target.host, dst_nic=target.nic_name,
                 path_id=pid, ts=now_ns, src_addr=target.nic.address, dst_addr=target.addr, dport=self.port,
-                sports=",".join(str(j.sport) for j in jobs), probed_sport=path.sock.port,
+                sports=",".join(str(sp) for sp in sorted(j.sport for j in jobs)), probed_sport=path.sock.port,
                 fwd_hops=hops_text(first.fwd), rev_hops=hops_text(first.rev),
                 fwd_complete=first.fwd_done and not first.unreachable, rev_complete=first.rev_done))
         for path in old.values():
@@ -185,7 +195,8 @@ class Prober:
                 self._schedule(path, now + random.random() * 2 / rate)
 
     def _schedule(self, path: PathState, due: float) -> None:
-        heapq.heappush(self.schedule, (due, next(self._tie), path))
+        path.turn += 1
+        heapq.heappush(self.schedule, (due, next(self._tie), path.turn, path))
 
     def next_due(self) -> float:
         return self.schedule[0][0] if self.schedule else float("inf")
@@ -193,12 +204,13 @@ class Prober:
     def send_due(self, now: float) -> None:
         interval = 2.0 / self.rate  # a pair carries two exchanges
         while self.schedule and self.schedule[0][0] <= now:
-            due, _, path = heapq.heappop(self.schedule)
-            if not path.active or path.target.paths.get(path.path_id) is not path:
+            due, _, turn, path = heapq.heappop(self.schedule)
+            if turn != path.turn or not path.active or path.target.paths.get(path.path_id) is not path:
                 continue
             self._send_pair(path, now)
             nxt = due + interval * (0.9 + 0.2 * random.random())
-            self._schedule(path, nxt if nxt > now else now + interval * random.random())
+            # behind by a pass or two (the loop batches): catch up; far behind (a stall): skip ahead
+            self._schedule(path, nxt if nxt > now - CATCH_UP else now + interval * random.random())
 
     def _send_pair(self, path: PathState, now: float) -> None:
         window = self.clock.now() // WINDOW_NS * WINDOW_NS
@@ -230,6 +242,9 @@ class Prober:
     def on_readable(self, sock: tstamp.StampedSocket) -> None:
         key, clock, stats, inflight, session = self.key, self.clock, self.stats, self.inflight, self.session
         now = time.monotonic()
+        # kernel RX stamps (CLOCK_REALTIME) as monotonic times: a path's silence is measured from when
+        # its last reply arrived, not from when this (batched) pass got to it
+        mono_of_real = now - time.time_ns() / 1e9
         for _ in range(256):
             try:
                 data, anc, _flags, addr = sock.sock.recvmsg(2048, tstamp.CMSG_SPACE)
@@ -262,7 +277,10 @@ class Prober:
                 path = ex.path
                 if path.state != "up":
                     self._path_up(path, now)
-                path.last_reply, path.last_reply_ns, path.unanswered = now, ex.t4, 0
+                arrived = min(now, raw / 1e9 + mono_of_real) if raw else now
+                if arrived > path.last_reply:
+                    path.last_reply, path.last_reply_ns = arrived, ex.t4
+                path.unanswered = 0
                 stats["replies"] += 1
             elif kind == wire.FOLLOWUP:
                 for seq, t3 in msg.entries:
@@ -277,16 +295,17 @@ class Prober:
                 stats["rx_unexpected"] += 1
 
     def on_errqueue(self, sock: tstamp.StampedSocket) -> None:
-        entries = tstamp.read_errqueue(sock.sock)
-        if not entries:
+        stamps, errors = tstamp.drain_errqueue(sock.sock)
+        if not stamps and not errors:
             tstamp.clear_error(sock.sock)
-        pending, now = sock.pending, time.monotonic()
-        for entry in entries:
-            if entry.origin == tstamp.SO_EE_ORIGIN_TIMESTAMPING:
-                ex = pending.pop(entry.key, None)  # None: the lab's second stamp of the same packet
-                if ex is not None:
-                    ex.t1 = self.clock.host(entry.stamp_ns)
-            elif not self.tracer.on_icmp(sock.port, entry, now):
+        pending, host = sock.pending, self.clock.host
+        for key, stamp in stamps:
+            ex = pending.pop(key, None)  # None: the lab's second stamp of the same packet
+            if ex is not None:
+                ex.t1 = host(stamp)
+        now = time.monotonic()
+        for entry in errors:
+            if not self.tracer.on_icmp(sock.port, entry, now):
                 if entry.icmp_type == tstamp.ICMP_DEST_UNREACH and entry.icmp_code == 3:
                     self.stats["port_unreachable"] += 1
                     for target in self.targets.values():
@@ -296,17 +315,36 @@ class Prober:
                     self.stats["icmp_errors"] += 1
 
     # -- housekeeping -----------------------------------------------------------------------------
-    def check_paths(self, now: float, down_after: float) -> None:
+    def check_paths(self, now: float, down_after: float) -> float:
+        """Declare silent paths down; return when the next path could go down (the loop wakes then,
+        so detection does not wait for a polling tick)."""
+        nxt = float("inf")
         for target in self.targets.values():
             for path in target.paths.values():
                 if path.state == "up":
-                    if now - path.last_reply >= down_after and path.unanswered >= 2:
+                    deadline = path.last_reply + down_after
+                    if now >= deadline and path.unanswered >= 2:
                         self._path_down(path, now, f"no reply for {now - path.last_reply:.2f} s "
                                                    f"({path.unanswered} probes unanswered)")
-                elif path.state == "unknown" and path.first_sent and now - path.first_sent >= NEVER_UP_AFTER:
-                    why = "no agent answers on the peer (port unreachable)" if target.unreachable else \
-                        f"never answered ({path.unanswered} probes)"
-                    self._path_down(path, now, why)
+                    elif deadline > now:
+                        nxt = min(nxt, deadline)
+                elif path.state == "unknown" and path.first_sent:
+                    if now - path.first_sent >= NEVER_UP_AFTER:
+                        why = "no agent answers on the peer (port unreachable)" if target.unreachable else \
+                            f"never answered ({path.unanswered} probes)"
+                        self._path_down(path, now, why)
+                    else:
+                        nxt = min(nxt, path.first_sent + NEVER_UP_AFTER)
+        return nxt
+
+    def nic_down(self, nic: str, oper: str) -> None:
+        """The kernel says a local NIC went down: its paths are down now, not after down_after."""
+        now = time.monotonic()
+        for target in self.targets.values():
+            if target.nic.name == nic:
+                for path in target.paths.values():
+                    if path.state == "up":
+                        self._path_down(path, now, f"local NIC {nic} is {oper}")
 
     def _event(self, path: PathState, state: str, reason: str, since_ns: int | None) -> None:
         t = path.target
@@ -358,6 +396,8 @@ class Prober:
         for ex in exchanges:
             if ex.second and ex.mate is not None:
                 judge_pair(ex.mate, ex, self.guard_ns)
+        for ex in exchanges:
+            ex.mate = None  # break the pair's reference cycle: freed by refcount, no work for the GC
         numbers = window_stats(exchanges)
         t = path.target
         self.emit("probe_windows", ProbeWindow(
@@ -374,7 +414,7 @@ class Prober:
         for target in self.targets.values():
             if target.tracing:
                 continue
-            wait = interval if target.reached else min(interval, RETRACE_UNREACHED)
+            wait = interval if target.complete else min(interval, RETRACE_UNREACHED)
             if now - target.traced_at >= wait:
                 due.append(target)
         return due

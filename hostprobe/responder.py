@@ -72,16 +72,17 @@ class Responder:
     def on_errqueue(self) -> None:
         followups: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
         pending = self.sock.pending
-        entries = tstamp.read_errqueue(self.sock.sock)
-        if not entries:
+        stamps, errors = tstamp.drain_errqueue(self.sock.sock)
+        if not stamps and not errors:
             tstamp.clear_error(self.sock.sock)
-        for entry in entries:
-            if entry.origin == tstamp.SO_EE_ORIGIN_TIMESTAMPING:
-                token = pending.pop(entry.key, None)  # None: the lab's second stamp of a packet
-                if token is not None:
-                    addr, session, seq = token
-                    followups[(addr, session)].append((seq, self.clock.host(entry.stamp_ns)))
-            elif entry.icmp_type == tstamp.ICMP_TIME_EXCEEDED and entry.dest and entry.offender:
+        host = self.clock.host
+        for key, stamp in stamps:
+            token = pending.pop(key, None)  # None: the lab's second stamp of a packet
+            if token is not None:
+                addr, session, seq = token
+                followups[(addr, session)].append((seq, host(stamp)))
+        for entry in errors:
+            if entry.icmp_type == tstamp.ICMP_TIME_EXCEEDED and entry.dest and entry.offender:
                 self._report_hop(entry)
         for (addr, session), stamps in followups.items():
             for i in range(0, len(stamps), wire.MAX_FOLLOWUPS):

@@ -23,7 +23,8 @@ from collections import deque
 from hostprobe import wire
 
 STEP_TIMEOUT = 0.25  # seconds to wait for one TTL's answer
-STEP_TRIES = 2
+STEP_TRIES = 3
+BURST_S = 0.05  # the token bucket holds this many seconds of trace_rate: routers police ICMP in bursts
 
 
 def path_id(src: str, dst: str, fwd: list[str | None], rev: list[str | None]) -> str:
@@ -57,6 +58,15 @@ class TraceJob:
     def path_id(self) -> str:
         return path_id(self.sock.addr, self.target.addr, self.fwd, self.rev)
 
+    @property
+    def gaps(self) -> bool:
+        return None in self.fwd or None in self.rev
+
+    def fits(self, other: TraceJob) -> bool:
+        """Same path as `other` where this trace has answers (its silent hops may be anything)."""
+        return all(len(a) == len(b) and all(x is None or x == y for x, y in zip(a, b))
+                   for a, b in ((self.fwd, other.fwd), (self.rev, other.rev)))
+
     def _record(self, hop: str | None) -> None:
         hops = self.fwd if self.phase == "fwd" else self.rev
         del hops[self.ttl - 1:]
@@ -68,7 +78,8 @@ class Tracer:
 
     def __init__(self, key: bytes, session: int, port: int, max_hops: int, rate: float, next_seq):
         self.key, self.session, self.port, self.max_hops = key, session, port, max_hops
-        self.rate, self.tokens, self.last_refill = rate, min(rate, 50.0), 0.0
+        self.rate, self.last_refill = rate, 0.0
+        self.tokens = self.burst = max(1.0, rate * BURST_S)
         self.next_seq = next_seq  # shared with the prober: one sequence space per session
         self.waiting: deque[TraceJob] = deque()
         self.active: dict[int, TraceJob] = {}  # seq -> job
@@ -87,7 +98,7 @@ class Tracer:
     def tick(self, now: float) -> None:
         """Refill tokens, time out steps, start steps of waiting jobs."""
         if self.last_refill:
-            self.tokens = min(self.rate * 0.2 + 1, self.tokens + (now - self.last_refill) * self.rate)
+            self.tokens = min(self.burst, self.tokens + (now - self.last_refill) * self.rate)
         self.last_refill = now
         for job in [j for j in self.active.values() if now >= j.deadline]:
             self._forget(job)

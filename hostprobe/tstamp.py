@@ -34,11 +34,14 @@ ICMP_TIME_EXCEEDED = 11
 ICMP_DEST_UNREACH = 3
 
 SOCKET_FLAGS = SOF_RX_SOFTWARE | SOF_SOFTWARE | SOF_OPT_ID | SOF_OPT_TSONLY
+ERRQUEUE_FLAGS = MSG_ERRQUEUE | int(socket.MSG_DONTWAIT)  # a plain int: IntFlag `|` is slow per call
 TX_STAMP_CMSG = (socket.SOL_SOCKET, SO_TIMESTAMPING, struct.pack("I", SOF_TX_SOFTWARE))
 
 _TIMESPECS = struct.Struct("qqqqqq")  # scm_timestamping: software, legacy (unused), raw hardware
 _EE = struct.Struct("IBBBBII")  # sock_extended_err: errno, origin, type, code, pad, info, data
 _OFFENDER = struct.Struct("=HH4s")  # sockaddr_in right after it: family, port, address
+_KEY = struct.Struct("I")  # ee_data, at offset 12 of sock_extended_err
+_SEC_NSEC = struct.Struct("qq")
 CMSG_SPACE = 512
 # errors a pending ICMP leaves on a UDP socket (sk_err): the next send or recv reports it once
 TRANSIENT = {errno.EHOSTUNREACH, errno.ECONNREFUSED, errno.ENETUNREACH, errno.EPROTO, errno.EMSGSIZE}
@@ -88,22 +91,46 @@ def parse_errqueue(data: bytes, ancdata: list, address) -> ErrQueueEntry | None:
     return None
 
 
-def read_errqueue(sock: socket.socket, limit: int = 256) -> list[ErrQueueEntry]:
-    """Drain the error queue (non-blocking)."""
-    out = []
+def drain_errqueue(sock: socket.socket, limit: int = 512) -> tuple[list[tuple[int, int]], list[ErrQueueEntry]]:
+    """Drain the error queue (non-blocking): ([(OPT_ID key, TX stamp ns)], [ICMP errors]).
+
+    The hot path of the agent (two TX stamps per exchange, four in the lab): timestamps are picked
+    out of the cmsgs directly, ICMP errors get the full parse."""
+    stamps: list[tuple[int, int]] = []
+    errors: list[ErrQueueEntry] = []
+    recvmsg, sol, ipproto = sock.recvmsg, socket.SOL_SOCKET, socket.IPPROTO_IP
     for _ in range(limit):
         try:
-            data, ancdata, _flags, address = sock.recvmsg(2048, CMSG_SPACE, MSG_ERRQUEUE | socket.MSG_DONTWAIT)
+            data, ancdata, _flags, address = recvmsg(2048, CMSG_SPACE, ERRQUEUE_FLAGS)
         except (BlockingIOError, InterruptedError):
             break
         except OSError as e:
             if e.errno in TRANSIENT:
                 continue
             raise
+        key = stamp = -1
+        for level, type_, cdata in ancdata:
+            if level == ipproto and type_ == IP_RECVERR and len(cdata) >= _EE.size:
+                if cdata[4] != SO_EE_ORIGIN_TIMESTAMPING:
+                    break
+                key = _KEY.unpack_from(cdata, 12)[0]
+            elif level == sol and type_ == SO_TIMESTAMPING and len(cdata) >= 16:
+                sec, nsec = _SEC_NSEC.unpack_from(cdata)
+                stamp = sec * 1_000_000_000 + nsec
+        else:
+            if key >= 0 and stamp > 0:
+                stamps.append((key, stamp))
+            continue
         entry = parse_errqueue(data, ancdata, address)
         if entry is not None:
-            out.append(entry)
-    return out
+            errors.append(entry)
+    return stamps, errors
+
+
+def read_errqueue(sock: socket.socket, limit: int = 256) -> list[ErrQueueEntry]:
+    """Drain the error queue into entries of both kinds (tests and tools; the agent uses drain_errqueue)."""
+    stamps, errors = drain_errqueue(sock, limit)
+    return [ErrQueueEntry(SO_EE_ORIGIN_TIMESTAMPING, k, t, 0, 0, None, None, b"") for k, t in stamps] + errors
 
 
 def clear_error(sock: socket.socket) -> None:

@@ -138,18 +138,25 @@ class AgentRegistry:
             self._condition().notify_all()
         return out
 
-    async def wait(self, host: str, after: int, timeout: float) -> list[Command]:
-        """Commands for `host` newer than `after`, waiting up to `timeout` seconds for one."""
+    async def wait(self, host: str, after: int, timeout: float, give_up=None) -> list[Command]:
+        """Commands for `host` newer than `after`, waiting up to `timeout` seconds for one. The wait is
+        cut into short slices so that `give_up()` (client gone, server stopping) ends it early: a held
+        long-poll would otherwise keep a stopping server waiting for its connections."""
         cond = self._condition()
         box = self._boxes.setdefault(host, _Mailbox())
 
         def pending() -> list[Command]:
             return [c for c in box.commands if c.id > after]
 
-        async with cond:
-            try:
-                await asyncio.wait_for(cond.wait_for(lambda: bool(pending())), timeout)
-            except asyncio.TimeoutError:
-                pass
-            self.seen(host)
-            return pending()
+        deadline = time.monotonic() + timeout
+        while True:
+            async with cond:
+                try:
+                    await asyncio.wait_for(cond.wait_for(lambda: bool(pending())),
+                                           max(0.0, min(0.5, deadline - time.monotonic())))
+                except asyncio.TimeoutError:
+                    pass
+                found = pending()
+            if found or time.monotonic() >= deadline or (give_up is not None and await give_up()):
+                self.seen(host)
+                return found

@@ -37,6 +37,11 @@ SWITCH_SYSCTLS = {
     # Policy 1 reuses the sender's socket hash for TCP, so a TCP flow's path changes run to run.
     "net.ipv4.fib_multipath_hash_policy": 3,
     "net.ipv4.fib_multipath_hash_fields": "0x0037",
+    # Answer traceroute like a fabric switch: ICMP errors from the ingress interface's address, so a
+    # hop names the link the probe came in by, and no per-destination ICMP limit (Linux: 1/s after a
+    # burst of 6; switches police ICMP per box, as the global icmp_msgs_per_sec limit still does here).
+    "net.ipv4.icmp_errors_use_inbound_ifaddr": 1,
+    "net.ipv4.icmp_ratelimit": 0,
 }
 
 

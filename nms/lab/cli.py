@@ -14,6 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from nms.config import ConfigError
+from nms.lab import agents as agents_mod
 from nms.lab import faults as faults_mod
 from nms.lab import lab as lab_mod
 from nms.lab import paths, sh
@@ -23,6 +24,7 @@ from nms.lab.topology import DEFAULT_MGMT, DEFAULT_PREFIX, Spec, format_rate, pa
 
 app = typer.Typer(help="A leaf-spine AI fabric on this machine: namespaces as switches and hosts, "
                        "real snmpd/lldpd, real faults, iperf3 load. Needs root.", no_args_is_help=True)
+app.add_typer(agents_mod.cli_app, name="agents")
 console = Console()
 err = Console(stderr=True)
 

@@ -7,12 +7,12 @@ import threading
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nms.app.agents import COMMANDS, AgentRegistry
-from nms.app.auth import AUTH_RESPONSES, ErrorDetail, Principal, require
+from nms.app.auth import AUTH_RESPONSES, BAD_BODY_RESPONSE, ErrorDetail, Principal, require
 
-router = APIRouter(prefix="/agents", tags=["agents"], responses=AUTH_RESPONSES)
+router = APIRouter(prefix="/agents", tags=["agents"], responses={**AUTH_RESPONSES, **BAD_BODY_RESPONSE})
 HostName = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")]
 UNKNOWN = {404: {"model": ErrorDetail, "description": "host not in the fabric inventory"}}
 _lock = threading.Lock()
@@ -82,6 +82,14 @@ class CommandIn(Strict):
     hosts: list[str] | None = Field(None, max_length=100_000,
                                     description="POST /agents/commands only: default every registered agent")
 
+    @model_validator(mode="after")
+    def _args(self) -> CommandIn:
+        if self.kind == "set_rate":
+            rate = self.args.get("rate")
+            if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 < rate <= 10_000:
+                raise ValueError("set_rate needs args.rate: exchanges per second per path, 0 < rate <= 10000")
+        return self
+
 
 class AgentOut(BaseModel):
     host: str
@@ -93,13 +101,6 @@ class AgentOut(BaseModel):
     last_seen_ns: int
     token: str
     peers: int
-
-
-def _check_command(body: CommandIn) -> None:
-    if body.kind == "set_rate":
-        rate = body.args.get("rate")
-        if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 < rate <= 10_000:
-            raise HTTPException(422, "set_rate needs args.rate: exchanges per second per path, 0 < rate <= 10000")
 
 
 def _known(reg: AgentRegistry, host: str) -> None:
@@ -135,7 +136,12 @@ async def commands(host: HostName, request: Request, after: Annotated[int, Query
     _known(reg, host)
     if host not in reg.agents:  # not registered with this instance: answer at once, the agent registers
         return Commands(instance=reg.instance, commands=[])
-    found = await reg.wait(host, after, min(wait, reg.settings.command_wait_max))
+
+    async def give_up() -> bool:
+        server = getattr(request.app.state, "server", None)  # set by `nms serve`
+        return bool(getattr(server, "should_exit", False)) or await request.is_disconnected()
+
+    found = await reg.wait(host, after, min(wait, reg.settings.command_wait_max), give_up)
     return Commands(instance=reg.instance, commands=[CommandOut(**vars(c)) for c in found])
 
 
@@ -144,18 +150,17 @@ async def command_one(host: HostName, body: CommandIn, request: Request,
                       who: Principal = Depends(require("act"))) -> CommandOut:
     reg = registry(request)
     _known(reg, host)
-    _check_command(body)
     if body.hosts is not None:
-        raise HTTPException(422, "hosts is only for POST /agents/commands")
+        raise HTTPException(422, [{"loc": ["body", "hosts"], "msg": "hosts is only for POST /agents/commands",
+                                   "type": "value_error"}])
     (cmd,) = await reg.issue([host], body.kind, body.args, who.name)
     return CommandOut(**vars(cmd))
 
 
-@router.post("/commands", response_model=list[CommandOut], summary="Send several agents a command")
+@router.post("/commands", response_model=list[CommandOut], responses=UNKNOWN, summary="Send several agents a command")
 async def command_many(body: CommandIn, request: Request,
                        who: Principal = Depends(require("act"))) -> list[CommandOut]:
     reg = registry(request)
-    _check_command(body)
     hosts = sorted(reg.agents) if body.hosts is None else body.hosts
     for host in hosts:
         _known(reg, host)

@@ -1,0 +1,263 @@
+"""The probe agents on the real 2x2x2 lab, against a real `nms serve`: discovered paths, loss, one-way
+delay under congestion, link-down events, forged packets, a service restart.
+
+Expected paths come from the kernel itself (`ip route get ... sport S dport D` on the leaves via
+nms.lab.paths.predict), never from the agents' own answers. Switches answer traceroute from the
+interface a packet came in by, so a hop address names the link: the source leaf's host port, the
+spine's port facing the source leaf, the destination leaf's port facing that spine.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from lab_helpers import skip_reason
+
+from hostprobe import wire
+from nms.lab import faults, netns, paths, traffic
+from nms.lab.inventory import probe_key_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from agent_lab import MeshLab, legs_through  # noqa: E402  (the harness the agent benchmarks share)
+
+pytestmark = pytest.mark.root
+PORT = 33434  # the agents' probe port (default)
+HOSTS = ("host1", "host2", "host3", "host4")
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    m = MeshLab("nmsp-", "198.18.249.0/24")
+    try:
+        m.up()
+        m.t0 = time.time_ns()
+        m.wait_traced()
+        yield m
+    finally:
+        m.down()
+
+
+def hop_addresses(topo, src: str, dst: str, sport: int, dport: int) -> list[str]:
+    """The router interfaces a datagram from src:sport to dst:dport enters, as the kernel routes it."""
+    s_leaf, d_leaf = topo.link_of_port(src, "eth0").a, topo.link_of_port(dst, "eth0").a
+    hops = [s_leaf.ip]
+    spine = paths.predict(topo, src, dst, "udp", sport, dport)["spine"]
+    if spine:
+        hops.append(topo.find_link(f"{s_leaf.node}-{spine}").end(spine).ip)
+        hops.append(topo.find_link(f"{d_leaf.node}-{spine}").end(d_leaf.node).ip)
+    return hops
+
+
+def probed_paths(mesh) -> dict[tuple[str, str, str], int]:
+    return mesh.probed_paths()
+
+
+def test_discovered_paths_match_kernel_routes_for_every_source_port(mesh):
+    rows = mesh.query("probe_path", mesh.t0)
+    topo = mesh.topo
+    seen = set()
+    for r in rows:
+        src, dst = r["src_host"], r["dst_host"]
+        assert r["fwd_complete"] and r["rev_complete"], r
+        for sport in map(int, r["sports"].split(",")):
+            seen.add((src, dst, sport))
+            assert r["fwd_hops"].split(",") == hop_addresses(topo, src, dst, sport, PORT), (src, dst, sport)
+            assert r["rev_hops"].split(",") == hop_addresses(topo, dst, src, PORT, sport), (dst, src, sport)
+    pairs = {(s, d) for s, d, _ in seen}
+    assert pairs == {(s, d) for s in HOSTS for d in HOSTS if s != d}
+    per_pair = {pair: sum(1 for s, d, _ in seen if (s, d) == pair) for pair in pairs}
+    assert set(per_pair.values()) == {32}, per_pair  # every source port of every agent was traced
+    # every ECMP path is probed: both spines between hosts under different leaves
+    for (src, dst, pid), sport in probed_paths(mesh).items():
+        assert (src, dst, sport) in seen
+    spines = {}
+    for (src, dst, _pid), sport in probed_paths(mesh).items():
+        spines.setdefault((src, dst), set()).add(paths.predict(topo, src, dst, "udp", sport, PORT)["spine"])
+    for (src, dst), got in spines.items():
+        same_leaf = topo.link_of_port(src, "eth0").a.node == topo.link_of_port(dst, "eth0").a.node
+        assert got == ({None} if same_leaf else {"spine1", "spine2"}), (src, dst, got)
+
+
+def _windows(mesh, start: int, end: int) -> dict[tuple[str, str, str], list[dict]]:
+    out: dict = {}
+    for r in mesh.query("probe_window", start, end):
+        out.setdefault((r["src_host"], r["dst_host"], r["path_id"]), []).append(r)
+    return out
+
+
+def _settle(seconds: float) -> tuple[int, int]:
+    """Sleep; return the range of whole windows inside the sleep."""
+    start = (time.time_ns() // 10**9 + 1) * 10**9
+    time.sleep(seconds)
+    end = (time.time_ns() // 10**9) * 10**9
+    return start, end
+
+
+def _closed(mesh, end: int) -> None:
+    """Wait until windows up to `end` are closed (1 s + timeout) and reported (1 s batches)."""
+    time.sleep(max(0.0, (end - time.time_ns()) / 1e9) + 3.5)
+
+
+def test_silent_loss_shows_on_exactly_the_paths_through_the_link(mesh):
+    probers = ["host1", "host3"]
+    mesh.command("set_rate", {"rate": 60}, hosts=probers)
+    time.sleep(1.0)
+    f = faults.inject(mesh.dir, "loss", "leaf1-spine1", percent=20.0, from_node="leaf1")
+    try:
+        time.sleep(1.0)
+        start, end = _settle(5.0)
+    finally:
+        faults.heal(mesh.dir, f["id"])
+        mesh.command("set_rate", {"rate": 10}, hosts=probers)
+    _closed(mesh, end)
+    sport_of = probed_paths(mesh)
+    checked = 0
+    for (src, dst, pid), rows in _windows(mesh, start, end).items():
+        if src not in probers or (src, dst, pid) not in sport_of:
+            continue
+        sent = sum(r["sent"] for r in rows)
+        loss = 1 - sum(r["received"] for r in rows) / sent
+        assert sent >= 200, (src, dst, pid, sent)
+        through = bool(legs_through(mesh.topo, src, dst, sport_of[(src, dst, pid)], "leaf1-spine1",
+                                    ("leaf1", "spine1")))
+        if through:
+            assert 0.12 <= loss <= 0.28, (src, dst, pid, loss)  # 20% +- 8 (sd ~2.5 at 300 exchanges)
+        else:
+            assert loss <= 0.02, (src, dst, pid, loss)
+        checked += through
+    assert checked == 4  # host1 -> host3/host4 forward, host3 -> host1/host2 reverse, via spine1
+
+
+def test_congested_link_inflates_one_way_delay_in_the_loaded_direction_only(mesh):
+    # the load: UDP host1 -> host3 via spine1 at 30 Mbit/s into a 10 Mbit/s cut of leaf1 -> spine1
+    f = faults.inject(mesh.dir, "congestion", "leaf1-spine1", rate="10M", from_node="leaf1")
+    base_start, base_end = _settle(0.0)
+    base_start -= 3 * 10**9
+    load = threading.Thread(target=traffic.run, args=(mesh.dir, "pairs"),
+                            kwargs=dict(pairs=["host1:host3"], proto="udp", rate="30M", duration=6.0, via="spine1"),
+                            daemon=True)
+    try:
+        load.start()
+        time.sleep(2.0)
+        start, end = _settle(3.0)
+        load.join(30)
+    finally:
+        faults.heal(mesh.dir, f["id"])
+    _closed(mesh, end)
+    before, during = _windows(mesh, base_start, base_end), _windows(mesh, start, end)
+    sport_of = probed_paths(mesh)
+    seen = {"fwd": 0, "rev": 0}
+    for key, rows in during.items():
+        src, dst, _ = key
+        if key not in sport_of or key not in before:
+            continue
+        loaded = legs_through(mesh.topo, src, dst, sport_of[key], "leaf1-spine1", ("leaf1", "spine1"))
+        for d in ("fwd", "rev"):
+            base = min(r[f"owd_{d}_p50_ns"] for r in before[key] if r[f"owd_{d}_p50_ns"] is not None)
+            now = sorted(r[f"owd_{d}_p50_ns"] for r in rows if r[f"owd_{d}_p50_ns"] is not None)
+            assert now, (key, d)
+            inflation = now[len(now) // 2] - base
+            if d in loaded:
+                seen[d] += 1
+                assert inflation > 2_000_000, (key, d, inflation)  # TBF queue: up to 20 ms
+            else:
+                assert inflation < 500_000, (key, d, inflation)
+    # host1/host2 -> host3/host4 via spine1 forward; host3/host4 -> host1/host2 via spine1 in reply
+    assert seen == {"fwd": 4, "rev": 4}, seen
+
+
+def test_link_down_sends_path_events_for_every_affected_path_and_no_other(mesh):
+    sport_of = probed_paths(mesh)
+    affected = {k for k, sp in sport_of.items() if legs_through(mesh.topo, k[0], k[1], sp, "leaf2-spine2")}
+    assert len(affected) == 8  # 4 hosts x the peers under the other leaf, via spine2 (both directions)
+    f = faults.inject(mesh.dir, "link-down", "leaf2-spine2")
+    try:
+        time.sleep(2.5)
+    finally:
+        faults.heal(mesh.dir, f["id"])
+    time.sleep(2.5)
+    events = mesh.query("path_event", f["start_ns"] - 10**9)
+    down = {(e["src_host"], e["dst_host"], e["path_id"]) for e in events if e["state"] == "down"}
+    up = {(e["src_host"], e["dst_host"], e["path_id"]) for e in events if e["state"] == "up"}
+    assert down == affected
+    assert up == affected
+    for e in events:
+        if e["state"] == "down":
+            assert 0.5e9 < e["time"] - f["start_ns"] < 1.6e9, e  # down_after (1 s) after the last reply
+
+
+def test_forged_and_foreign_probes_are_dropped_and_counted(mesh):
+    key = probe_key_file(mesh.dir).read_text().strip().encode()
+    target = (mesh.topo.link_of_port("host1", "eth0").b.ip, PORT)
+    before = mesh.agent_status()["host1"]["stats"]
+    with netns.entered(mesh.topo.netns("host2")):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.bind((mesh.topo.link_of_port("host2", "eth0").b.ip, 0))
+        s.settimeout(0.5)
+        good = wire.encode(key, wire.PROBE, 12345, 7)
+        s.sendto(good, target)  # control: the real key gets an answer
+        assert wire.decode(key, s.recv(2048)).type == wire.REPLY
+        followup = wire.decode(key, s.recv(2048))  # t3, the reply's kernel TX stamp
+        assert followup.type == wire.FOLLOWUP and followup.entries[0][0] == 7 and followup.entries[0][1] > 0
+        forged = [wire.encode(b"not-the-fabric-key-000", wire.PROBE, 12345, 8 + i) for i in range(5)]
+        tampered = bytearray(good)
+        tampered[20] ^= 1  # flip a bit of the session: the MAC no longer matches
+        for pkt in [*forged, bytes(tampered), b"\x00" * 60, b"GET / HTTP/1.0\r\n\r\n"]:
+            s.sendto(pkt, target)
+        with pytest.raises(socket.timeout):
+            s.recv(2048)  # nothing answered
+    finally:
+        s.close()
+    time.sleep(2.5)  # the agent's stats period in the lab is 2 s
+    after = mesh.agent_status()["host1"]["stats"]
+    assert after.get("rx_forged", 0) - before.get("rx_forged", 0) == 6
+    assert after.get("rx_foreign", 0) - before.get("rx_foreign", 0) == 2
+    assert after["probes_answered"] > before["probes_answered"]
+
+
+def test_nic_down_is_reported_by_netlink_at_once(mesh):
+    before = time.time_ns()
+    f = faults.inject(mesh.dir, "nic-down", "host4")
+    try:
+        time.sleep(1.5)
+    finally:
+        faults.heal(mesh.dir, f["id"])
+    time.sleep(2.5)
+    samples = mesh.query("host_nic", before - 10 * 10**9, host="host4", nic="eth0")
+    assert any(s["rx_bytes"] for s in samples)  # the periodic sysfs counters
+    states = [(s["time"], s["oper_status"]) for s in samples if s["time"] >= f["start_ns"]]
+    down = [t for t, st in states if st == "down"]
+    assert down and down[0] - f["start_ns"] < 0.5e9, states  # the netlink event, not the next period
+    assert any(st == "up" and t > down[0] for t, st in states), states
+    events = [e for e in mesh.query("path_event", f["start_ns"], src_host="host4") if e["state"] == "down"]
+    assert events and all("local NIC eth0" in e["reason"] and e["time"] - f["start_ns"] < 0.5e9 for e in events)
+    assert {e["path_id"] for e in events} == {pid for (src, _, pid) in mesh.probed_paths() if src == "host4"}
+
+
+def test_windows_survive_a_service_restart(mesh):
+    time.sleep(1.0)
+    stopped = time.time_ns()
+    mesh.stop_service()
+    time.sleep(4.0)
+    mesh.start_service()
+    restarted = time.time_ns()
+    time.sleep(6.0)
+    rows = _windows(mesh, stopped - 2 * 10**9, restarted + 2 * 10**9)
+    sport_of = probed_paths(mesh)
+    assert rows
+    for key in sport_of:
+        starts = sorted(r["time"] for r in rows.get(key, []))
+        expected = list(range(starts[0], starts[-1] + 1, 10**9)) if starts else []
+        assert starts and starts == expected, (key, len(starts))  # no missing second
+        assert starts[0] <= stopped - 10**9 and starts[-1] >= restarted + 10**9, key
+    replayed = sum(a["stats"].get("batches_replayed", 0) for a in mesh.agent_status().values())
+    assert replayed > 0

@@ -1,0 +1,169 @@
+"""Real `nms-agent` processes on loopback addresses (127.0.0.2-4, no root needed) against a real
+`nms serve`: windows, paths, commands, the lab clock on kernel stamps, a peer without an agent,
+a service restart with nothing lost, clean shutdown."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import yaml
+
+from tests.test_cli_service import _free_port
+
+ADMIN = "agent-test-admin-token-0123456789"
+AGENT = "agent-test-agent-token-0123456789"
+KEY = "agent-test-probe-key-0123456789"
+HOSTS = {"h1": "127.0.0.2", "h2": "127.0.0.3", "h3": "127.0.0.4"}
+SILENT = ("h4", "127.0.0.5")  # in the inventory, no agent
+OFFSET_NS = 5_000_000  # h3's emulated clock is 5 ms ahead
+
+
+class Bed:
+    def __init__(self, tmp):
+        self.tmp, self.port, self.probe_port = tmp, _free_port(), _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        hosts = [{"name": n, "nics": [{"name": "lo", "address": a}]} for n, a in [*HOSTS.items(), SILENT]]
+        (tmp / "nms.yaml").write_text(yaml.safe_dump({
+            "data_dir": str(tmp / "data"), "fabric": {"hosts": hosts},
+            "api": {"port": self.port, "tokens": [{"name": "admin", "scopes": ["admin"], "token": ADMIN},
+                                                  {"name": "agents", "scopes": ["ingest"], "token": AGENT}]}}))
+        self.service = None
+        self.agents: dict[str, subprocess.Popen] = {}
+
+    def serve(self):
+        log = open(self.tmp / "serve.log", "ab")
+        self.service = subprocess.Popen([sys.executable, "-m", "nms", "serve", "--config", str(self.tmp / "nms.yaml")],
+                                        stdout=log, stderr=subprocess.STDOUT)
+        for _ in range(300):
+            try:
+                if httpx.get(f"{self.url}/health", timeout=0.5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        pytest.fail((self.tmp / "serve.log").read_text())
+
+    def stop_service(self):
+        self.service.send_signal(signal.SIGTERM)
+        self.service.wait(20)
+
+    def start_agent(self, host: str):
+        conf = {"host": host, "service": {"url": self.url, "token": AGENT},
+                "nics": [{"name": "lo", "address": HOSTS[host]}],
+                "probe": {"key": KEY, "port": self.probe_port, "sports": 4},
+                "report": {"buffer_dir": str(self.tmp / host), "stats_interval": "1s"}}
+        if host == "h3":
+            conf["lab_clock"] = {"offset_ns": OFFSET_NS}
+        (self.tmp / f"{host}.yaml").write_text(yaml.safe_dump(conf))
+        log = open(self.tmp / f"{host}.log", "ab")
+        self.agents[host] = subprocess.Popen([sys.executable, "-m", "hostprobe.agent", "--config",
+                                              str(self.tmp / f"{host}.yaml")], stdout=log, stderr=subprocess.STDOUT)
+
+    def status(self, host: str) -> dict:
+        return json.loads((self.tmp / host / "status.json").read_text())
+
+    def api(self, method, path, **kw):
+        return httpx.request(method, self.url + path, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30, **kw)
+
+    def rows(self, measurement: str, start: int, **tags) -> list[dict]:
+        r = self.api("POST", "/telemetry/query", json={"measurement": measurement, "start": start,
+                                                       "end": time.time_ns() + 10**10, "limit": 100_000,
+                                                       "tags": {k: [v] for k, v in tags.items()}})
+        r.raise_for_status()
+        return [{**s["tags"], **dict(zip(s["columns"], v))} for s in r.json()["series"] for v in s["values"]]
+
+    def close(self):
+        for p in [*self.agents.values(), self.service]:
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory):
+    b = Bed(tmp_path_factory.mktemp("agents"))
+    b.serve()
+    b.t0 = time.time_ns()
+    for host in HOSTS:
+        b.start_agent(host)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            if all(b.status(h)["stats"].get("paths_up") == 2 for h in HOSTS):
+                break
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+    yield b
+    b.close()
+
+
+def test_every_pair_reports_windows_and_paths(bed):
+    time.sleep(3.5)
+    windows = bed.rows("probe_window", bed.t0)
+    pairs = {(w["src_host"], w["dst_host"]) for w in windows if w["received"]}
+    assert {(s, d) for s in HOSTS for d in HOSTS if s != d} <= pairs
+    steady = [w for w in windows if w["dst_host"] in HOSTS and w["sent"] >= 8]
+    assert steady and all(w["received"] == w["sent"] for w in steady)  # loopback loses nothing
+    assert all(0 < w["rtt_p50_ns"] < 5_000_000 and w["pairs"] * 2 == w["sent"] for w in steady)
+    for w in steady:  # kernel stamps, and h3's clock runs 5 ms ahead, kernel stamps included
+        skew = OFFSET_NS if w["dst_host"] == "h3" else -OFFSET_NS if w["src_host"] == "h3" else 0
+        assert 0 < w["owd_fwd_min_ns"] - skew < 2_000_000, w
+        assert 0 < w["owd_rev_min_ns"] + skew < 2_000_000, w
+    paths = bed.rows("probe_path", bed.t0, src_host="h1")
+    assert {p["dst_host"] for p in paths} == {"h2", "h3", "h4"}
+    live = [p for p in paths if p["dst_host"] != "h4"]
+    assert all(p["fwd_hops"] == "" and p["rev_hops"] == "" and p["fwd_complete"] and p["rev_complete"] for p in live)
+    assert all(len(p["sports"].split(",")) == 4 for p in paths)  # loopback: one path, every port on it
+
+
+def test_a_peer_without_agent_is_reported_down_with_the_reason(bed):
+    events = bed.rows("path_event", bed.t0, dst_host="h4")
+    assert {e["src_host"] for e in events if e["state"] == "down"} == set(HOSTS)
+    assert all("port unreachable" in e["reason"] for e in events)
+    assert bed.status("h1")["stats"]["port_unreachable"] > 0
+
+
+def test_set_rate_command_reaches_the_agent(bed):
+    r = bed.api("POST", "/agents/commands", json={"kind": "set_rate", "args": {"rate": 40}, "hosts": ["h1"]})
+    assert r.status_code == 200, r.text
+    time.sleep(1.0)
+    start = (time.time_ns() // 10**9 + 1) * 10**9
+    time.sleep(5.0)
+    rows = [w for w in bed.rows("probe_window", start, src_host="h1", dst_host="h2")]
+    assert rows and all(34 <= w["sent"] <= 46 for w in rows[:-1]), [w["sent"] for w in rows]
+    assert bed.status("h1")["stats"]["rate"] == 40.0
+    bed.api("POST", "/agents/commands", json={"kind": "set_rate", "args": {"rate": 10}, "hosts": ["h1"]})
+
+
+def test_no_window_is_lost_across_a_service_restart(bed):
+    stopped = time.time_ns()
+    bed.stop_service()
+    time.sleep(3.0)
+    bed.serve()
+    restarted = time.time_ns()
+    time.sleep(4.5)
+    rows = bed.rows("probe_window", stopped - 3 * 10**9, src_host="h2", dst_host="h1")
+    starts = sorted(w["time"] for w in rows)
+    assert starts == list(range(starts[0], starts[-1] + 1, 10**9))  # every second, no gap
+    assert starts[0] < stopped - 10**9 and starts[-1] > restarted
+    assert bed.status("h2")["stats"]["batches_replayed"] > 0
+    agents = bed.api("GET", "/agents").json()
+    assert {a["host"] for a in agents} == set(HOSTS)  # every agent registered again
+
+
+def test_sigterm_flushes_and_exits(bed):
+    proc = bed.agents["h2"]
+    t = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 0 and time.monotonic() - t < 5
+    log = (bed.tmp / "h2.log").read_text()
+    assert "agent stopped" in log and "Traceback" not in log
+    assert list((bed.tmp / "h2" / "spool").glob("*.lp")) == []  # the last reports were delivered, not buffered
+    last = bed.rows("probe_window", bed.t0, src_host="h2", dst_host="h1")[-1]
+    assert last["time"] >= (time.time_ns() // 10**9 - 4) * 10**9  # windows up to the stop were flushed

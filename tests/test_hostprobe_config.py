@@ -1,0 +1,117 @@
+"""The agent's configuration, host counters and the netlink link-state parser."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from hostprobe import transport
+from hostprobe.config import AgentConfig, load
+from hostprobe.counters import NicCounters, parse_ethtool
+from hostprobe.netlink import IFLA_IFNAME, IFLA_OPERSTATE, RTM_DELLINK, RTM_NEWLINK, LinkMonitor, parse
+from nms.config import ConfigError, parse_config
+
+TOKEN = "agent-token-0123456789abcdef"
+KEY = "probe-key-0123456789abcdef"
+GOOD = """
+host: host1
+service: {url: "http://198.18.0.1:8080", token: "${AGENT_TOKEN}"}
+nics: [{name: eth0, address: 198.19.1.1}]
+probe: {key: "${file:key}", rate: 20, down_after: 500ms}
+lab_clock: {offset_ns: 1000, drift_ppm: 5}
+"""
+
+
+def test_good_config_with_env_and_file_secrets(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENT_TOKEN", TOKEN)
+    (tmp_path / "key").write_text(KEY + "\n")
+    (tmp_path / "agent.yaml").write_text(GOOD)
+    cfg = load(tmp_path / "agent.yaml")
+    assert isinstance(cfg, AgentConfig)
+    assert cfg.service.token.get_secret_value() == TOKEN and cfg.probe.key.get_secret_value() == KEY
+    assert cfg.probe.rate == 20 and cfg.probe.down_after == 0.5 and cfg.probe.port == 33434
+    assert cfg.peers.refresh == 60 and cfg.probe.sports == 32 and cfg.lab_clock.drift_ppm == 5
+    assert TOKEN not in repr(cfg) and KEY not in repr(cfg)
+
+
+@pytest.mark.parametrize("text, where, what", [
+    ("host: h\nservice: {url: ftp://x, token: " + TOKEN + "}\nnics: [{name: eth0}]\nprobe: {key: " + KEY + "}\n",
+     "line 2: service.url", "http"),
+    ("host: h\nservice: {url: 'http://x', token: " + TOKEN + "}\nnics: []\nprobe: {key: " + KEY + "}\n",
+     "line 3: nics", "at least 1"),
+    ("host: h\nservice: {url: 'http://x', token: " + TOKEN + "}\nnics: [{name: eth0}]\nprobe: {key: short}\n",
+     "line 4: probe.key", "too short"),
+    ("host: h\nservice: {url: 'http://x', token: " + TOKEN + "}\nnics: [{name: eth0}]\n"
+     "probe: {key: " + KEY + ", rate: 0}\n", "line 4: probe.rate", "greater than 0"),
+    ("host: h\nservice: {url: 'http://x', token: " + TOKEN + "}\nnics: [{name: eth0, address: '::1'}]\n"
+     "probe: {key: " + KEY + "}\n", "line 3: nics[0].address", "IPv4"),
+    ("host: h\nservice: {url: 'http://x', token: " + TOKEN + "}\nnics: [{name: eth0}]\nprobe: {key: " + KEY +
+     "}\nlab_clock: {state_file: /x, offset_ns: 5}\n", "line 5: lab_clock", "not both"),
+    ("host: h\nservice: {url: 'http://x', token: " + TOKEN + "}\nnics: [{name: eth0}]\nprobe: {key: " + KEY +
+     ", sportz: 3}\n", "line 4: probe.sportz", "Extra inputs"),
+])
+def test_errors_name_the_field_and_line_never_the_secret(text, where, what):
+    with pytest.raises(ConfigError) as e:
+        parse_config(text, model=AgentConfig)
+    message = str(e.value)
+    assert where in message and what in message, message
+    assert TOKEN not in message and KEY not in message
+
+
+def test_agent_refuses_a_bad_config_with_exit_status_2(tmp_path):
+    (tmp_path / "a.yaml").write_text("host: h\n")
+    proc = subprocess.run([sys.executable, "-m", "hostprobe.agent", "--config", str(tmp_path / "a.yaml")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "service" in proc.stderr and "Field required" in proc.stderr
+
+
+def test_transport_falls_back_to_udp_and_verbs_is_refused():
+    devices, why = transport.detect_verbs()
+    assert devices == [] and why  # no RDMA here (nor pyverbs)
+    assert transport.choose("auto") == "udp" and transport.choose("udp") == "udp"
+    with pytest.raises(transport.TransportError, match="verbs"):
+        transport.choose("verbs")
+
+
+def test_sysfs_counters_of_loopback():
+    sample = NicCounters("h1", ["lo"], ethtool="off").sample("lo", 1_800_000_000_000_000_000)
+    assert sample.host == "h1" and sample.nic == "lo" and sample.rx_bytes is not None and sample.tx_packets is not None
+    assert sample.oper_status == "unknown"  # what the kernel says for lo
+    assert sample.pause_rx is None and sample.ecn_marked is None  # nothing guessed without ethtool or RDMA
+    gone = NicCounters("h1", ["nope0"], ethtool="off").sample("nope0", 1)
+    assert gone.oper_status == "notPresent" and gone.rx_bytes is None
+
+
+def test_ethtool_pause_and_ecn_parsing():
+    mlx5 = "NIC statistics:\n     rx_packets: 10\n     rx_pause_ctrl_phy: 7\n     tx_pause_ctrl_phy: 3\n" \
+           "     rx_ecn_mark: 11\n"
+    assert parse_ethtool(mlx5) == {"pause_rx": 7, "pause_tx": 3, "ecn_marked": 11}
+    pfc = "NIC statistics:\n  rx_prio0_pause: 1\n  rx_prio3_pause: 5\n  tx_prio3_pause: 2\n"
+    assert parse_ethtool(pfc) == {"pause_rx": 6, "pause_tx": 2}
+    assert parse_ethtool("no stats available\n") == {}
+
+
+def _rtattr(type_: int, payload: bytes) -> bytes:
+    length = 4 + len(payload)
+    return struct.pack("=HH", length, type_) + payload + b"\0" * ((-length) % 4)
+
+
+def _link_msg(type_: int, name: str, oper: int) -> bytes:
+    body = struct.pack("=BxHiII", socket.AF_UNSPEC, 1, 5, 0, 0)
+    body += _rtattr(IFLA_IFNAME, name.encode() + b"\0") + _rtattr(IFLA_OPERSTATE, bytes([oper]))
+    return struct.pack("=IHHII", 16 + len(body), type_, 0, 0, 0) + body
+
+
+def test_netlink_link_messages():
+    data = _link_msg(RTM_NEWLINK, "eth0", 6) + _link_msg(RTM_NEWLINK, "eth1", 2) + _link_msg(RTM_DELLINK, "eth2", 6)
+    assert parse(data) == [("eth0", "up"), ("eth1", "down"), ("eth2", "notPresent")]
+    assert parse(data[:10]) == []  # truncated: ignored, not an exception
+    monitor = LinkMonitor()  # subscribing to RTMGRP_LINK needs no privileges
+    try:
+        assert monitor.read() == []
+    finally:
+        monitor.close()
