@@ -1,4 +1,6 @@
-"""Host probe agent (nms-agent): NIC-to-NIC probe mesh, kernel timestamps, clock sync, path discovery.
+"""Host probe agent (nms-agent): NIC-to-NIC probe mesh over every ECMP path with kernel timestamps,
+Paris-traceroute path discovery, per-second windows, path events, NIC counters (docs/hostprobe.md).
 
-Lands with the host-agent issue; today only the entry point exists.
+Modules: agent (entry point, probe loop), prober, responder, trace, wire, tstamp, stats, clock,
+counters, netlink, report, client, transport, config. Clock sync is not built yet.
 """

@@ -89,8 +89,6 @@ class Prober:
         self._tie = count()
         self._seq = random.getrandbits(31)
         self.tracer = Tracer(key, session, self.port, settings.max_hops, settings.trace_rate, self.next_seq)
-        self.by_fd = {s.fileno(): s for nic in nics for s in nic.sockets}
-        self.last_round = 0.0
         self.retired_targets: list[Target] = []  # peers no longer listed, until their windows close
 
     def next_seq(self) -> int:
@@ -138,7 +136,6 @@ class Prober:
             target.traced_at = now
             for job in target.jobs:
                 self.tracer.add(job)
-        self.last_round = now
 
     def _trace_finished(self, job: TraceJob) -> None:
         target = job.target

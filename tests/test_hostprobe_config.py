@@ -6,6 +6,7 @@ import socket
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -115,3 +116,11 @@ def test_netlink_link_messages():
         assert monitor.read() == []
     finally:
         monitor.close()
+
+
+def test_example_config_loads(tmp_path, monkeypatch):
+    monkeypatch.setenv("NMS_AGENT_TOKEN", TOKEN)
+    text = (Path(__file__).resolve().parents[1] / "config" / "agent.yaml").read_text()
+    (tmp_path / "probe-key").write_text(KEY)
+    cfg = parse_config(text.replace("/etc/nms-agent/probe-key", str(tmp_path / "probe-key")), model=AgentConfig)
+    assert cfg.host == "gpu001" and cfg.nics[0].address is None and cfg.probe.sports == 32
