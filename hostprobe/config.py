@@ -8,28 +8,20 @@ never its value. Secrets (token, probe key) are SecretStr: they print as '******
 from __future__ import annotations
 
 import ipaddress
-import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from nms.config.models import ByteSize, Name, Seconds, Strict
+from nms.config.models import ByteSize, HttpUrl, Name, Seconds, Strict
 
 
 class ServiceSettings(Strict):
-    url: str  # e.g. http://198.18.0.1:8080 (the service's management address)
+    url: HttpUrl  # e.g. http://198.18.0.1:8080 (the service's management address)
     token: SecretStr  # an API token with the `ingest` scope
     timeout: Seconds = 5.0
     verify_tls: bool = True
     ca_file: Path | None = None
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, v: str) -> str:
-        if not re.match(r"^https?://[^/\s]+", v):
-            raise ValueError("must be an http:// or https:// URL")
-        return v.rstrip("/")
 
 
 class NicSettings(Strict):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -48,6 +49,13 @@ def parse_size(value: object) -> int:
 
 Seconds = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
 ByteSize = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
+def _http_url(v: str) -> str:
+    if not re.match(r"^https?://[^/\s]+", v):
+        raise ValueError("must be an http:// or https:// URL")
+    return v.rstrip("/")
+
+
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")]
 
 
@@ -64,7 +72,7 @@ class EmbeddedStoreConfig(Strict):
 
 
 class InfluxStoreConfig(Strict):
-    url: str = "http://127.0.0.1:8086"
+    url: HttpUrl = "http://127.0.0.1:8086"
     database: str = "nms"
     retention_policy: str | None = None
     username: str | None = None
@@ -78,13 +86,6 @@ class InfluxStoreConfig(Strict):
     spool_dir: Path | None = None  # default: <data_dir>/spool
     spool_max_bytes: ByteSize = 1 << 30
     verify_tls: bool = True
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, v: str) -> str:
-        if not re.match(r"^https?://[^/\s]+", v):
-            raise ValueError("must be an http:// or https:// URL")
-        return v.rstrip("/")
 
     @model_validator(mode="after")
     def _one_auth(self) -> InfluxStoreConfig:
