@@ -37,8 +37,9 @@ def free_port() -> int:
 
 
 class MeshLab:
-    def __init__(self, prefix: str, mgmt: str, link_rate_bps: int = 100_000_000, root: str | None = None):
-        self.prefix, self.spec = prefix, Spec(link_rate_bps=link_rate_bps, mgmt_subnet=mgmt, prefix=prefix)
+    def __init__(self, prefix: str, mgmt: str, link_rate_bps: int = 100_000_000, root: str | None = None, **shape):
+        self.prefix = prefix
+        self.spec = Spec(link_rate_bps=link_rate_bps, mgmt_subnet=mgmt, prefix=prefix, **shape)
         self.dir = LabDir(root or tempfile.mkdtemp(prefix="nms-lab-agent-"))  # under /tmp: lldpd needs access
         self.port = free_port()
         self.service: subprocess.Popen | None = None
@@ -109,10 +110,12 @@ class MeshLab:
         return agents.status(self.dir)
 
     def wait_traced(self, timeout: float = 30.0) -> dict:
-        """Until every agent probes its full set of paths (2x2x2 with symmetric ECMP hashing: one path to
-        the host under the same leaf, one per spine to each of the two others) and all are up."""
+        """Until every agent probes its full set of paths (2 spines with symmetric ECMP hashing, every
+        host a peer: one path to each host under the same leaf, one per spine to each other host) and
+        all are up."""
         hosts = [n.name for n in self.topo.by_role("host")]
-        want = 1 + 2 * (len(hosts) - self.spec.hosts_per_leaf) if self.spec.spines == 2 else None
+        hpl = self.spec.hosts_per_leaf
+        want = hpl - 1 + 2 * (len(hosts) - hpl) if self.spec.spines == 2 and len(hosts) <= 13 else None
         deadline = time.monotonic() + timeout
         while True:
             status = self.agent_status()

@@ -1,6 +1,6 @@
 """Link down -> PathEvent for every affected path: latency over repeated trials on the fabric lab.
 
-    sudo .venv/bin/python bench/detection_latency.py [--trials 20] [--down-after 1s]
+    sudo .venv/bin/python bench/detection_latency.py [--trials 20] [--down-after 900ms]
 
 A 2x2x2 lab with the service and an agent per host (default probing: 10 exchanges/s per path).
 Each trial takes one leaf-spine link down (blackhole: carrier lost on both ends, routes kept, so
@@ -40,7 +40,9 @@ def run(trials: int, down_after: str | None) -> None:
     from nms.config.models import parse_duration
     from nms.lab import faults
 
-    threshold = parse_duration(down_after or "1s")
+    from hostprobe.config import ProbeSettings
+
+    threshold = parse_duration(down_after) if down_after else ProbeSettings.model_fields["down_after"].default
     mesh = MeshLab("nmsd-", "198.18.246.0/24")
     per_path, per_trial, visible, false_alarms, recover, inject_s, lower = [], [], [], 0, [], [], []
     try:
@@ -106,7 +108,7 @@ def run(trials: int, down_after: str | None) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=20)
-    parser.add_argument("--down-after", default=None, help="the agents' probe.down_after (default 1s)")
+    parser.add_argument("--down-after", default=None, help="the agents' probe.down_after (default: theirs, 900ms)")
     args = parser.parse_args()
     from nms.lab.sh import require_root
 

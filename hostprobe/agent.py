@@ -30,6 +30,7 @@ from pathlib import Path
 from hostprobe import transport
 from hostprobe.client import Control, ServiceClient
 from hostprobe.clock import Clock
+from hostprobe.clocksync import ClockSync
 from hostprobe.config import AgentConfig
 from hostprobe.counters import NicCounters
 from hostprobe.netlink import LinkMonitor
@@ -96,6 +97,12 @@ class Agent:
                                  self.stats)
         self.prober = Prober(cfg.host, self.nics, cfg.probe, key, self.session, self.clock, self.stats,
                              self.reporter.put)
+        self.clock.step_threshold_ns = int(cfg.clock_sync.step_threshold_us * 1000)
+        self.clock_sync = None
+        if cfg.clock_sync.enabled:
+            self.clock_sync = ClockSync(cfg.host, self.clock, cfg.clock_sync.window, self.reporter.put,
+                                        cfg.clock_sync.max_exchanges)
+            self.prober.clock_sync = self.clock_sync
         self.counters = NicCounters(cfg.host, [n.name for n in self.nics], cfg.counters.ethtool)
         self.links = LinkMonitor()
         self.link_state = {n.name: self.counters.sample(n.name, 0).oper_status for n in self.nics}
@@ -164,10 +171,14 @@ class Agent:
                 self._drain_inbox()
             if now >= next_slow:
                 next_slow = now + SLOW
+                if self.clock.check_step():
+                    self.stats["clock_steps"] += 1
                 self.prober.close_windows()
                 if now >= next_clock:
                     next_clock = now + 1.0
-                    self.clock.refresh()
+                    if self.clock_sync is not None:
+                        # a clock window is complete once every probe window in it has closed
+                        self.clock_sync.run(self.clock.now() - self.prober.close_lag_ns)
                     if not self.prober.tracer.busy:
                         due = self.prober.retrace_due(now, self.cfg.probe.trace_interval)
                         if due:
@@ -184,6 +195,8 @@ class Agent:
             if stop_at is not None and now >= stop_at:
                 break
         self.prober.close_windows(final=True)
+        if self.clock_sync is not None:
+            self.clock_sync.run(self.clock.now())
         self._report_stats()
         ep.close()
 
@@ -196,25 +209,36 @@ class Agent:
             if kind == "peers":
                 self.prober.set_peers(payload)
             elif kind == "command":
-                self._command(payload)
+                status, message = self._command(payload)
+                if isinstance(payload.get("id"), int):  # the control thread posts it (never blocks here)
+                    self.control.result(payload["id"], status, message)
 
-    def _command(self, command: dict) -> None:
-        kind, args = command.get("kind"), command.get("args") or {}
+    def _command(self, command: dict) -> tuple[str, str]:
+        """Carry out one command; returns its outcome for the service: ("done" | "failed", message)."""
+        kind, args, cid = command.get("kind"), command.get("args") or {}, command.get("id")
         self.stats["commands"] += 1
-        if kind == "reprobe_paths":
-            log.info("command %s: tracing every path again", command.get("id"))
-            self.prober.trace()
-        elif kind == "set_rate":
-            rate = args.get("rate")
-            if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 < rate <= 10_000:
-                log.warning("command set_rate: bad rate %r (want 0 < rate <= 10000)", rate)
-                return
-            log.info("command %s: probe rate %g exchanges/s per path", command.get("id"), rate)
-            self.prober.set_rate(float(rate))
-        elif kind == "refresh_peers":
-            pass  # the control thread fetches the list and posts it here
-        else:
-            log.warning("unknown command %r ignored", kind)
+        try:
+            if kind == "reprobe_paths":
+                log.info("command %s: tracing every path again", cid)
+                self.prober.trace()
+                return "done", "tracing every path again"
+            if kind == "set_rate":
+                rate = args.get("rate")
+                if isinstance(rate, (int, float)) and not isinstance(rate, bool) and 0 < rate <= 10_000:
+                    log.info("command %s: probe rate %g exchanges/s per path", cid, rate)
+                    self.prober.set_rate(float(rate))
+                    return "done", f"probing at {rate:g} exchanges/s per path"
+                reason = f"bad rate {rate!r}: want 0 < rate <= 10000 exchanges/s per path"
+            elif kind == "refresh_peers":
+                return "done", "fetching the peer list again"  # the control thread does, having seen the command
+            else:
+                reason = f"unknown command {kind!r} (this agent knows reprobe_paths, set_rate, refresh_peers)"
+        except Exception as e:  # a command must not take the probe loop down
+            log.exception("command %s (%s) failed", cid, kind)
+            reason = f"{kind} failed: {type(e).__name__}: {e}"
+        log.warning("command %s: %s", cid, reason)
+        self.stats["commands_failed"] += 1
+        return "failed", reason
 
     def _on_links(self) -> None:
         watched = {n.name for n in self.nics}
@@ -231,6 +255,7 @@ class Agent:
     def _report_stats(self) -> None:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         fields = {**{k: int(v) for k, v in self.stats.items()}, **self.prober.snapshot(),
+                  **(self.clock_sync.stats if self.clock_sync is not None else {}),
                   "cpu_user_s": usage.ru_utime, "cpu_system_s": usage.ru_stime, "max_rss_kib": usage.ru_maxrss,
                   "buffered_bytes": self.reporter.buffered_bytes, "uptime_s": time.monotonic() - self.started,
                   "clock_offset_ns": self.clock.offset_ns}

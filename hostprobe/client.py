@@ -1,10 +1,13 @@
-"""Talking to the service: registration, the peer list, commands (long-poll), report batches.
+"""Talking to the service: registration, the peer list, commands (long-poll) and their results,
+report batches.
 
 Every connection is opened by the agent (hosts need no inbound port). The control thread registers,
 fetches the peer list every `peers.refresh`, and holds a long-poll GET for commands; what it learns
-goes to the probe loop through a queue. A service that restarts answers with a new `instance`, and
-the agent registers again. The last peer list is cached on disk, so an agent that starts while the
-service is down still probes.
+goes to the probe loop through a queue, and the loop's outcome of each command comes back through
+another (`Control.result`, which never blocks) for the control thread to post. A service that
+restarts answers with a new `instance`, and the agent registers again, keeping its command cursor
+(command ids are never reused). The last peer list is cached on disk, so an agent that starts while
+the service is down still probes.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import queue
 import random
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 import httpx
@@ -23,6 +27,9 @@ import httpx
 from nms import __version__
 
 log = logging.getLogger(__name__)
+
+RESULTS_MAX = 256  # command results held for posting while the service is away (then the oldest are dropped)
+RESULT_WAIT = 1.0  # after handing commands to the probe loop, wait this long for their results before polling on
 
 
 class ServiceError(Exception):
@@ -65,13 +72,17 @@ class ServiceClient:
         return self._json(self.http.get(f"/agents/{self.host}/commands", params={"after": after, "wait": wait},
                                         timeout=wait + 10))
 
+    def post_result(self, command_id: int, result: dict) -> httpx.Response:
+        return self.http.post(f"/agents/{self.host}/commands/{command_id}/result", json=result)
+
     def post_batch(self, kind: str, gz_body: bytes) -> httpx.Response:
         return self.http.post(f"/ingest/{kind}", content=gz_body,
                               headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
 
 
 class Control(threading.Thread):
-    """Registration, peer list and commands; posts ('peers', list) and ('command', dict) to `inbox`."""
+    """Registration, peer list and commands; posts ('peers', list) and ('command', dict) to `inbox`,
+    and posts the commands' results handed to `result()` to the service."""
 
     def __init__(self, client: ServiceClient, info: dict, refresh: float, cache_dir: Path, inbox: queue.Queue):
         super().__init__(name="control", daemon=True)
@@ -81,6 +92,54 @@ class Control(threading.Thread):
         self.instance: str | None = None
         self.registered = threading.Event()
         self.wait_max = 30.0
+        self.results: queue.Queue = queue.Queue(maxsize=RESULTS_MAX)  # (command id, body) from the probe loop
+        self._unsent: deque[tuple[int, dict]] = deque()
+        self.results_dropped = 0
+
+    def result(self, command_id: int, status: str, message: str, details: dict | None = None) -> None:
+        """A command's outcome ("done" or "failed"), from the probe loop: never blocks."""
+        body = {"status": status, "message": message[:1024], **({"details": details} if details else {})}
+        try:
+            self.results.put_nowait((command_id, body))
+        except queue.Full:
+            self._dropped(command_id)
+
+    def _dropped(self, command_id: int) -> None:
+        self.results_dropped += 1
+        log.warning("result of command %d dropped: %d results wait for the service already", command_id, RESULTS_MAX)
+
+    def _collect(self, waiting: set[int], timeout: float = 0.0) -> None:
+        """Move results from the queue to the unsent list, waiting up to `timeout` for those of `waiting`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                command_id, body = (self.results.get(timeout=remaining) if waiting and remaining > 0
+                                    else self.results.get_nowait())
+            except queue.Empty:
+                return
+            waiting.discard(command_id)
+            self._unsent.append((command_id, body))
+            if len(self._unsent) > RESULTS_MAX:
+                self._dropped(self._unsent.popleft()[0])
+
+    def _post_results(self) -> None:
+        """Post the unsent results in order; stop at the first that the service cannot take now
+        (no connection, 5xx, 401/403): it is tried again on the next turn."""
+        while self._unsent:
+            command_id, body = self._unsent[0]
+            try:
+                response = self.client.post_result(command_id, body)
+            except httpx.HTTPError as e:
+                log.debug("result of command %d not posted: %s", command_id, e)
+                return
+            if response.status_code >= 500 or response.status_code in (401, 403, 429):
+                log.debug("result of command %d not posted: %d", command_id, response.status_code)
+                return
+            if response.status_code >= 400:  # unknown command (404), outcome already known (409), 422
+                log.warning("service refused the result of command %d (%d): %s", command_id,
+                            response.status_code, response.text[:200])
+            self._unsent.popleft()
 
     def cached_peers(self) -> list[dict] | None:
         try:
@@ -101,7 +160,7 @@ class Control(threading.Thread):
             try:
                 if self.instance is None:
                     answer = self.client.register(self.info)
-                    self.instance, after = answer["instance"], 0
+                    self.instance = answer["instance"]  # `after` is kept: command ids outlive the service
                     self._peers(answer)
                     next_refresh = time.monotonic() + self.refresh
                     self.registered.set()
@@ -111,17 +170,28 @@ class Control(threading.Thread):
                 if time.monotonic() >= next_refresh:
                     self._peers(self.client.peers())
                     next_refresh = time.monotonic() + self.refresh
+                self._collect(set())
+                self._post_results()
                 wait = max(0.5, min(self.wait_max, next_refresh - time.monotonic()))
                 answer = self.client.commands(after, wait)
                 if answer.get("instance") != self.instance:
                     log.info("the service restarted: registering again")
                     self.instance = None
                     continue
+                if after > answer.get("last_id", after):
+                    log.info("the service's command ids restarted (its state was reset): polling from 0")
+                    after = 0
+                    continue
+                handed: set[int] = set()
                 for command in answer["commands"]:
                     after = max(after, command["id"])
                     if command["kind"] == "refresh_peers":
                         next_refresh = 0.0  # fetched on the next turn of this loop
                     self.inbox.put(("command", command))
+                    handed.add(command["id"])
+                if handed:  # the probe loop answers within a few tens of ms: post before polling again
+                    self._collect(handed, RESULT_WAIT)
+                    self._post_results()
                 backoff = 1.0
             except (httpx.HTTPError, ServiceError, ValueError, KeyError) as e:
                 if isinstance(e, ServiceError) and "does not know" in str(e):

@@ -40,7 +40,9 @@ class ProbeSettings(Strict):
     key: SecretStr  # fabric-wide probe key: packets without its MAC are dropped and counted
     port: int = Field(33434, ge=1, le=65535)  # UDP port every agent answers probes on
     rate: float = Field(10.0, gt=0, le=10_000)  # exchanges per second per (peer, path); sent as pairs
-    down_after: Seconds = 1.0  # a path with no reply for this long is down (PathEvent at once)
+    # a path with no reply for this long is down (PathEvent at once). 0.9 s, not 1 s: a link can die
+    # just after a reply, so detection takes down_after plus a few ms, and the target is 1 s
+    down_after: Seconds = 0.9
     timeout: Seconds = 1.0  # a probe unanswered this long is lost; windows close this late
     sports: int = Field(32, ge=1, le=1024)  # source ports per NIC, traced to every peer (ECMP coverage)
     sport_base: int = Field(0, ge=0, le=65535)  # first source port (0: ephemeral ports from the kernel)
@@ -51,7 +53,6 @@ class ProbeSettings(Strict):
     # 17 % of pairs pure at 10 us, 45 % at 20 us; see docs/hostprobe.md)
     purity_guard_us: float = Field(10.0, gt=0)
     transport: Literal["auto", "udp", "verbs"] = "auto"
-    exchange_log: int = Field(4096, ge=0, le=1_000_000)  # raw exchanges kept per peer (clock sync)
 
     @field_validator("key")
     @classmethod
@@ -59,6 +60,13 @@ class ProbeSettings(Strict):
         if len(v.get_secret_value()) < 16:
             raise ValueError("probe key is too short (at least 16 characters)")
         return v
+
+
+class ClockSyncSettings(Strict):
+    enabled: bool = True
+    window: Seconds = Field(2.0, ge=0.5, le=60)  # one ClockEdge per peer per window (aligned in our clock)
+    max_exchanges: int = Field(4096, ge=16, le=1_000_000)  # per peer, waiting for their window to complete
+    step_threshold_us: float = Field(50.0, gt=0)  # a realtime-vs-monotonic jump beyond this is a clock step
 
 
 class PeerSettings(Strict):
@@ -104,6 +112,7 @@ class AgentConfig(Strict):
     peers: PeerSettings = PeerSettings()
     report: ReportSettings = ReportSettings()
     counters: CounterSettings = CounterSettings()
+    clock_sync: ClockSyncSettings = ClockSyncSettings()
     lab_clock: LabClock | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

@@ -39,7 +39,7 @@ class LocalNic:
 class Target:
     """One (local NIC, peer NIC) pair and the paths between them."""
 
-    def __init__(self, nic: LocalNic, host: str, nic_name: str, addr: str, log_size: int):
+    def __init__(self, nic: LocalNic, host: str, nic_name: str, addr: str):
         self.nic, self.host, self.nic_name, self.addr = nic, host, nic_name, addr
         self.paths: dict[str, PathState] = {}  # probed, by path id
         self.retired: list[PathState] = []  # no longer probed; kept until their windows close
@@ -49,7 +49,6 @@ class Target:
         self.reached = False
         self.complete = False  # every trace reached the peer and back without a silent hop
         self.unreachable = False  # the peer answered "port unreachable": no agent listening
-        self.exchanges: deque = deque(maxlen=log_size) if log_size else deque(maxlen=0)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -90,6 +89,7 @@ class Prober:
         self._seq = random.getrandbits(31)
         self.tracer = Tracer(key, session, self.port, settings.max_hops, settings.trace_rate, self.next_seq)
         self.retired_targets: list[Target] = []  # peers no longer listed, until their windows close
+        self.clock_sync = None  # hostprobe.clocksync.ClockSync: gets each closed window's exchanges
 
     def next_seq(self) -> int:
         self._seq = (self._seq + 1) & 0xFFFFFFFF
@@ -112,7 +112,7 @@ class Prober:
         new = []
         for key, (nic, host, pnic, addr) in wanted.items():
             if key not in self.targets:
-                self.targets[key] = Target(nic, host, pnic, addr, self.cfg.exchange_log)
+                self.targets[key] = Target(nic, host, pnic, addr)
                 new.append(self.targets[key])
         if new:
             log.info("probing %d new peer NICs (%d in all)", len(new), len(self.targets))
@@ -216,9 +216,10 @@ class Prober:
         if bucket is None:
             bucket = path.windows[window] = []
         first = None
+        epoch = self.clock.epoch
         for second in (False, True):
             seq = self.next_seq()
-            ex = Exchange(seq, path, window, now, second)
+            ex = Exchange(seq, path, window, now, second, epoch)
             pkt = wire.encode(self.key, wire.PROBE, self.session, seq, flags=wire.SECOND if second else 0)
             if path.sock.send(pkt, dest, token=ex):
                 self.inflight[seq] = ex
@@ -271,6 +272,7 @@ class Prober:
                     stats["rx_stamp_missing"] += 1
                 ex.t4 = clock.host(raw) if raw else clock.now()
                 ex.t2 = msg.ta
+                ex.peer_epoch = msg.flags
                 path = ex.path
                 if path.state != "up":
                     self._path_up(path, now)
@@ -284,6 +286,8 @@ class Prober:
                     ex = inflight.get(seq)
                     if ex is not None:
                         ex.t3 = t3
+                        if msg.flags != ex.peer_epoch:  # the peer's clock stepped between t2 and t3
+                            ex.peer_epoch = -1
             elif kind == wire.ECHO:
                 self.tracer.on_echo(msg.seq, now)
             elif kind == wire.HOP:
@@ -379,8 +383,13 @@ class Prober:
                     for k in [k for k in sock.pending if k < sock.next_key - 4096]:
                         del sock.pending[k]
 
+    @property
+    def close_lag_ns(self) -> int:
+        """A window starting before now - close_lag_ns has closed."""
+        return WINDOW_NS + self.timeout_ns + CLOSE_GRACE_NS
+
     def close_windows(self, final: bool = False) -> None:
-        horizon = self.clock.now() - WINDOW_NS - self.timeout_ns - CLOSE_GRACE_NS
+        horizon = self.clock.now() - self.close_lag_ns
         for target in [*self.targets.values(), *self.retired_targets]:
             for path in [*target.paths.values(), *target.retired]:
                 for window in sorted(w for w in path.windows if final or w <= horizon):
@@ -400,11 +409,8 @@ class Prober:
         self.emit("probe_windows", ProbeWindow(
             src_host=self.host, src_nic=t.nic.name, dst_host=t.host, dst_nic=t.nic_name, path_id=path.path_id,
             window_start=window, window_s=WINDOW_NS / 1e9, sport=path.sock.port, **numbers))
-        if t.exchanges.maxlen:
-            for ex in exchanges:
-                if ex.t1 and ex.t2 and ex.t3 and ex.t4:
-                    t.exchanges.append((path.path_id, ex.t1, ex.t2, ex.t3, ex.t4,
-                                        bool(ex.pure_fwd and ex.pure_rev)))
+        if self.clock_sync is not None:
+            self.clock_sync.add(t.host, exchanges)
 
     def retrace_due(self, now: float, interval: float) -> list[Target]:
         due = []

@@ -54,7 +54,8 @@ class Responder:
             if not raw:
                 stats["rx_stamp_missing"] += 1
             t2 = clock.host(raw) if raw else 0
-            reply = wire.encode(key, wire.REPLY, msg.session, msg.seq, rsession=self.session, ta=t2)
+            reply = wire.encode(key, wire.REPLY, msg.session, msg.seq, flags=clock.epoch & 0xFFFF,
+                                rsession=self.session, ta=t2)
             if not self.sock.send(reply, addr, token=(addr, msg.session, msg.seq)):
                 stats["send_errors"] += 1
 
@@ -87,8 +88,8 @@ class Responder:
         for (addr, session), stamps in followups.items():
             for i in range(0, len(stamps), wire.MAX_FOLLOWUPS):
                 chunk = stamps[i:i + wire.MAX_FOLLOWUPS]
-                pkt = wire.encode(self.key, wire.FOLLOWUP, session, chunk[0][0], rsession=self.session,
-                                  entries=chunk)
+                pkt = wire.encode(self.key, wire.FOLLOWUP, session, chunk[0][0], flags=self.clock.epoch & 0xFFFF,
+                                  rsession=self.session, entries=chunk)
                 if not self.sock.send(pkt, addr):
                     self.stats["send_errors"] += 1
         if len(pending) > 8192:  # stamps that never came (e.g. dropped before the driver)

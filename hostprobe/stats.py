@@ -17,10 +17,12 @@ from collections.abc import Sequence
 
 class Exchange:
     __slots__ = ("seq", "path", "window", "sent_mono", "t1", "t2", "t3", "t4", "mate", "second",
-                 "pure_fwd", "pure_rev")
+                 "pure_fwd", "pure_rev", "epoch", "peer_epoch")
 
-    def __init__(self, seq: int, path, window: int, sent_mono: float, second: bool):
+    def __init__(self, seq: int, path, window: int, sent_mono: float, second: bool, epoch: int = 0):
         self.seq, self.path, self.window, self.sent_mono, self.second = seq, path, window, sent_mono, second
+        self.epoch = epoch  # our clock's epoch when sent (a step since then: not usable for clock sync)
+        self.peer_epoch = 0  # the responder's, from its reply; -1 when its follow-up carried another
         self.t1 = self.t2 = self.t3 = self.t4 = 0  # 0 = not (yet) known
         self.mate: Exchange | None = None  # the other exchange of the coded pair
         self.pure_fwd: bool | None = None

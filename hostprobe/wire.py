@@ -5,6 +5,7 @@
     2      1     version (1)
     3      1     type: PROBE, REPLY, FOLLOWUP, ECHO, HOP
     4      2     flags: PROBE: SECOND (second probe of a coded pair), TRACE (traceroute probe);
+                 REPLY and FOLLOWUP: the responder's clock epoch (bumped on each clock step, mod 2^16);
                  HOP: ICMP type << 8 | code
     6      1     aux: PROBE: echo_ttl (0 = normal reply; k = answer with an ECHO sent with IP TTL k);
                       ECHO and HOP: that TTL k

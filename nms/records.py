@@ -177,6 +177,16 @@ class ProbeWindow(TelemetryRecord):
     pairs: int | None = Field(None, ge=0, description="coded probe pairs sent in this window")
     pure_pairs: int | None = Field(None, ge=0, description="pairs whose receive spacing matched their send "
                                                           "spacing within the guard, both ways (clock sync)")
+    # Filled by the service at ingest from its latest clock solve (nms.app.clock), when fresh:
+    # fwd corrected = fwd - offset, rev corrected = rev + offset; absent when no fresh solution.
+    clock_offset_ns: float | None = Field(None, description="clock_dst - clock_src applied to the *_corr_ns "
+                                                            "delays (service-side clock sync)")
+    owd_fwd_min_corr_ns: int | None = None
+    owd_fwd_p50_corr_ns: int | None = None
+    owd_fwd_p99_corr_ns: int | None = None
+    owd_rev_min_corr_ns: int | None = None
+    owd_rev_p50_corr_ns: int | None = None
+    owd_rev_p99_corr_ns: int | None = None
 
     @model_validator(mode="after")
     def _received_le_sent(self) -> ProbeWindow:
@@ -236,7 +246,20 @@ class ProbePath(TelemetryRecord):
 
 
 class ClockEdge(TelemetryRecord):
-    """Pairwise clock estimate for one window: clock(b) - clock(a) = offset_ns + drift_ppb * t."""
+    """Pairwise clock estimate of one prober for one window (input of the network-effect solve,
+    nms.clocksync).
+
+    host_a is the prober that computed it, host_b its peer; method "svm" is the max-margin (LP)
+    estimate from pure pairs, "ntp" the min-RTT baseline. The window starts at window_start in
+    host_a's clock (ns since the epoch), is window_s long (default 2 s) and aligned to multiples of
+    window_s in host_a's clock. At host_a-clock time t (ns):
+
+        theta(t) = clock_b - clock_a = offset_ns + drift_ppb * (t - window_start) / 1e9
+
+    so drift_ppb is the drift of b relative to a in ns per second. bound_ns (>= 0) is a noise-floor
+    estimate; the solve weighs the edge 1 / max(bound_ns, 20)^2. Each direction (a->b, b->a) is
+    an observation of its own.
+    """
 
     measurement: ClassVar[str] = "clock_edge"
     tag_keys: ClassVar[tuple[str, ...]] = ("host_a", "host_b", "method")
@@ -254,7 +277,9 @@ class ClockEdge(TelemetryRecord):
 
 
 class ClockSolution(TelemetryRecord):
-    """Per-host clock offset/drift after the network-effect solve."""
+    """Per-host clock offset/drift after the network-effect solve, for the slot of fabric time
+    starting at window_start: clock_host - fabric time = offset_ns + drift_ppb * (t - window_start) / 1e9,
+    fabric time being the mean of the clocks of the host's connected component."""
 
     measurement: ClassVar[str] = "clock_solution"
     tag_keys: ClassVar[tuple[str, ...]] = ("host",)

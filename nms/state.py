@@ -1,6 +1,10 @@
-"""Durable service state that is not telemetry (jobs now; incidents and actions later).
+"""Durable service state that is not telemetry: jobs and host agent commands (incidents and
+actions later).
 
 Kept in SQLite in the data directory so it survives restarts whichever telemetry backend is used.
+Agent commands: ids come from an AUTOINCREMENT key, so they rise and are never reused, also
+across restarts (an agent's `after` cursor stays meaningful); status pending -> delivered ->
+done | failed, or pending -> expired.
 """
 
 from __future__ import annotations
@@ -8,9 +12,41 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
 
 from nms.records import Job
+
+CommandStatus = Literal["pending", "delivered", "done", "failed", "expired"]
+_COMMAND_COLUMNS = "id, host, kind, args, issued_ns, by, status, delivered_ns, result_ns, message, details"
+
+
+class AgentCommand(BaseModel):
+    """A command for one host's probe agent, and what became of it."""
+
+    id: int = Field(description="rises with every command; never reused, also across service restarts")
+    host: str
+    kind: str
+    args: dict = Field(default_factory=dict)
+    issued_ns: int
+    by: str = Field(description="name of the token that issued it")
+    status: CommandStatus = Field("pending",
+                                  description="pending -> delivered -> done | failed; pending -> expired")
+    delivered_ns: int | None = Field(None, description="when an agent's long-poll first received it")
+    result_ns: int | None = Field(None, description="when it was done or failed (agent's report), or expired")
+    message: str = Field("", description="the agent's result message, or why it expired")
+    details: dict | None = Field(None, description="what the agent added to its result")
+
+    @classmethod
+    def from_row(cls, row: tuple) -> AgentCommand:
+        cid, host, kind, args, issued, by, status, delivered, result, message, details = row
+        return cls(id=cid, host=host, kind=kind, args=json.loads(args), issued_ns=issued, by=by, status=status,
+                   delivered_ns=delivered, result_ns=result, message=message,
+                   details=None if details is None else json.loads(details))
 
 
 class StateStore:
@@ -21,6 +57,24 @@ class StateStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, start INTEGER NOT NULL, end INTEGER, body TEXT NOT NULL)")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS agent_commands (id INTEGER PRIMARY KEY AUTOINCREMENT, host TEXT NOT NULL, "
+            "kind TEXT NOT NULL, args TEXT NOT NULL, issued_ns INTEGER NOT NULL, by TEXT NOT NULL, "
+            "status TEXT NOT NULL, delivered_ns INTEGER, result_ns INTEGER, message TEXT NOT NULL DEFAULT '', "
+            "details TEXT)")
+        self._db.execute("CREATE INDEX IF NOT EXISTS agent_commands_host ON agent_commands (host, id)")
+        self._db.execute("CREATE INDEX IF NOT EXISTS agent_commands_status ON agent_commands (status, issued_ns)")
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
 
     def put_job(self, job: Job) -> bool:
         """Insert or replace a job; True when it was new."""
@@ -52,6 +106,93 @@ class StateStore:
         with self._lock:
             cur = self._db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
         return cur.rowcount > 0
+
+    # --- host agent commands --------------------------------------------------------------------
+
+    def add_commands(self, hosts: list[str], kind: str, args: dict, by: str, now_ns: int,
+                     pending_max: int = 100, keep: int = 1000) -> list[AgentCommand]:
+        """One pending command per host. Per host, pending commands beyond the newest `pending_max`
+        expire at once (an agent that never polls does not grow the service), and only the newest
+        `keep` commands are kept."""
+        out = []
+        with self._transaction() as db:
+            for host in hosts:
+                cur = db.execute("INSERT INTO agent_commands (host, kind, args, issued_ns, by, status) "
+                                 "VALUES (?, ?, ?, ?, ?, 'pending')", (host, kind, json.dumps(args), now_ns, by))
+                out.append(AgentCommand(id=cur.lastrowid, host=host, kind=kind, args=args, issued_ns=now_ns, by=by))
+                db.execute("UPDATE agent_commands SET status = 'expired', result_ns = ?, message = ? "
+                           "WHERE host = ? AND status = 'pending' AND id NOT IN (SELECT id FROM agent_commands "
+                           "WHERE host = ? AND status = 'pending' ORDER BY id DESC LIMIT ?)",
+                           (now_ns, f"dropped: more than {pending_max} commands pending for this host",
+                            host, host, pending_max))
+                db.execute("DELETE FROM agent_commands WHERE host = ? AND id NOT IN "
+                           "(SELECT id FROM agent_commands WHERE host = ? ORDER BY id DESC LIMIT ?)",
+                           (host, host, keep))
+        return out
+
+    def expire_commands(self, now_ns: int, ttl_ns: int) -> int:
+        """Pending commands issued more than `ttl_ns` ago expire; returns how many did."""
+        with self._lock:
+            cur = self._db.execute(
+                "UPDATE agent_commands SET status = 'expired', result_ns = issued_ns + ?, message = ? "
+                "WHERE status = 'pending' AND issued_ns < ?",
+                (ttl_ns, f"no agent received it within {ttl_ns / 1e9:g} s", now_ns - ttl_ns))
+        return cur.rowcount
+
+    def deliver_commands(self, host: str, after: int, now_ns: int, ttl_ns: int, limit: int = 100) -> list[AgentCommand]:
+        """Commands for `host` with id > `after` that are pending, or delivered but not finished and
+        younger than the TTL (the agent's cursor, not the delivery, acknowledges them: an answer lost
+        on the way is sent again). Pending ones become delivered; older ones are left for
+        `expire_commands` (run when commands are listed)."""
+        with self._transaction() as db:
+            rows = db.execute(f"SELECT {_COMMAND_COLUMNS} FROM agent_commands WHERE host = ? AND id > ? "
+                              "AND status IN ('pending', 'delivered') AND issued_ns >= ? ORDER BY id LIMIT ?",
+                              (host, after, now_ns - ttl_ns, limit)).fetchall()
+            fresh = [r[0] for r in rows if r[6] == "pending"]
+            if fresh:
+                db.execute(f"UPDATE agent_commands SET status = 'delivered', delivered_ns = ? "
+                           f"WHERE id IN ({','.join('?' * len(fresh))})", (now_ns, *fresh))
+        out = [AgentCommand.from_row(r) for r in rows]
+        return [c.model_copy(update={"status": "delivered", "delivered_ns": now_ns}) if c.status == "pending" else c
+                for c in out]
+
+    def finish_command(self, command_id: int, status: Literal["done", "failed"], message: str,
+                       details: dict | None, now_ns: int) -> tuple[AgentCommand | None, bool]:
+        """Record an agent's result. Returns (the command or None if unknown, whether it changed):
+        a command already done, failed or expired keeps its first outcome."""
+        with self._transaction() as db:
+            cur = db.execute("UPDATE agent_commands SET status = ?, result_ns = ?, message = ?, details = ?, "
+                             "delivered_ns = COALESCE(delivered_ns, ?) "
+                             "WHERE id = ? AND status IN ('pending', 'delivered')",
+                             (status, now_ns, message, None if details is None else json.dumps(details), now_ns,
+                              command_id))
+            row = db.execute(f"SELECT {_COMMAND_COLUMNS} FROM agent_commands WHERE id = ?", (command_id,)).fetchone()
+        return (None if row is None else AgentCommand.from_row(row)), cur.rowcount > 0
+
+    def get_command(self, command_id: int) -> AgentCommand | None:
+        with self._lock:
+            row = self._db.execute(f"SELECT {_COMMAND_COLUMNS} FROM agent_commands WHERE id = ?",
+                                   (command_id,)).fetchone()
+        return None if row is None else AgentCommand.from_row(row)
+
+    def list_commands(self, host: str | None = None, status: str | None = None, limit: int = 100) -> list[AgentCommand]:
+        """Newest first."""
+        where, params = [], []
+        for column, value in (("host", host), ("status", status)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        sql = f"SELECT {_COMMAND_COLUMNS} FROM agent_commands"
+        sql += (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id DESC LIMIT ?"
+        with self._lock:
+            rows = self._db.execute(sql, (*params, limit)).fetchall()
+        return [AgentCommand.from_row(r) for r in rows]
+
+    def last_command_id(self) -> int:
+        """The highest command id ever given out (0: none yet)."""
+        with self._lock:
+            row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'agent_commands'").fetchone()
+        return 0 if row is None else row[0]
 
     def close(self) -> None:
         with self._lock:

@@ -133,6 +133,8 @@ def test_set_rate_command_reaches_the_agent(bed):
     r = bed.api("POST", "/agents/commands", json={"kind": "set_rate", "args": {"rate": 40}, "hosts": ["h1"]})
     assert r.status_code == 200, r.text
     time.sleep(1.0)
+    done = bed.api("GET", f"/agents/h1/commands/{r.json()[0]['id']}").json()  # the agent reported its result
+    assert done["status"] == "done" and done["message"] == "probing at 40 exchanges/s per path", done
     start = (time.time_ns() // 10**9 + 1) * 10**9
     time.sleep(5.0)
     rows = [w for w in bed.rows("probe_window", start, src_host="h1", dst_host="h2")]

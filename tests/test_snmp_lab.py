@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 pytestmark = [pytest.mark.root]
-PREFIX = "nmsp-"
-MGMT = "198.18.251.0/24"
-UNUSED_MGMT_ADDRESS = "198.18.251.250"  # in the lab's management subnet, no node: ARP fails, a timeout
+PREFIX = "nmss-"
+MGMT = "198.18.252.0/24"
+UNUSED_MGMT_ADDRESS = "198.18.252.250"  # in the lab's management subnet, no node: ARP fails, a timeout
 SNMPD_CACHE_S = 3.5
 
 

@@ -5,8 +5,13 @@ random others. The choice is a pure function of the inventory and a seed, so a r
 hands out the same lists. The union of all lists, as an undirected graph, is made connected (one
 edge between consecutive components), since clock sync solves over the probe graph.
 
-Commands live in memory only: they are steering hints ("trace again", "probe faster"), not state;
-an agent that reconnects to a restarted service (new `instance`) registers again and starts over.
+Registrations live in memory: an agent that reaches a restarted service (new `instance`)
+registers again. Commands live in the state store (nms.state): pending until an agent's long-poll
+receives them, expired when none does within `agents.command_ttl`, done or failed when the agent
+reports its result. Their ids are never reused, so an agent keeps its `after` cursor across a
+service restart and still gets what was issued while it was away; an agent that itself restarts
+polls from 0 and gets every command for its host that is pending, or delivered but unfinished
+and younger than the TTL (at-least-once: the cursor, not the delivery, is the acknowledgement).
 """
 
 from __future__ import annotations
@@ -16,9 +21,14 @@ import hashlib
 import random
 import secrets
 import time
-from dataclasses import dataclass, field
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from nms.config.models import AgentsConfig, FabricConfig
+from nms.state import AgentCommand, StateStore
 
 COMMANDS = {"reprobe_paths": "trace every path again now", "set_rate": "args.rate: exchanges/s per path",
             "refresh_peers": "fetch the peer list again now"}
@@ -55,35 +65,37 @@ def _connect(names: list[str], peers: dict[str, set[str]]) -> None:
         peers[b].add(a)
 
 
-@dataclass
-class AgentInfo:
+class NicInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=64)
+    address: str = Field(min_length=1, max_length=64)
+
+
+class AgentInfo(BaseModel):
+    """A registered agent (also what GET /agents lists)."""
+
     host: str
-    session: str
+    session: str = Field(description="the agent process's random session id (hex)")
     version: str
     transport: str
-    nics: list[dict]
+    nics: list[NicInfo]
     registered_ns: int
-    last_seen_ns: int
-    token: str
+    last_seen_ns: int = Field(description="last registration, peer fetch or command poll")
+    token: str = Field(description="name of the token it registered with")
+    peers: int = Field(description="how many peers it probes")
 
 
-@dataclass
-class Command:
-    id: int
-    kind: str
-    args: dict
-    issued_ns: int
-    by: str
-
-
-@dataclass
-class _Mailbox:
-    commands: list[Command] = field(default_factory=list)
+PENDING_MAX = 100  # pending commands kept per host: an agent that never polls does not grow the service
+KEEP = 1000  # commands (any status) kept per host
 
 
 class AgentRegistry:
-    def __init__(self, fabric: FabricConfig, settings: AgentsConfig):
+    def __init__(self, fabric: FabricConfig, settings: AgentsConfig, state: StateStore,
+                 clock: Callable[[], int] = time.time_ns):
         self.settings = settings
+        self.state = state
+        self.clock = clock  # ns; tests move it to expire commands
+        self.ttl_ns = int(settings.command_ttl * 1e9)
         self.instance = secrets.token_hex(8)  # changes on every service start
         self.hosts = {h.name: h for h in fabric.hosts}
         leaves = {h.name: {n.switch for n in h.nics if n.switch} or {f"~{h.name}"} for h in fabric.hosts}
@@ -91,8 +103,7 @@ class AgentRegistry:
         self.leaves = leaves
         self.generation = hashlib.sha256(repr(sorted(self.plan.items())).encode()).hexdigest()[:12]
         self.agents: dict[str, AgentInfo] = {}
-        self._boxes: dict[str, _Mailbox] = {}
-        self._next_id = 1
+        self._issued: defaultdict[str, int] = defaultdict(int)  # per host, bumped by every command: wakes its long-poll
         self._changed: asyncio.Condition | None = None
 
     def _condition(self) -> asyncio.Condition:
@@ -113,50 +124,64 @@ class AgentRegistry:
         return out
 
     def register(self, host: str, body: dict, token_name: str) -> AgentInfo:
-        now = time.time_ns()
+        now = self.clock()
         info = AgentInfo(host=host, session=body["session"], version=body.get("version", ""),
                          transport=body.get("transport", "udp"), nics=body.get("nics", []),
-                         registered_ns=now, last_seen_ns=now, token=token_name)
+                         registered_ns=now, last_seen_ns=now, token=token_name, peers=len(self.plan.get(host, [])))
         self.agents[host] = info
-        self._boxes.setdefault(host, _Mailbox())
         return info
 
     def seen(self, host: str) -> None:
         if host in self.agents:
-            self.agents[host].last_seen_ns = time.time_ns()
+            self.agents[host].last_seen_ns = self.clock()
 
-    async def issue(self, hosts: list[str], kind: str, args: dict, by: str) -> list[Command]:
-        out = []
+    # --- commands -------------------------------------------------------------------------------
+
+    async def issue(self, hosts: list[str], kind: str, args: dict, by: str) -> list[AgentCommand]:
+        out = self.state.add_commands(hosts, kind, args, by, self.clock(), PENDING_MAX, KEEP)
         async with self._condition():
             for host in hosts:
-                cmd = Command(self._next_id, kind, args, time.time_ns(), by)
-                self._next_id += 1
-                box = self._boxes.setdefault(host, _Mailbox())
-                box.commands.append(cmd)
-                del box.commands[:-100]  # an agent that never polls does not grow the service
-                out.append(cmd)
+                self._issued[host] += 1
             self._condition().notify_all()
         return out
 
-    async def wait(self, host: str, after: int, timeout: float, give_up=None) -> list[Command]:
-        """Commands for `host` newer than `after`, waiting up to `timeout` seconds for one. The wait is
-        cut into short slices so that `give_up()` (client gone, server stopping) ends it early: a held
-        long-poll would otherwise keep a stopping server waiting for its connections."""
+    async def wait(self, host: str, after: int, timeout: float, give_up=None) -> list[AgentCommand]:
+        """Commands for `host` newer than `after` (now delivered), waiting up to `timeout` seconds for
+        one. The store is read when the wait starts and when a command for `host` is issued. The wait
+        is cut into short slices so that `give_up()` (client gone, server stopping) ends it early: a
+        held long-poll would otherwise keep a stopping server waiting for its connections."""
         cond = self._condition()
-        box = self._boxes.setdefault(host, _Mailbox())
-
-        def pending() -> list[Command]:
-            return [c for c in box.commands if c.id > after]
-
         deadline = time.monotonic() + timeout
-        while True:
+        issued = self._issued[host]
+        found = self.state.deliver_commands(host, after, self.clock(), self.ttl_ns)
+        while not found:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or (give_up is not None and await give_up()):
+                break
             async with cond:
                 try:
-                    await asyncio.wait_for(cond.wait_for(lambda: bool(pending())),
-                                           max(0.0, min(0.5, deadline - time.monotonic())))
+                    await asyncio.wait_for(cond.wait_for(lambda: self._issued[host] != issued), min(0.5, remaining))
                 except asyncio.TimeoutError:
                     pass
-                found = pending()
-            if found or time.monotonic() >= deadline or (give_up is not None and await give_up()):
-                self.seen(host)
-                return found
+            if self._issued[host] != issued:
+                issued = self._issued[host]
+                found = self.state.deliver_commands(host, after, self.clock(), self.ttl_ns)
+        self.seen(host)
+        return found
+
+    def finish(self, host: str, command_id: int, status: Literal["done", "failed"], message: str,
+               details: dict | None) -> tuple[AgentCommand | None, bool]:
+        """An agent's result: (the command, or None when `host` has no such command; whether it changed)."""
+        known = self.state.get_command(command_id)
+        if known is None or known.host != host:
+            return None, False
+        return self.state.finish_command(command_id, status, message, details, self.clock())
+
+    def command(self, host: str, command_id: int) -> AgentCommand | None:
+        self.state.expire_commands(self.clock(), self.ttl_ns)
+        found = self.state.get_command(command_id)
+        return found if found is not None and found.host == host else None
+
+    def commands(self, host: str | None = None, status: str | None = None, limit: int = 100) -> list[AgentCommand]:
+        self.state.expire_commands(self.clock(), self.ttl_ns)
+        return self.state.list_commands(host, status, limit)

@@ -1,5 +1,7 @@
 """Bearer-token authentication with scopes (read, ingest, act, admin; admin implies all).
 
+A token may also be bound to one host (an agent's token); what that allows is in nms.app.binding.
+
 Tokens are kept only as SHA-256 hashes: API tokens are long random strings, so a fast hash is
 enough (no password-style stretching needed) and lookups stay O(1) per request.
 """
@@ -7,7 +9,6 @@ enough (no password-style stretching needed) and lookups stay O(1) per request.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import secrets
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ def new_token() -> str:
 class Principal:
     name: str
     scopes: frozenset[str]
+    host: str | None = None  # a host-bound token (an agent's): see nms.app.binding
 
     def allows(self, scope: str) -> bool:
         return scope in self.scopes or "admin" in self.scopes
@@ -42,17 +44,15 @@ class TokenRegistry:
         self._by_hash: dict[str, Principal] = {}
         for t in tokens:
             digest = t.hash if t.hash is not None else hash_token(t.token.get_secret_value())
-            self._by_hash[digest] = Principal(t.name, frozenset(t.scopes))
+            self._by_hash[digest] = Principal(t.name, frozenset(t.scopes), t.host)
 
     def __len__(self) -> int:
         return len(self._by_hash)
 
     def lookup(self, token: str) -> Principal | None:
-        digest = hash_token(token)
-        for known, principal in self._by_hash.items():
-            if hmac.compare_digest(known, digest):
-                return principal
-        return None
+        # A dict lookup by digest, not a scan: with a token per agent there may be thousands. Its
+        # timing can tell at most something about a SHA-256 digest, which does not help find a token.
+        return self._by_hash.get(hash_token(token))
 
 
 class ErrorDetail(BaseModel):

@@ -36,6 +36,11 @@ class ServiceMetrics:
         self.auth_failures = Counter("nms_auth_failures", "rejected API calls", ["reason"], registry=r)
         self.ingest_items = Counter("nms_ingest_items", "ingested records", ["kind", "result"], registry=r)
         self.scheduler_runs = Counter("nms_scheduler_job_runs", "scheduled job runs", ["job", "result"], registry=r)
+        self.clock_edges = Counter("nms_clock_edges", "clock edges by outcome: used, dropped (outliers), late "
+                                   "(slot already solved), ignored", ["result"], registry=r)
+        self.clock_hosts = Gauge("nms_clock_hosts", "hosts in the last clock solve", registry=r)
+        self.clock_windows = Counter("nms_clock_windows", "ingested probe windows, clock-corrected or not",
+                                     ["result"], registry=r)
 
     def watch_store(self, stats: Callable[[], dict[str, float]], backend: str) -> None:
         self.registry.register(_StoreCollector(stats, backend))

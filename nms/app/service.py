@@ -8,6 +8,7 @@ import time
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from nms.app.clock import ClockService
 from nms.app.metrics import ServiceMetrics
 from nms.app.plugins import open_store
 from nms.app.polling import Poller
@@ -29,10 +30,26 @@ class Service:
         self.scheduler: AsyncIOScheduler | None = None
         self.started_at = time.time()
         self.poller = Poller(config, self.store, self.metrics.registry)  # switch collectors, by entry point
+        self.clock = ClockService(config.clock, self.store, self.metrics)  # network-effect clock sync
+
+    def on_ingest(self, kind: str, records: list) -> list:
+        """Validated records of POST /ingest/<kind>, before they are stored: the records to store
+        (the same number, in order). Clock edges feed the clock solve; probe windows get
+        clock-corrected delays. A failure here never loses the batch: it is stored as it came."""
+        if not self.config.clock.enabled:
+            return records
+        try:
+            if kind == "clock_edges":
+                self.clock.add_edges(records)
+            elif kind == "probe_windows":
+                return self.clock.correct(records)
+        except Exception:
+            log.exception("clock sync hook failed for %d %s", len(records), kind)
+        return records
 
     async def start(self) -> None:
-        """Start the scheduler on the running event loop: store retention and one polling job per
-        (collector, device)."""
+        """Start the scheduler on the running event loop: store retention, one polling job per
+        (collector, device), the clock solve every clock.window_s."""
         self.scheduler = AsyncIOScheduler(
             timezone="UTC", job_defaults={"misfire_grace_time": int(self.config.scheduler.misfire_grace),
                                           "coalesce": True, "max_instances": 1})
@@ -42,6 +59,8 @@ class Service:
                                    id="store-retention", args=[retention])
         if self.config.polling.enabled:
             self.poller.schedule(self.scheduler)
+        if self.config.clock.enabled:
+            self.scheduler.add_job(self.solve_clock, "interval", seconds=self.config.clock.window_s, id="clock-solve")
         self.scheduler.start()
         log.info("service started: store=%s, api on %s:%d", self.store.name,
                  self.config.api.host, self.config.api.port)
@@ -55,6 +74,15 @@ class Service:
         except Exception:
             self.metrics.scheduler_runs.labels("store-retention", "error").inc()
             log.exception("retention run failed")
+
+    async def solve_clock(self) -> None:
+        """The clock job: solve the finished slots (nms.app.clock) in a worker thread."""
+        try:
+            await asyncio.to_thread(self.clock.solve_due)
+            self.metrics.scheduler_runs.labels("clock-solve", "ok").inc()
+        except Exception:
+            self.metrics.scheduler_runs.labels("clock-solve", "error").inc()
+            log.exception("clock solve failed")
 
     async def stop(self) -> None:
         """Clean shutdown: stop scheduling, flush the store (or spool it), close state."""

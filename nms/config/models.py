@@ -109,12 +109,17 @@ Scope = Literal["read", "ingest", "act", "admin"]
 
 class TokenConfig(Strict):
     """An API token: either its hash (`nms token create` prints one) or the token itself,
-    normally from an environment variable (`token: ${NMS_AGENT_TOKEN}`)."""
+    normally from an environment variable (`token: ${NMS_AGENT_TOKEN}`).
+
+    `host` binds the token to one host of `fabric.hosts`: a host probe agent's token should carry
+    it. A bound token may use only `/agents/<its host>/...`, and ingest only records of its host
+    (others are rejected per item)."""
 
     name: Name
     scopes: list[Scope] = Field(min_length=1)
     hash: str | None = None
     token: SecretStr | None = None
+    host: Name | None = None
 
     @field_validator("hash")
     @classmethod
@@ -213,6 +218,18 @@ class AgentsConfig(Strict):
     peers_random: int = Field(12, ge=0, le=256)  # K: random peers besides the hosts under the same leaf
     seed: str = "fabric"  # peer choice is a pure function of (inventory, seed): stable across restarts
     command_wait_max: Seconds = 30.0  # longest long-poll an agent may hold for commands
+    command_ttl: Seconds = 300.0  # a command no agent has received by then expires
+
+
+class ClockConfig(Strict):
+    """Service-side clock sync: the network-effect solve over the agents' ClockEdges
+    (docs/hostprobe.md, "Clock sync: the service side")."""
+
+    enabled: bool = True
+    window_s: Seconds = 2.0  # the agents' clock window: one solve per window of fabric time
+    solve_lag: Seconds = 4.0  # a slot is solved this long after its end (its edges have arrived)
+    max_age: Seconds = 60.0  # a solution further than this from a probe window is not applied to it
+    method: Literal["svm", "ntp"] = "svm"  # which edges are solved (ntp: the min-RTT baseline)
 
 
 # --- fabric inventory ------------------------------------------------------------------------
@@ -337,4 +354,14 @@ class NmsConfig(Strict):
     polling: PollingConfig = PollingConfig()
     thresholds: Thresholds = Thresholds()
     agents: AgentsConfig = AgentsConfig()
+    clock: ClockConfig = ClockConfig()
     fabric: FabricConfig = FabricConfig()
+
+    @model_validator(mode="after")
+    def _token_hosts(self) -> NmsConfig:
+        hosts = {h.name for h in self.fabric.hosts}
+        for t in self.api.tokens:
+            if t.host is not None and t.host not in hosts:
+                raise ValueError(f"api.tokens: token {t.name!r} is bound to host {t.host!r}, "
+                                 "which is not in fabric.hosts")
+        return self

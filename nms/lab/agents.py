@@ -1,8 +1,9 @@
 """Host probe agents in the lab: one `nms-agent` per host namespace (`nms lab agents start|stop|status`).
 
 Each agent gets a config under <lab>/run/agents/<host>.yaml: the service at the management
-gateway (the service must listen there: the lab's nms.yaml has `api.listen: [gateway]`), the lab's
-agent token and probe key by ${file:...}, the host's fabric NIC, and the lab clock: the agent
+gateway (the service must listen there: the lab's nms.yaml has `api.listen: [gateway]`), its
+host's own agent token (bound to that host in nms.yaml) and the probe key by ${file:...}, the
+host's fabric NIC, and the lab clock: the agent
 follows state.json, so a `clock` fault skews its timestamps from the moment it is injected.
 `nms lab down` kills agents with every other process in the namespaces.
 """
@@ -40,7 +41,7 @@ def config_dict(topo: Topology, lab: LabDir, host: str, url: str, rate: float | 
         probe["rate"] = rate
     return {
         "host": host,
-        "service": {"url": url, "token": f"${{file:{agent_token_file(lab)}}}"},
+        "service": {"url": url, "token": f"${{file:{agent_token_file(lab, host)}}}"},
         "nics": [{"name": "eth0", "address": topo.link_of_port(host, "eth0").b.ip}],
         "probe": probe,
         "report": {"buffer_dir": str(agents_dir(lab) / host), "stats_interval": "2s"},
@@ -70,6 +71,11 @@ def start(lab: LabDir, url: str | None = None, hosts: list[str] | None = None, r
         records = state.setdefault("agents", {})
         directory = agents_dir(lab)
         directory.mkdir(parents=True, exist_ok=True)
+        missing = [h for h in _hosts(topo, hosts) if not agent_token_file(lab, h).exists()]
+        if missing:
+            raise sh.LabError(f"no agent token for {', '.join(missing)} in {agent_token_file(lab, missing[0]).parent}: "
+                              "this lab predates per-host agent tokens; run `nms lab up` again and restart "
+                              "`nms serve`")
         for host in _hosts(topo, hosts):
             old = records.get(host)
             if old and services.alive(old["pid"], topo.netns(host)):

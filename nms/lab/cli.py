@@ -209,6 +209,8 @@ def traffic(
     dport: Annotated[int, typer.Option(help="First destination port; flow i uses dport+i.")] = 5201,
     via: Annotated[str | None, typer.Option(help="Pick source ports that hash every flow onto this spine.")] = None,
     length: Annotated[int | None, typer.Option(help="iperf3 -l (UDP datagram / TCP write size).")] = None,
+    burst: Annotated[int | None, typer.Option(help="Send in bursts of this many packets at --rate on "
+                                                   "average (iperf3 -b RATE/BURST): queues build.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print per-flow results as JSON.")] = False,
     lab_dir: LabDirOpt = DEFAULT_LAB_DIR,
 ) -> None:
@@ -218,7 +220,7 @@ def traffic(
         task = progress.add_task(f"{pattern} {proto}", total=1.0)
         record = traffic_mod.run(
             LabDir(lab_dir), pattern, pairs=pair or [], hosts=hosts.split(",") if hosts else [], dst=dst,
-            proto=proto, rate=rate, duration=duration, sport=sport, dport=dport, via=via, length=length,
+            proto=proto, rate=rate, duration=duration, sport=sport, dport=dport, via=via, length=length, burst=burst,
             tick=lambda x: progress.update(task, completed=x))
     if as_json:
         _dump(record)

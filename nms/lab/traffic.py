@@ -94,7 +94,7 @@ def _listening(pid: int, port: int) -> bool:
 
 
 def run_flows(topo: Topology, flows: list[Flow], duration: float, length: int | None = None,
-              tick: Callable[[float], None] = lambda _: None) -> list[dict]:
+              tick: Callable[[float], None] = lambda _: None, burst: int | None = None) -> list[dict]:
     sh.require_binaries(["iperf3"])
     addr = {h.name: topo.host_port(h.name).ip for h in topo.by_role("host")}
     servers = [subprocess.Popen(sh.in_ns(topo.netns(f.dst), ["iperf3", "-s", "-1", "-B", addr[f.dst],
@@ -112,8 +112,8 @@ def run_flows(topo: Topology, flows: list[Flow], duration: float, length: int | 
                     "-t", str(duration), "-J", "--connect-timeout", "3000"]
             if f.proto == "udp":
                 args += ["-u"]
-            if f.rate_bps:
-                args += ["-b", str(f.rate_bps)]
+            if f.rate_bps:  # with a burst, packets leave in groups of that many at the same average rate
+                args += ["-b", f"{f.rate_bps}/{burst}" if burst else str(f.rate_bps)]
             if length:
                 args += ["-l", str(length)]
             clients.append(subprocess.Popen(sh.in_ns(topo.netns(f.src), args), stdout=subprocess.PIPE,
@@ -158,7 +158,7 @@ def _result(f: Flow, out: str, duration: float) -> dict:
 
 def run(lab: LabDir, pattern: str, *, pairs: list[str] = (), hosts: list[str] = (), dst: str | None = None,
         proto: str = "tcp", rate: str | None = None, duration: float = 5.0, sport: int = 40000,
-        dport: int = 5201, via: str | None = None, length: int | None = None,
+        dport: int = 5201, via: str | None = None, length: int | None = None, burst: int | None = None,
         tick: Callable[[float], None] = lambda _: None) -> dict:
     """Plan, run and record one traffic run; returns the record (also appended to state.traffic)."""
     sh.require_root()
@@ -168,7 +168,9 @@ def run(lab: LabDir, pattern: str, *, pairs: list[str] = (), hosts: list[str] = 
         topo = topology_of(lab.load())
     flows = plan_flows(topo, choose_pairs(topo, pattern, list(pairs), list(hosts), dst), proto, rate, sport, dport, via)
     start = now()
-    results = run_flows(topo, flows, duration, length, tick)
+    if burst is not None and not (rate and 1 <= burst <= 10_000):
+        raise sh.LabError("--burst needs --rate and is 1..10000 packets")
+    results = run_flows(topo, flows, duration, length, tick, burst)
     end = now()
     record = {"pattern": pattern, "proto": proto, "start_ns": start["ns"], "start_iso": start["iso"],
               "end_ns": end["ns"], "end_iso": end["iso"], "flows": results}

@@ -1,20 +1,29 @@
-"""/agents: host probe agents register, fetch their peers and long-poll for commands (scope ingest);
-operators list agents (read) and send them commands (act). Reports go through /ingest/<kind>."""
+"""/agents: host probe agents register, fetch their peers, long-poll for commands and report their
+results (scope ingest); operators list agents and commands (read) and send commands (act).
+Reports go through /ingest/<kind>. A host-bound token may use only /agents/<its host>/...
+(nms.app.binding)."""
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from nms.app.agents import COMMANDS, AgentRegistry
+from nms.app.agents import COMMANDS, AgentInfo, AgentRegistry, NicInfo
 from nms.app.auth import AUTH_RESPONSES, BAD_BODY_RESPONSE, ErrorDetail, Principal, require
+from nms.app.binding import check_agent_path
+from nms.state import AgentCommand, CommandStatus
 
-router = APIRouter(prefix="/agents", tags=["agents"], responses={**AUTH_RESPONSES, **BAD_BODY_RESPONSE})
+router = APIRouter(prefix="/agents", tags=["agents"], responses={
+    **AUTH_RESPONSES, **BAD_BODY_RESPONSE,
+    403: {"model": ErrorDetail, "description": "token lacks the required scope, or is bound to another host"}})
 HostName = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")]
 UNKNOWN = {404: {"model": ErrorDetail, "description": "host not in the fabric inventory"}}
+NO_COMMAND = {404: {"model": ErrorDetail, "description": "host not in the inventory, or no such command for it"}}
+DETAILS_MAX = 4096  # bytes of JSON (command args, result details)
 _lock = threading.Lock()
 
 
@@ -23,17 +32,27 @@ def registry(request: Request) -> AgentRegistry:
     with _lock:  # sync routes run in a thread pool
         if getattr(state, "agents", None) is None:  # built on first use from the service's config
             config = state.service.config
-            state.agents = AgentRegistry(config.fabric, config.agents)
+            state.agents = AgentRegistry(config.fabric, config.agents, state.service.state)
     return state.agents
+
+
+def access(scope: str):
+    """Dependency: `require(scope)`, and a host-bound token only for its own host's path."""
+    check = require(scope)
+
+    def bound(request: Request, who: Principal = Depends(check)) -> Principal:
+        try:
+            check_agent_path(who, request.path_params.get("host"))
+        except HTTPException:
+            request.app.state.metrics.auth_failures.labels("host").inc()
+            raise
+        return who
+
+    return bound
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class NicInfo(Strict):
-    name: str = Field(min_length=1, max_length=64)
-    address: str = Field(min_length=1, max_length=64)
 
 
 class Registration(Strict):
@@ -62,17 +81,11 @@ class Registered(PeerList):
     command_wait_max: float
 
 
-class CommandOut(BaseModel):
-    id: int
-    kind: str
-    args: dict
-    issued_ns: int
-    by: str
-
-
 class Commands(BaseModel):
     instance: str
-    commands: list[CommandOut]
+    last_id: int = Field(description="the highest command id this service has given out: an agent whose cursor "
+                                     "is beyond it polls from 0 (the state store was reset)")
+    commands: list[AgentCommand]
 
 
 class CommandIn(Strict):
@@ -84,6 +97,8 @@ class CommandIn(Strict):
 
     @model_validator(mode="after")
     def _args(self) -> CommandIn:
+        if _json_size(self.args) is None:
+            return self  # refused by plain_json in the route (see there)
         if self.kind == "set_rate":
             rate = self.args.get("rate")
             if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 < rate <= 10_000:
@@ -91,16 +106,29 @@ class CommandIn(Strict):
         return self
 
 
-class AgentOut(BaseModel):
-    host: str
-    session: str
-    version: str
-    transport: str
-    nics: list[dict]
-    registered_ns: int
-    last_seen_ns: int
-    token: str
-    peers: int
+class CommandResult(Strict):
+    status: Literal["done", "failed"]
+    message: str = Field("", max_length=1024)
+    details: dict | None = Field(None, description=f"at most {DETAILS_MAX} bytes as JSON")
+
+
+def _json_size(value: dict) -> int | None:
+    """Its size as JSON; None when it holds NaN or Infinity, which JSON cannot carry."""
+    try:
+        return len(json.dumps(value, allow_nan=False))
+    except ValueError:
+        return None
+
+
+def plain_json(value: dict | None, where: str) -> None:
+    """422 unless `value` is small JSON that can be stored and read back. Checked in the routes, not
+    the models: a model's validation error echoes its input in the 422 body, and a NaN there makes
+    the answer a 500."""
+    size = 0 if value is None else _json_size(value)
+    msg = ("must be plain JSON (no NaN or Infinity)" if size is None
+           else f"larger than {DETAILS_MAX} bytes as JSON" if size > DETAILS_MAX else "")
+    if msg:
+        raise HTTPException(422, [{"loc": ["body", where], "msg": msg, "type": "value_error"}])
 
 
 def _known(reg: AgentRegistry, host: str) -> None:
@@ -110,7 +138,7 @@ def _known(reg: AgentRegistry, host: str) -> None:
 
 @router.post("/{host}/register", response_model=Registered, responses=UNKNOWN, summary="An agent announces itself")
 def register(host: HostName, body: Registration, request: Request,
-             who: Principal = Depends(require("ingest"))) -> Registered:
+             who: Principal = Depends(access("ingest"))) -> Registered:
     reg = registry(request)
     _known(reg, host)
     reg.register(host, body.model_dump(), who.name)
@@ -119,7 +147,7 @@ def register(host: HostName, body: Registration, request: Request,
 
 
 @router.get("/{host}/peers", response_model=PeerList, responses=UNKNOWN, summary="Whom this host probes",
-            dependencies=[Depends(require("ingest"))])
+            dependencies=[Depends(access("ingest"))])
 def peers(host: HostName, request: Request) -> PeerList:
     reg = registry(request)
     _known(reg, host)
@@ -129,46 +157,82 @@ def peers(host: HostName, request: Request) -> PeerList:
 
 @router.get("/{host}/commands", response_model=Commands, responses=UNKNOWN,
             summary="Long-poll: commands newer than `after`, waiting up to `wait` seconds",
-            dependencies=[Depends(require("ingest"))])
+            dependencies=[Depends(access("ingest"))])
 async def commands(host: HostName, request: Request, after: Annotated[int, Query(ge=0)] = 0,
                    wait: Annotated[float, Query(ge=0, le=3600)] = 0.0) -> Commands:
     reg = registry(request)
     _known(reg, host)
     if host not in reg.agents:  # not registered with this instance: answer at once, the agent registers
-        return Commands(instance=reg.instance, commands=[])
+        return Commands(instance=reg.instance, last_id=reg.state.last_command_id(), commands=[])
 
     async def give_up() -> bool:
         server = getattr(request.app.state, "server", None)  # set by `nms serve`
         return bool(getattr(server, "should_exit", False)) or await request.is_disconnected()
 
     found = await reg.wait(host, after, min(wait, reg.settings.command_wait_max), give_up)
-    return Commands(instance=reg.instance, commands=[CommandOut(**vars(c)) for c in found])
+    return Commands(instance=reg.instance, last_id=reg.state.last_command_id(), commands=found)
 
 
-@router.post("/{host}/commands", response_model=CommandOut, responses=UNKNOWN, summary="Send one agent a command")
+@router.post("/{host}/commands/{command_id}/result", response_model=AgentCommand, summary="An agent's result",
+             responses={**NO_COMMAND, 409: {"model": ErrorDetail, "description": "the command already has an outcome"}})
+def command_result(host: HostName, command_id: int, body: CommandResult, request: Request,
+                   who: Principal = Depends(access("ingest"))) -> AgentCommand:
+    reg = registry(request)
+    _known(reg, host)
+    plain_json(body.details, "details")
+    cmd, changed = reg.finish(host, command_id, body.status, body.message, body.details)
+    if cmd is None:
+        raise HTTPException(404, f"host {host!r} has no command {command_id}")
+    if not changed:
+        raise HTTPException(409, f"command {command_id} is already {cmd.status}")
+    reg.seen(host)
+    return cmd
+
+
+@router.get("/{host}/commands/{command_id}", response_model=AgentCommand, responses=NO_COMMAND,
+            summary="One command with its status and result", dependencies=[Depends(access("read"))])
+def command_status(host: HostName, command_id: int, request: Request) -> AgentCommand:
+    reg = registry(request)
+    _known(reg, host)
+    cmd = reg.command(host, command_id)
+    if cmd is None:
+        raise HTTPException(404, f"host {host!r} has no command {command_id}")
+    return cmd
+
+
+@router.get("/commands", response_model=list[AgentCommand], summary="Commands, newest first",
+            dependencies=[Depends(access("read"))])
+def list_commands(request: Request, host: Annotated[str | None, Query(max_length=128)] = None,
+                  status: CommandStatus | None = None,
+                  limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> list[AgentCommand]:
+    return registry(request).commands(host, status, limit)
+
+
+@router.post("/{host}/commands", response_model=AgentCommand, responses=UNKNOWN, summary="Send one agent a command")
 async def command_one(host: HostName, body: CommandIn, request: Request,
-                      who: Principal = Depends(require("act"))) -> CommandOut:
+                      who: Principal = Depends(access("act"))) -> AgentCommand:
     reg = registry(request)
     _known(reg, host)
     if body.hosts is not None:
         raise HTTPException(422, [{"loc": ["body", "hosts"], "msg": "hosts is only for POST /agents/commands",
                                    "type": "value_error"}])
+    plain_json(body.args, "args")
     (cmd,) = await reg.issue([host], body.kind, body.args, who.name)
-    return CommandOut(**vars(cmd))
+    return cmd
 
 
-@router.post("/commands", response_model=list[CommandOut], responses=UNKNOWN, summary="Send several agents a command")
+@router.post("/commands", response_model=list[AgentCommand], responses=UNKNOWN,
+             summary="Send several agents a command")
 async def command_many(body: CommandIn, request: Request,
-                       who: Principal = Depends(require("act"))) -> list[CommandOut]:
+                       who: Principal = Depends(access("act"))) -> list[AgentCommand]:
     reg = registry(request)
+    plain_json(body.args, "args")
     hosts = sorted(reg.agents) if body.hosts is None else body.hosts
     for host in hosts:
         _known(reg, host)
-    return [CommandOut(**vars(c)) for c in await reg.issue(hosts, body.kind, body.args, who.name)]
+    return await reg.issue(hosts, body.kind, body.args, who.name)
 
 
-@router.get("", response_model=list[AgentOut], summary="Registered agents",
-            dependencies=[Depends(require("read"))])
-def list_agents(request: Request) -> list[AgentOut]:
-    reg = registry(request)
-    return [AgentOut(**vars(a), peers=len(reg.plan.get(a.host, []))) for a in reg.agents.values()]
+@router.get("", response_model=list[AgentInfo], summary="Registered agents", dependencies=[Depends(access("read"))])
+def list_agents(request: Request) -> list[AgentInfo]:
+    return list(registry(request).agents.values())

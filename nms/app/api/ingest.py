@@ -11,7 +11,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 
-from nms.app.auth import AUTH_RESPONSES, ErrorDetail, require
+from nms.app.auth import AUTH_RESPONSES, ErrorDetail, Principal, require
+from nms.app.binding import own_records
 from nms.records import INGEST_KINDS
 
 router = APIRouter(prefix="/ingest", tags=["ingest"], responses=AUTH_RESPONSES)
@@ -87,11 +88,16 @@ class Ingestor:
                 bad.append(ItemError(index=i, errors=[_error_text(err) for err in e.errors(include_input=False)]))
         return good, bad
 
-    def ingest(self, service, body: bytes) -> IngestResult:
+    def ingest(self, service, body: bytes, host: str | None = None) -> IngestResult:
         good, bad = self.validate(body, service.config.api.max_items_per_batch)
+        if host is not None:  # a host-bound token: only its host's records (nms.app.binding)
+            good, refused = own_records(good, host)
+            bad = sorted(bad + [ItemError(index=i, errors=[reason]) for i, reason in refused], key=lambda e: e.index)
         accepted = 0
         if good:
-            result = service.store.write([record.to_point() for _, record in good])
+            # the service sees the validated records first (clock sync: edges in, windows corrected)
+            records = service.on_ingest(self.kind, [record for _, record in good])
+            result = service.store.write([record.to_point() for record in records])
             accepted = result.accepted
             for point_index, reason in result.rejected:
                 bad.append(ItemError(index=good[point_index][0], errors=[reason]))
@@ -102,11 +108,11 @@ class Ingestor:
 
 
 def _route(ingestor: Ingestor):
-    async def ingest(request: Request) -> JSONResponse:
+    async def ingest(request: Request, who: Principal = Depends(require("ingest"))) -> JSONResponse:
         service = request.app.state.service
         limit = service.config.api.max_body_bytes
         body = decode_body(await request.body(), request.headers.get("content-encoding", "").lower(), limit)
-        result = await run_in_threadpool(ingestor.ingest, service, body)
+        result = await run_in_threadpool(ingestor.ingest, service, body, who.host)
         # 422 only when a non-empty batch had nothing worth keeping.
         status = 422 if result.accepted == 0 and result.rejected else 200
         return JSONResponse(result.model_dump(), status_code=status)
@@ -122,8 +128,7 @@ for _ingestor in INGESTORS:
         summary=f"Ingest a batch of {_model.__name__} records",
         description=(f"Body: `{{\"items\": [{_model.__name__}, ...]}}`, optionally gzip-encoded. Items that fail "
                      "validation are returned in `rejected` with reasons; the others are stored. 422 when none "
-                     "is stored."),
-        dependencies=[Depends(require("ingest"))],
+                     "is stored. A host-bound token's items about another host are rejected likewise."),
         responses={422: {"model": IngestResult, "description": "no item of the batch was valid"},
                    400: {"model": ErrorDetail, "description": "body is not gzip, JSON, or {\"items\": [...]}"},
                    413: {"model": ErrorDetail, "description": "body or batch too large"},

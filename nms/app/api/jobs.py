@@ -5,12 +5,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
 from nms.app.auth import AUTH_RESPONSES, BAD_BODY_RESPONSE, require
+from nms.app.binding import require_unbound
 from nms.records import Job, TimestampNs
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses={**AUTH_RESPONSES, **BAD_BODY_RESPONSE})
 
 
-@router.post("", response_model=Job, status_code=201, dependencies=[Depends(require("ingest"))],
+@router.post("", response_model=Job, status_code=201, dependencies=[Depends(require_unbound("ingest"))],
              responses={200: {"description": "an existing job was replaced", "model": Job}})
 def put_job(job: Job, request: Request, response: Response) -> Job:
     created = request.app.state.service.state.put_job(job)
@@ -36,7 +37,7 @@ def get_job(job_id: str, request: Request) -> Job:
     return job
 
 
-@router.delete("/{job_id}", status_code=204, dependencies=[Depends(require("ingest"))],
+@router.delete("/{job_id}", status_code=204, dependencies=[Depends(require_unbound("ingest"))],
                responses={404: {"description": "no such job"}})
 def delete_job(job_id: str, request: Request) -> Response:
     if not request.app.state.service.state.delete_job(job_id):

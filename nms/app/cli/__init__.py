@@ -14,7 +14,9 @@ from rich.console import Console
 from rich.table import Table
 
 from nms import __version__
+from nms.app.cli.agents import agents_app
 from nms.app.cli.client import ApiClient, TokenOpt, UrlOpt, err_console, fmt_time
+from nms.app.cli.clock import clock as clock_cmd
 from nms.app.cli.fabric import collect_app, devices as devices_cmd, topology as topology_cmd
 from nms.app.cli.jobs import jobs_app
 from nms.config import ConfigError, load_config
@@ -29,9 +31,11 @@ token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(token_app, name="token")
 app.add_typer(jobs_app, name="jobs")
+app.add_typer(agents_app, name="agents")
 app.add_typer(collect_app, name="collect")
 app.command("topology")(topology_cmd)
 app.command("devices")(devices_cmd)
+app.command("clock")(clock_cmd)
 console = Console(soft_wrap=True)
 
 
@@ -113,20 +117,35 @@ def version(url: Optional[str] = typer.Option(None, "--url", envvar="NMS_URL",
 
 @token_app.command("create")
 def token_create(name: str = typer.Option(..., help="token name (shown in logs and errors)"),
-                 scopes: str = typer.Option("read", help="comma-separated: read,ingest,act,admin")) -> None:
+                 scopes: Optional[str] = typer.Option(
+                     None, help="comma-separated: read,ingest,act,admin (default: read; ingest with --host)"),
+                 host: Optional[str] = typer.Option(
+                     None, help="bind the token to this host of fabric.hosts (an agent's token): it may use only "
+                                "/agents/HOST/... and ingest only HOST's records")) -> None:
     """Make a new random token; print it once, and the config entry that stores only its hash."""
     from nms.app.auth import SCOPES, hash_token, new_token
+    from pydantic import ValidationError
 
+    from nms.config.models import TokenConfig
+
+    if scopes is None:
+        scopes = "ingest" if host else "read"
     wanted = [s.strip() for s in scopes.split(",") if s.strip()]
     bad = [s for s in wanted if s not in SCOPES]
     if bad or not wanted:
         err_console.print(f"[red]error:[/] unknown scopes {bad}; choose from {', '.join(SCOPES)}")
         raise typer.Exit(2)
     token = new_token()
+    try:
+        TokenConfig(name=name, scopes=wanted, host=host, hash=hash_token(token))
+    except ValidationError as e:
+        err_console.print("[red]error:[/] " + "; ".join(f"{'.'.join(map(str, err['loc'])) or 'token'}: {err['msg']}"
+                                                       for err in e.errors(include_input=False)), highlight=False)
+        raise typer.Exit(2) from None
     console.print(f"token (shown once, keep it secret): {token}")
     console.print("config entry (api.tokens):")
-    console.print(f"  - name: {name}\n    scopes: [{', '.join(wanted)}]\n    hash: {hash_token(token)}",
-                  highlight=False)
+    console.print(f"  - name: {name}\n    scopes: [{', '.join(wanted)}]" + (f"\n    host: {host}" if host else "")
+                  + f"\n    hash: {hash_token(token)}", highlight=False, markup=False)
 
 
 def _parse_time(value: str, now_ns: int) -> int:

@@ -1,0 +1,66 @@
+"""GET /clock: the newest clock solution per host (service-side clock sync, nms.app.clock) and what
+the last solve used. History is in the store: measurement `clock_solution` (and `clock_edge`)."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Depends, Query as Param, Request
+from pydantic import BaseModel, Field
+
+from nms.app.auth import AUTH_RESPONSES, require
+
+router = APIRouter(tags=["clock"], dependencies=[Depends(require("read"))], responses=AUTH_RESPONSES)
+
+
+class HostClock(BaseModel):
+    host: str
+    window_start: int = Field(description="the solved slot's start, fabric time (ns)")
+    offset_ns: float = Field(description="clock_host - fabric time at window_start")
+    drift_ppb: float = Field(description="ns per second, relative to fabric time")
+    bound_ns: float
+    age_s: float = Field(description="now - window_start")
+    in_last_solve: bool = Field(description="part of the newest solve (only those correct probe windows)")
+
+
+class LastSolve(BaseModel):
+    slot_start_ns: int
+    solved_at_ns: int
+    duration_s: float
+    method: str
+    hosts: int
+    components: int
+    edges_used: int
+    edges_dropped: int = Field(description="outliers: residual above max(5 x bound, 5 us)")
+    edges_ignored: int
+    dropped: list[str] = Field(description="host_a->host_b of the dropped edges (at most 50)")
+    converged: bool
+
+
+class ClockStatus(BaseModel):
+    enabled: bool
+    method: str
+    window_s: float
+    solve_lag_s: float
+    max_age_s: float
+    pending_edges: int = Field(description="edges of slots not solved yet")
+    late_edges: int = Field(description="edges that came after their slot was solved (since start)")
+    ignored_edges: int = Field(description="other method or window length, or too far from now (since start)")
+    last_solve: LastSolve | None
+    hosts: list[HostClock]
+
+
+@router.get("/clock", response_model=ClockStatus, summary="Newest clock solution per host, last solve counts")
+def clock(request: Request, host: list[str] = Param([], description="only these hosts (repeatable)")) -> ClockStatus:
+    service = request.app.state.service
+    clk, cfg = service.clock, service.config.clock
+    now = time.time_ns()
+    solutions, last, pending = clk.snapshot()
+    wanted = set(host)
+    hosts = [HostClock(host=s.host, window_start=s.window_start, offset_ns=s.offset_ns, drift_ppb=s.drift_ppb,
+                       bound_ns=s.bound_ns, age_s=(now - s.window_start) / 1e9,
+                       in_last_solve=last is not None and s.window_start == last.slot_start_ns)
+             for s in solutions if not wanted or s.host in wanted]
+    return ClockStatus(enabled=cfg.enabled, method=cfg.method, window_s=cfg.window_s, solve_lag_s=cfg.solve_lag,
+                       max_age_s=cfg.max_age, pending_edges=pending, late_edges=clk.late, ignored_edges=clk.ignored,
+                       last_solve=LastSolve(**vars(last)) if last else None, hosts=hosts)
