@@ -38,7 +38,6 @@ from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import theilslopes
 
 from nms.records import ClockEdge
 
@@ -97,6 +96,15 @@ def max_margin_line(ux: np.ndarray, uy: np.ndarray, lx: np.ndarray, ly: np.ndarr
     bottom = (ly[None, :] - slopes[:, None] * lx[None, :]).max(axis=1)
     best = int(np.argmax(top - bottom))
     return (top[best] + bottom[best]) / 2, float(slopes[best]), (top[best] - bottom[best]) / 2
+
+
+def theil_sen_slope(x: np.ndarray, y: np.ndarray) -> float:
+    """The median of the pairwise slopes (Theil-Sen): robust to a few bad points. Written out (a
+    few lines of numpy) so that the agent does not load scipy.stats for it."""
+    i, j = np.triu_indices(len(x), 1)
+    dx = x[j] - x[i]
+    ok = dx != 0
+    return float(np.median((y[j] - y[i])[ok] / dx[ok]))
 
 
 def _near_spread(residuals: np.ndarray, k: int = 2) -> float:
@@ -185,7 +193,7 @@ class ClockSync:
         emitted = 0
         w = self.window_ns
         for peer, rows in self.peers.items():
-            if not rows:
+            if not rows or rows[0][0] // w * w + w > complete_before_ns:  # nothing complete yet
                 continue
             arr = np.array(rows, dtype=np.int64)
             starts = arr[:, 0] // w * w
@@ -202,7 +210,7 @@ class ClockSync:
             self.history[peer] = (peer_epoch, hist)
         if len(hist) >= 3:
             x = np.array([m for m, _ in hist], dtype=np.int64)
-            drift = theilslopes([o for _, o in hist], (x - x[-1]) / 1e9).slope
+            drift = theil_sen_slope((x - x[-1]) / 1e9, np.array([o for _, o in hist]))
             return drift - DRIFT_BAND_PPB, drift + DRIFT_BAND_PPB
         if ntp is not None:
             return ntp.drift_ppb - BOOTSTRAP_BAND_PPB, ntp.drift_ppb + BOOTSTRAP_BAND_PPB

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
-from hostprobe.clocksync import ClockSync, max_margin_line, ntp_estimate, svm_estimate
+from hostprobe.clocksync import ClockSync, max_margin_line, ntp_estimate, svm_estimate, theil_sen_slope
 from hostprobe.stats import Exchange
 
 T0 = 1_700_000_000_000_000_000
@@ -224,3 +224,14 @@ def test_drift_comes_from_the_history_when_a_window_is_lopsided():
     truth_mid = 2_000_000 + drift * 6 + drift  # at the last window's middle
     assert abs(last.offset_ns + last.drift_ppb - truth_mid) < 500, last
     assert abs(last.drift_ppb - drift) <= 1_100, last
+
+
+def test_theil_sen_slope_matches_scipy_and_shrugs_off_an_outlier():
+    from scipy.stats import theilslopes
+
+    rng = np.random.default_rng(11)
+    x = np.arange(8) * 2.0
+    y = 3e6 + 20_000 * x + rng.normal(0, 100, 8)
+    y[3] += 50_000
+    assert theil_sen_slope(x, y) == pytest.approx(theilslopes(y, x).slope)
+    assert abs(theil_sen_slope(x, y) - 20_000) < 200
