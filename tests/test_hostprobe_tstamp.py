@@ -68,8 +68,12 @@ def test_loopback_rx_and_tx_stamps_matched_by_opt_id():
             except BlockingIOError:
                 time.sleep(0.005)
         assert [d for d, _ in arrivals] == [b"a", b"b", b"c"]
-        assert all(before <= t <= time.time_ns() for _, t in arrivals)
-        assert arrivals[0][1] >= by_token["first"]  # received after it was sent (one clock)
+        # the first packets after RX stamping is switched on (kernel-wide, on first use) may carry no
+        # stamp (0): tolerated, as the agent does; the stamps present are real and in range
+        stamped = [t for _, t in arrivals if t]
+        assert stamped and arrivals[-1][1], arrivals
+        assert all(before <= t <= time.time_ns() for t in stamped)
+        assert all(t >= by_token["first"] for t in stamped)  # received after it was sent (one clock)
     finally:
         rx.close()
         tx.close()
