@@ -243,20 +243,7 @@ class Prober:
         # kernel RX stamps (CLOCK_REALTIME) as monotonic times: a path's silence is measured from when
         # its last reply arrived, not from when this (batched) pass got to it
         mono_of_real = now - time.time_ns() / 1e9
-        for _ in range(256):
-            try:
-                data, anc, _flags, addr = sock.sock.recvmsg(2048, tstamp.CMSG_SPACE)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError as e:
-                if e.errno in tstamp.TRANSIENT:
-                    continue
-                raise
-            try:
-                msg = wire.decode(key, data)
-            except wire.BadPacket as e:
-                stats[f"rx_{e.kind}"] += 1
-                continue
+        for msg, anc, _addr in wire.receive(sock.sock, key, stats):
             if msg.session != session:
                 stats["rx_stale"] += 1  # an answer to an earlier run of this agent
                 continue

@@ -29,20 +29,8 @@ class Responder:
 
     def on_readable(self) -> None:
         sock, key, clock, stats = self.sock.sock, self.key, self.clock, self.stats
-        for _ in range(256):
-            try:
-                data, anc, _flags, addr = sock.recvmsg(2048, tstamp.CMSG_SPACE)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError as e:
-                if e.errno in tstamp.TRANSIENT:
-                    continue  # an ICMP error left on the socket (e.g. an ECHO expired): read the queue
-                raise
-            try:
-                msg = wire.decode(key, data)
-            except wire.BadPacket as e:
-                stats[f"rx_{e.kind}"] += 1
-                continue
+        # an error an ICMP left on the socket (e.g. an ECHO expired) is skipped by wire.receive
+        for msg, anc, addr in wire.receive(sock, key, stats):
             if msg.type != wire.PROBE:
                 stats["rx_unexpected"] += 1
                 continue

@@ -28,7 +28,10 @@ from __future__ import annotations
 
 import hmac
 import struct
+from collections.abc import Iterator
 from typing import NamedTuple
+
+from hostprobe import tstamp
 
 MAGIC = b"NP"
 VERSION = 1
@@ -103,3 +106,25 @@ def peek(data: bytes) -> tuple[int, int, int, int] | None:
         return None
     _, _, type_, _, aux, _, session, _, seq, _ = HEADER.unpack_from(data)
     return type_, aux, session, seq
+
+
+def receive(sock, key: bytes, stats: dict, batch: int = 256) -> Iterator[tuple[Message, list, tuple]]:
+    """Read up to `batch` datagrams waiting on `sock` (a non-blocking socket with kernel stamps):
+    (message, ancillary data, sender) for each one of ours. Foreign, forged and other-version
+    packets are counted in `stats` (rx_<kind>) and skipped; an error an ICMP left on the socket
+    (tstamp.TRANSIENT) is skipped too: the queue is read on."""
+    for _ in range(batch):
+        try:
+            data, anc, _flags, addr = sock.recvmsg(2048, tstamp.CMSG_SPACE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            if e.errno in tstamp.TRANSIENT:
+                continue
+            raise
+        try:
+            msg = decode(key, data)
+        except BadPacket as e:
+            stats[f"rx_{e.kind}"] += 1
+            continue
+        yield msg, anc, addr

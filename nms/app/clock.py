@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from pydantic import BaseModel, Field
+
 from nms.clocksync import SlotSolve, clock_offset, correct_window, slot_of, solve, window_ns
 from nms.config.models import ClockConfig
 from nms.records import ClockEdge, ClockSolution, ProbeWindow
@@ -39,8 +41,9 @@ class _Current:
     component: dict[str, int]
 
 
-@dataclass
-class SolveStats:
+class SolveStats(BaseModel):
+    """What the last solve did (also the `last_solve` of GET /clock)."""
+
     slot_start_ns: int
     solved_at_ns: int
     duration_s: float
@@ -48,9 +51,9 @@ class SolveStats:
     hosts: int
     components: int
     edges_used: int
-    edges_dropped: int
+    edges_dropped: int = Field(description="outliers: residual above max(5 x bound, 5 us)")
     edges_ignored: int
-    dropped: list[str]  # "host_a->host_b" of the outliers (at most 50)
+    dropped: list[str] = Field(description="host_a->host_b of the dropped edges (at most 50)")
     converged: bool
 
 

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Query as Param, Request
 from pydantic import BaseModel, Field
 
 from nms.app.auth import AUTH_RESPONSES, require
+from nms.app.clock import SolveStats
 
 router = APIRouter(tags=["clock"], dependencies=[Depends(require("read"))], responses=AUTH_RESPONSES)
 
@@ -23,20 +24,6 @@ class HostClock(BaseModel):
     in_last_solve: bool = Field(description="part of the newest solve (only those correct probe windows)")
 
 
-class LastSolve(BaseModel):
-    slot_start_ns: int
-    solved_at_ns: int
-    duration_s: float
-    method: str
-    hosts: int
-    components: int
-    edges_used: int
-    edges_dropped: int = Field(description="outliers: residual above max(5 x bound, 5 us)")
-    edges_ignored: int
-    dropped: list[str] = Field(description="host_a->host_b of the dropped edges (at most 50)")
-    converged: bool
-
-
 class ClockStatus(BaseModel):
     enabled: bool
     method: str
@@ -46,7 +33,7 @@ class ClockStatus(BaseModel):
     pending_edges: int = Field(description="edges of slots not solved yet")
     late_edges: int = Field(description="edges that came after their slot was solved (since start)")
     ignored_edges: int = Field(description="other method or window length, or too far from now (since start)")
-    last_solve: LastSolve | None
+    last_solve: SolveStats | None
     hosts: list[HostClock]
 
 
@@ -63,4 +50,4 @@ def clock(request: Request, host: list[str] = Param([], description="only these 
              for s in solutions if not wanted or s.host in wanted]
     return ClockStatus(enabled=cfg.enabled, method=cfg.method, window_s=cfg.window_s, solve_lag_s=cfg.solve_lag,
                        max_age_s=cfg.max_age, pending_edges=pending, late_edges=clk.late, ignored_edges=clk.ignored,
-                       last_solve=LastSolve(**vars(last)) if last else None, hosts=hosts)
+                       last_solve=last, hosts=hosts)
