@@ -4,7 +4,7 @@ A collector is one object per protocol for the whole service (it may hold one en
 connection pool). It is configured per device: a device is polled by collector `name` when its
 `collectors.<name>` section is set. The service schedules `collect_with_deadline(device)` per
 device at `schedule(device).interval_s`; each call returns a `PollResult` of shared records
-(PortSample, LldpNeighbor, DeviceFacts, GenericPoint for extra objects) or raises a
+(PortSample, LldpNeighbor, DeviceFacts, InterfaceAddress, GenericPoint for extra objects) or raises a
 `CollectorError` whose `kind` says what went wrong (timeout, auth, bad_response, unreachable,
 config). Messages name the device and the address, never a secret.
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from nms.config.models import SwitchConfig
-from nms.records import CollectorErrorKind, DeviceFacts, LldpNeighbor, PortSample
+from nms.records import CollectorErrorKind, DeviceFacts, InterfaceAddress, LldpNeighbor, PortSample
 
 
 class CollectorError(Exception):
@@ -71,6 +71,10 @@ class PollResult:
     records: list[Any] = field(default_factory=list)
     counter_bits: Mapping[str, int] = field(default_factory=dict)  # widths of the PortSample counters
     values: int = 0  # objects read from the device (for throughput numbers)
+    # True when this poll read the device's interface addresses: its InterfaceAddress records are then
+    # the complete current set (possibly empty). Addresses are read only now and then (see the
+    # collector); a poll with False says nothing about them, the consumer keeps the latest set.
+    addresses_walked: bool = False
 
     @property
     def samples(self) -> list[PortSample]:
@@ -79,6 +83,10 @@ class PollResult:
     @property
     def neighbors(self) -> list[LldpNeighbor]:
         return [r for r in self.records if isinstance(r, LldpNeighbor)]
+
+    @property
+    def addresses(self) -> list[InterfaceAddress]:
+        return [r for r in self.records if isinstance(r, InterfaceAddress)]
 
     @property
     def facts(self) -> DeviceFacts | None:

@@ -1,22 +1,37 @@
-"""The SNMP collector: IF-MIB counters and state, LLDP-MIB neighbours, system facts, extra objects.
+"""The SNMP collector: IF-MIB counters and state, LLDP-MIB neighbours, system facts, interface
+addresses, extra objects.
 
 Per poll and device: one GET (system group, LLDP local system), one multi-column GETBULK walk of
 the interface columns (ifXTable HC counters, ifHighSpeed, ifTable status/errors/discards/MTU),
 one of the LLDP-MIB local port and remote tables, and the configured extra objects. One pysnmp
 engine serves every device; at most `polling.max_concurrency` devices are polled at once.
+
+Interface addresses (InterfaceAddress: IPv4 address, port, prefix length; the correlator turns
+traceroute hops into devices and ports with them) come from IP-MIB ipAddrTable, or from the newer
+ipAddressTable when a device's ipAddrTable is empty. Addresses rarely change, so they are walked
+on a device's first poll, then on the first poll `address_refresh_s` (5 minutes) after the last
+complete walk, and at once after the device rebooted (sysUpTime went back) or its settings changed;
+only those polls carry InterfaceAddress records (and `PollResult.addresses_walked`): the consumer
+keeps the latest set. Every interface's addresses are reported, whatever the `interfaces` filter
+says (that filter limits counters; a traceroute hop may land on any interface). Loopback addresses
+(127/8) and addresses on an ifIndex the interface table does not list are left out. A device
+without either table (or one hiding them from our view) just yields no addresses.
 """
 
 from __future__ import annotations
 
 import asyncio
 import fnmatch
+import logging
 import time
 from typing import Any
 
-from collectors.base import Collector, CollectorConfigError, PollResult
+from collectors.base import Collector, CollectorBadResponse, CollectorConfigError, PollResult
 from collectors.snmp_walk import EnginePool, Oid, SnmpTarget, dotted, oid
 from nms.config.models import SnmpSettings, SwitchConfig
-from nms.records import U64_MAX, DeviceFacts, GenericPoint, LldpNeighbor, PortSample
+from nms.records import U64_MAX, DeviceFacts, GenericPoint, InterfaceAddress, LldpNeighbor, PortSample
+
+log = logging.getLogger(__name__)
 
 SYS_DESCR, SYS_OBJECT_ID, SYS_UPTIME, SYS_NAME = (oid(f"1.3.6.1.2.1.1.{i}.0") for i in (1, 2, 3, 5))
 LLDP_LOC_CHASSIS_SUBTYPE, LLDP_LOC_CHASSIS_ID = oid("1.0.8802.1.1.2.1.3.1.0"), oid("1.0.8802.1.1.2.1.3.2.0")
@@ -63,6 +78,19 @@ LLDP_COLUMNS: dict[Oid, str] = {
 PORT_ID_IS_NAME = (5, 7)  # interfaceName, local
 CHASSIS_IS_MAC = 4
 
+# IP-MIB ipAddrTable (IPv4 only), index: ipAdEntAddr as its 4 octets, so ipAdEntAddr (.1) itself is
+# not walked
+IP_ADDR = "1.3.6.1.2.1.4.20.1"
+IP_ADDR_COLUMNS: dict[Oid, str] = {oid(f"{IP_ADDR}.2"): "if_index", oid(f"{IP_ADDR}.3"): "netmask"}
+# IP-MIB ipAddressTable (the fallback), index: ipAddressAddrType.<length>.<octets>; ipAddressPrefix
+# points into ipAddressPrefixTable, whose index ends with the prefix length
+IP_ADDRESS = "1.3.6.1.2.1.4.34.1"
+IP_ADDRESS_COLUMNS: dict[Oid, str] = {oid(f"{IP_ADDRESS}.3"): "if_index", oid(f"{IP_ADDRESS}.4"): "type",
+                                      oid(f"{IP_ADDRESS}.5"): "prefix"}
+IP_ADDRESS_PREFIX_ORIGIN = oid("1.3.6.1.2.1.4.32.1.5")
+INET_IPV4, ADDRESS_UNICAST = 1, 1
+ADDRESS_REFRESH_S = 300.0
+
 
 def _text(value: Any) -> str:
     raw = bytes(value.asOctets())
@@ -92,9 +120,13 @@ class SnmpCollector(Collector):
     # ifTable errors/discards are Counter32; the octet and packet counters come from ifXTable (64-bit)
     counter_bits = {"in_errors": 32, "out_errors": 32, "in_discards": 32, "out_discards": 32}
 
-    def __init__(self, max_concurrency: int = 64, mib_dirs: list[str] | None = None):
+    def __init__(self, max_concurrency: int = 64, mib_dirs: list[str] | None = None,
+                 address_refresh_s: float = ADDRESS_REFRESH_S):
         self.max_concurrency = max_concurrency
         self.mib_dirs = mib_dirs
+        self.address_refresh_s = address_refresh_s  # 0: walk the addresses on every poll
+        self._addresses_due: dict[str, float] = {}  # device -> time.monotonic() of its next address walk
+        self._uptimes: dict[str, int] = {}  # device -> sysUpTime at its last good poll (reboots)
         self._engines = EnginePool()
         self._semaphore: asyncio.Semaphore | None = None
         self._targets: dict[str, tuple[SnmpSettings, str, SnmpTarget]] = {}
@@ -115,6 +147,7 @@ class SnmpCollector(Collector):
             target = SnmpTarget(self._engines.engine_for(settings), device.name, device.mgmt_address, settings)
             self._targets[device.name] = (settings, device.mgmt_address, target)
             self._extras.pop(device.name, None)
+            self._addresses_due.pop(device.name, None)
             return target
         return cached[2]
 
@@ -156,6 +189,10 @@ class SnmpCollector(Collector):
                    if (sample := _port_sample(device.name, index, row, ts, uptime, s.interfaces)) is not None]
         records: list[Any] = list(samples)
         names = {index[0]: row["name"] for index, row in rows.items() if len(index) == 1 and row.get("name")}
+        walk_addresses = self._addresses_wanted(device.name, uptime)
+        if walk_addresses:
+            ports = {index[0]: _port_name(index, row) for index, row in rows.items() if len(index) == 1}
+            records += await self._addresses(device.name, target, ports)
         if s.lldp:
             lldp = await target.walk(list(LLDP_COLUMNS), s.max_repetitions)
             records += _neighbors(device.name, lldp, names, time.time_ns())
@@ -178,14 +215,47 @@ class SnmpCollector(Collector):
             sys_descr=_text(system[SYS_DESCR])[:1024] if SYS_DESCR in system else None,
             sys_object_id=dotted(system[SYS_OBJECT_ID].asTuple()) if SYS_OBJECT_ID in system else None,
             lldp_chassis_id=chassis))
+        # only a poll that completes counts: one cut off by its deadline walks the addresses again
+        if walk_addresses:
+            self._addresses_due[device.name] = time.monotonic() + self.address_refresh_s
+        if uptime is not None:
+            self._uptimes[device.name] = uptime
         return PollResult(device=device.name, collector=self.name, started_ns=started_ns,
                           duration_s=time.perf_counter() - t0, records=records, counter_bits=self.counter_bits,
-                          values=target.values)
+                          values=target.values, addresses_walked=walk_addresses)
+
+    def _addresses_wanted(self, device: str, uptime: int | None) -> bool:
+        due = self._addresses_due.get(device)
+        previous = self._uptimes.get(device)
+        rebooted = uptime is not None and previous is not None and uptime < previous
+        return due is None or time.monotonic() >= due or rebooted
+
+    async def _addresses(self, device: str, target: SnmpTarget, ports: dict[int, str]) -> list[InterfaceAddress]:
+        """The device's IPv4 interface addresses: ipAddrTable, else ipAddressTable. A device that
+        answers these tables with garbage loses only its addresses (logged), not the poll."""
+        s = target.settings
+        ts = time.time_ns()
+        try:
+            found = _ip_addr_table(await target.walk(list(IP_ADDR_COLUMNS), s.max_repetitions))
+            if not found:
+                found = _ip_address_table(await target.walk(list(IP_ADDRESS_COLUMNS), s.max_repetitions))
+        except CollectorBadResponse as e:
+            log.warning("no interface addresses this time: %s", e)
+            return []
+        except (ValueError, TypeError) as e:  # a column of an unexpected type
+            log.warning("no interface addresses this time: %s: unreadable IP-MIB address table: %s", device, e)
+            return []
+        return [InterfaceAddress(device=device, port=ports[if_index], ts=ts, address=address,
+                                 prefix_len=32 if prefix_len is None else prefix_len)
+                for address, if_index, prefix_len in sorted(found, key=_address_order)
+                if if_index in ports and not address.startswith("127.")]
 
     async def close(self) -> None:
         self._engines.close()
         self._targets.clear()
         self._semaphore = None
+        self._addresses_due.clear()
+        self._uptimes.clear()
 
 
 def _rows(table: dict[Oid, dict[Oid, Any]], columns: dict[Oid, str]) -> dict[Oid, dict[str, Any]]:
@@ -209,18 +279,23 @@ def _sum(row: dict[str, Any], *keys: str) -> int | None:
     return sum(p for p in parts if p is not None) & U64_MAX
 
 
+def _port_name(index: Oid, row: dict[str, Any]) -> str:
+    """A port's name in every record: its ifName, or `if<ifIndex>` when it has none."""
+    name = _text(row["name"]) if "name" in row else ""
+    return (name if name and name.isprintable() else f"if{index[0]}")[:128]
+
+
 def _port_sample(device: str, index: Oid, row: dict[str, Any], ts: int, uptime: int | None,
                  patterns: list[str]) -> PortSample | None:
     if len(index) != 1 or "oper" not in row and "in_octets" not in row:
         return None
-    name = _text(row["name"]) if "name" in row else ""
-    name = name if name and name.isprintable() else f"if{index[0]}"
+    name = _port_name(index, row)
     if patterns and not any(fnmatch.fnmatchcase(name, p) for p in patterns):
         return None
     high_speed = _num(row, "high_speed")
     mtu = _num(row, "mtu")
     return PortSample(
-        device=device, port=name[:128], ts=ts,
+        device=device, port=name, ts=ts,
         in_octets=_num(row, "in_octets"), out_octets=_num(row, "out_octets"),
         in_pkts=_sum(row, "in_ucast", "in_mcast", "in_bcast"),
         out_pkts=_sum(row, "out_ucast", "out_mcast", "out_bcast"),
@@ -267,3 +342,48 @@ def _neighbors(device: str, table: dict[Oid, dict[Oid, Any]], if_names: dict[int
 def _extra(device: str, label: str, index: str, value: Any, ts: int) -> GenericPoint:
     return GenericPoint(measurement="snmp_extra", tags={"device": device, "object": label, "index": index},
                         fields=_fields(value), ts=ts)
+
+
+Address = tuple[str, int, int | None]  # (dotted IPv4 address, ifIndex, prefix length)
+
+
+def _prefix_len(mask: Any) -> int | None:
+    """An IpAddress netmask as a prefix length; None when missing or not contiguous."""
+    raw = bytes(mask.asOctets()) if mask is not None and hasattr(mask, "asOctets") else b""
+    if len(raw) != 4:
+        return None
+    host = ~int.from_bytes(raw, "big") & 0xFFFFFFFF
+    return 32 - host.bit_length() if host & (host + 1) == 0 else None
+
+
+def _ipv4(octets: Oid) -> str | None:
+    return ".".join(map(str, octets)) if len(octets) == 4 and all(0 <= b <= 255 for b in octets) else None
+
+
+def _ip_addr_table(table: dict[Oid, dict[Oid, Any]]) -> list[Address]:
+    """ipAddrTable rows -> addresses (index: the address itself)."""
+    out = []
+    for index, row in _rows(table, IP_ADDR_COLUMNS).items():
+        if (address := _ipv4(index)) is not None and "if_index" in row:
+            out.append((address, int(row["if_index"]), _prefix_len(row.get("netmask"))))
+    return out
+
+
+def _ip_address_table(table: dict[Oid, dict[Oid, Any]]) -> list[Address]:
+    """ipAddressTable rows -> IPv4 unicast addresses (index: type 1, length 4, the octets); the
+    prefix length is the last sub-identifier of the ipAddressPrefix row pointer (zeroDotZero: unknown)."""
+    out = []
+    for index, row in _rows(table, IP_ADDRESS_COLUMNS).items():
+        if len(index) != 6 or index[:2] != (INET_IPV4, 4) or (address := _ipv4(index[2:])) is None:
+            continue
+        if "if_index" not in row or _num(row, "type") not in (None, ADDRESS_UNICAST):
+            continue  # broadcast / anycast entries
+        prefix = row["prefix"].asTuple() if hasattr(row.get("prefix"), "asTuple") else ()
+        prefix_len = (prefix[-1] if prefix[:len(IP_ADDRESS_PREFIX_ORIGIN)] == IP_ADDRESS_PREFIX_ORIGIN
+                      and len(prefix) > len(IP_ADDRESS_PREFIX_ORIGIN) and 0 <= prefix[-1] <= 32 else None)
+        out.append((address, int(row["if_index"]), prefix_len))
+    return out
+
+
+def _address_order(a: Address) -> tuple[int, tuple[int, ...]]:
+    return a[1], tuple(map(int, a[0].split(".")))

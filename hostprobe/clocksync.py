@@ -74,9 +74,29 @@ def _lower_hull(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.array(hx), np.array(hy)
 
 
+def _hull_candidates(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Drop points (sorted by x, then y) that cannot be lower-hull vertices, in one vectorized pass:
+    the leftmost, the lowest and the rightmost-lowest points are vertices, so by convexity the hull
+    runs on or below the chords joining them, and a point strictly above its chord is not a vertex.
+    Queueing spreads most points far above the envelope, so few reach the Python hull loop."""
+    n = len(x)
+    last = int(np.searchsorted(x, x[-1]))  # the lowest point at the largest x
+    low = int(np.argmin(y[:last + 1]))
+    keep = np.zeros(n, dtype=bool)
+    keep[[0, low, last]] = True
+    for i, j in ((0, low), (low, last)):
+        if j - i > 1:
+            between = slice(i + 1, j)
+            if x[j] == x[i]:
+                continue  # same x as both ends, higher y: none of these is a vertex
+            chord = y[i] + (y[j] - y[i]) * (x[between] - x[i]) / (x[j] - x[i])
+            keep[between] = y[between] <= chord
+    return x[keep], y[keep]
+
+
 def _hull_slopes(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     order = np.lexsort((y, x))
-    hx, hy = _lower_hull(x[order], y[order])
+    hx, hy = _lower_hull(*_hull_candidates(x[order], y[order]))
     return np.diff(hy) / np.diff(hx) if len(hx) > 1 else np.empty(0)
 
 

@@ -6,6 +6,7 @@ own temporary directory; stop() kills only the process it started.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -18,6 +19,10 @@ from pathlib import Path
 SNMPD = shutil.which("snmpd") or "/usr/sbin/snmpd"
 SKIP_REASON = "net-snmp snmpd not installed: apt-get install snmpd snmp"
 COMMUNITY = "nms-test-community"
+# the same agent seen through views that hide IP-MIB's address tables: ipAddrTable only (the
+# collector falls back to ipAddressTable), or both (a device without interface addresses)
+COMMUNITY_NO_IPADDRTABLE = "nms-test-no-ipaddrtable"
+COMMUNITY_NO_ADDRESSES = "nms-test-no-addresses"
 # user -> (net-snmp auth, auth key, net-snmp priv, priv key, our SnmpSettings fields)
 V3_USERS = {
     "nmssha": ("SHA", "auth-key-sha-1", "AES", "priv-key-aes-1", {"auth_protocol": "sha", "priv_protocol": "aes"}),
@@ -57,7 +62,12 @@ class Snmpd:
 
     def _config(self) -> str:
         lines = [f"agentAddress udp:127.0.0.1:{self.port}", f"rocommunity {COMMUNITY} 127.0.0.1",
-                 "master agentx", f"agentXSocket unix:{self.dir}/agentx.sock", "sysName nms-test-snmpd"]
+                 "master agentx", f"agentXSocket unix:{self.dir}/agentx.sock", "sysName nms-test-snmpd",
+                 "view noipaddrtable included .1", "view noipaddrtable excluded .1.3.6.1.2.1.4.20",
+                 f"rocommunity {COMMUNITY_NO_IPADDRTABLE} 127.0.0.1 -V noipaddrtable",
+                 "view noaddresses included .1", "view noaddresses excluded .1.3.6.1.2.1.4.20",
+                 "view noaddresses excluded .1.3.6.1.2.1.4.34",
+                 f"rocommunity {COMMUNITY_NO_ADDRESSES} 127.0.0.1 -V noaddresses"]
         for user, (auth, akey, priv, pkey, _) in V3_USERS.items():
             if priv:
                 lines += [f"createUser {user} {auth} {akey} {priv} {pkey}", f"rouser {user} priv"]
@@ -105,3 +115,11 @@ def kernel_stats(ifname: str) -> dict[str, int]:
     base = Path("/sys/class/net") / ifname / "statistics"
     return {name: int((base / name).read_text()) for name in
             ("rx_bytes", "tx_bytes", "rx_packets", "tx_packets", "rx_errors", "tx_errors", "rx_dropped", "tx_dropped")}
+
+
+def kernel_ipv4() -> dict[str, tuple[str, int]]:
+    """The root namespace's IPv4 addresses: address -> (interface, prefix length), from `ip -j`."""
+    links = json.loads(subprocess.run(["ip", "-j", "-4", "addr", "show"], capture_output=True, text=True,
+                                      check=True, timeout=10).stdout or "[]")
+    return {a["local"]: (link["ifname"], a["prefixlen"]) for link in links for a in link.get("addr_info", [])
+            if a.get("family") == "inet" and "local" in a}

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
-from hostprobe.clocksync import ClockSync, max_margin_line, ntp_estimate, svm_estimate, theil_sen_slope
+from hostprobe.clocksync import (ClockSync, _hull_candidates, _lower_hull, max_margin_line, ntp_estimate,
+                                 svm_estimate, theil_sen_slope)
 from hostprobe.stats import Exchange
 
 T0 = 1_700_000_000_000_000_000
@@ -50,6 +51,20 @@ def test_max_margin_line_matches_the_lp(seed):
     assert m == pytest.approx(lm, abs=1e-3)
     # the optimum can be non-unique in (a, b) only when margins tie; the margin itself is unique
     assert np.min(uy - (a + b * ux)) >= m - 1e-3 and np.min((a + b * lx) - ly) >= m - 1e-3
+
+
+def test_hull_prefilter_keeps_every_lower_hull_vertex():
+    """The vectorized chord filter is exact: the same hull as the plain monotone chain, ties and
+    repeated x included."""
+    rng = np.random.default_rng(7)
+    for t in range(2000):
+        n = int(rng.integers(1, 60))
+        x = np.round(rng.uniform(0, 2, n), int(rng.integers(0, 3)))  # coarse rounding: repeated x
+        y = rng.exponential(100, n) if t % 2 else np.round(rng.uniform(-5, 5, n))  # ties in y
+        order = np.lexsort((y, x))
+        plain = _lower_hull(x[order], y[order])
+        filtered = _lower_hull(*_hull_candidates(x[order], y[order]))
+        assert np.array_equal(plain[0], filtered[0]) and np.array_equal(plain[1], filtered[1])
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -4,15 +4,19 @@ Each job runs the collector with the device's deadline. A failure (timeout, auth
 is recorded on that device only; the device is then retried with exponential backoff (interval x
 2^(failures-1), at most `polling.backoff_max`), and no other device or later cycle waits for it.
 Results become rates (nms.counters), link events and flap counts (nms.linkstate), go to the store
-and to an in-memory recent window that the API's /topology, /devices and /ports read.
+and to an in-memory recent window that the API's /topology, /devices and /ports read (and that
+keeps each device's latest interface addresses for the correlator). `on_records`, when set, sees
+every poll's records plus the derived ones (PortRates, LinkEvent).
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -24,7 +28,16 @@ from nms.config import NmsConfig
 from nms.config.models import SwitchConfig
 from nms.counters import RateTracker
 from nms.linkstate import LinkStateTracker
-from nms.records import DeviceFacts, DeviceStatus, FabricTopology, LinkEvent, LldpNeighbor, PortRates, PortSample
+from nms.records import (
+    DeviceFacts,
+    DeviceStatus,
+    FabricTopology,
+    InterfaceAddress,
+    LinkEvent,
+    LldpNeighbor,
+    PortRates,
+    PortSample,
+)
 from nms.topology import build_topology
 
 log = logging.getLogger(__name__)
@@ -75,6 +88,9 @@ class RecentWindow:
     neighbors: dict[str, list[LldpNeighbor]] = field(default_factory=dict)
     facts: dict[str, DeviceFacts] = field(default_factory=dict)
     events: deque[LinkEvent] = field(default_factory=lambda: deque(maxlen=10_000))
+    # device -> its interface addresses from the latest poll that read them (collectors read them
+    # only now and then, so not pruned by the window; replaced whole, an empty list included)
+    addresses: dict[str, list[InterfaceAddress]] = field(default_factory=dict)
 
     def prune(self, now_ns: int) -> None:
         cutoff = now_ns - int(self.window_s * NS)
@@ -104,9 +120,14 @@ class _Metrics:
 
 
 class Poller:
-    def __init__(self, config: NmsConfig, store, registry, collectors: dict[str, Any] | None = None):
+    def __init__(self, config: NmsConfig, store, registry, collectors: dict[str, Any] | None = None,
+                 on_records: Callable[[list[Any]], Any] | None = None):
         self.config = config
         self.store = store
+        # called once per successful poll with its records + the derived PortRates and LinkEvents,
+        # after the recent window is updated and before the store write; may be a coroutine
+        # function; its exceptions are logged, never stop polling. Settable at any time.
+        self.on_records = on_records
         self.collectors = collectors if collectors is not None else load_collectors(config)
         self.metrics = _Metrics(registry)
         t = config.thresholds
@@ -201,7 +222,17 @@ class Poller:
             self.recent.facts[result.device] = result.facts
         if any(isinstance(r, LldpNeighbor) for r in records) or self._lldp_enabled(result):
             self.recent.neighbors[result.device] = result.neighbors
+        addresses = [r for r in records if isinstance(r, InterfaceAddress)]
+        if addresses or getattr(result, "addresses_walked", False):
+            self.recent.addresses[result.device] = addresses
         self.recent.prune(time.time_ns())
+        if self.on_records is not None:
+            try:
+                out = self.on_records(records + derived)
+                if inspect.isawaitable(out):
+                    await out
+            except Exception:
+                log.exception("on_records hook failed for %s", result.device)
         for r in records + derived:
             self.metrics.records.labels(result.collector, type(r).__name__).inc()
         points = [r.to_point() for r in records + derived]
