@@ -4,8 +4,8 @@ Telemetry records know how to become store points (`to_point`): their measuremen
 attributes are tags (identifiers) and which are fields (numbers). Timestamps are integer
 nanoseconds since the Unix epoch (UTC); the API also accepts RFC 3339 strings for them.
 
-Records that later stages need (Finding, Incident, Action, ...) are added here when those stages
-land, so this module stays the single home of the vocabulary.
+Records that later stages need (Action, ...) are added here when those stages land, so this
+module stays the single home of the vocabulary.
 """
 
 from __future__ import annotations
@@ -491,3 +491,111 @@ class FabricPath(Record):
     @property
     def devices(self) -> list[str]:
         return [h.device for h in self.hops]
+
+
+class InterfaceAddress(TelemetryRecord):
+    """An IPv4 address a switch holds on a port (IP-MIB ipAddrTable): turns traceroute hops into
+    devices and ports for the correlator."""
+
+    measurement: ClassVar[str] = "interface_address"
+    tag_keys: ClassVar[tuple[str, ...]] = ("device", "port", "address")
+
+    device: Ident
+    port: Ident
+    ts: TimestampNs
+    address: str = Field(max_length=64)
+    prefix_len: int = Field(32, ge=0, le=128, description="32 (a host address) when the device gives no usable mask")
+
+
+# --- the correlator's output: findings -> incidents -> notifications ------------------------------
+
+FaultKind = Literal["link_down", "link_flapping", "corrupting_link", "congestion", "path_imbalance",
+                    "nic_down", "device_down", "mtu_mismatch", "miscabling"]
+ElementKind = Literal["link", "nic", "device"]
+Severity = Literal["critical", "major", "minor", "warning"]
+
+
+class Finding(Record):
+    """What the correlator concluded in one window about one element. `element` names it:
+    a link as its two ends `dev:port--dev:port` (sorted, as TopologyLink), a NIC as `host:nic`,
+    a device by name. `direction` (links only) is the loaded / lossy direction as `dev:port->dev:port`
+    when the evidence is one-way."""
+
+    kind: FaultKind
+    element: str = Field(min_length=1, max_length=512)
+    element_kind: ElementKind
+    ts: TimestampNs = Field(description="the window the finding was made in")
+    confidence: float = Field(ge=0, le=1)
+    severity: Severity
+    summary: str = Field(max_length=1024)
+    direction: str | None = Field(None, max_length=512)
+    evidence: dict[str, Any] = Field(default_factory=dict, description="the numbers that decided it")
+    paths: list[str] = Field(default_factory=list, max_length=10_000,
+                             description="affected probe paths as src_host:src_nic>dst_host:dst_nic/path_id")
+    jobs: list[str] = Field(default_factory=list, description="jobs whose hosts talk across the element")
+
+    @property
+    def dedup_key(self) -> str:
+        return f"{self.kind}:{self.element}"
+
+
+IncidentState = Literal["open", "resolved"]
+
+
+class Incident(Record):
+    """A finding that persists: open -> (updated)* -> resolved after N clean windows."""
+
+    id: int = Field(description="rises with every incident; never reused")
+    dedup_key: str = Field(description="kind:element; one open incident per key")
+    kind: FaultKind
+    element: str
+    element_kind: ElementKind
+    direction: str | None = None
+    severity: Severity
+    state: IncidentState = "open"
+    summary: str
+    confidence: float = Field(ge=0, le=1)
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    paths: list[str] = Field(default_factory=list)
+    jobs: list[str] = Field(default_factory=list)
+    opened_ns: int
+    updated_ns: int
+    last_seen_ns: int = Field(description="the last window that still showed the fault")
+    resolved_ns: int | None = None
+    updates: int = Field(0, ge=0, description="times the finding changed while open")
+    clean_windows: int = Field(0, ge=0, description="windows in a row without the finding")
+    acknowledged_by: str | None = None
+    acknowledged_ns: int | None = None
+
+
+IncidentEventKind = Literal["opened", "updated", "resolved", "acknowledged"]
+
+
+class IncidentEvent(Record):
+    """One change of an incident: what the API streams and the notifiers deliver."""
+
+    event: IncidentEventKind
+    ts: TimestampNs
+    incident: Incident
+
+
+DeliveryState = Literal["pending", "delivered", "failed"]
+
+
+class NotificationDelivery(Record):
+    """One incident event on its way to one notification sink (nms/app/notify/)."""
+
+    id: int = Field(description="rises with every delivery; never reused; webhook receivers see it as delivery_id")
+    incident_id: int
+    event: IncidentEventKind
+    sink: str = Field(description="the sink's name in the config")
+    sink_kind: str
+    state: DeliveryState = Field("pending", description="pending -> delivered | failed (permanent answer or "
+                                                        "max_attempts reached)")
+    attempts: int = Field(0, ge=0)
+    created_ns: int
+    last_attempt_ns: int | None = None
+    next_attempt_ns: int | None = Field(None, description="when a pending delivery is tried next")
+    delivered_ns: int | None = None
+    last_status: int | None = Field(None, description="HTTP status of the last attempt (None: no answer)")
+    last_error: str | None = Field(None, max_length=512, description="why the last attempt did not deliver")

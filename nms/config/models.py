@@ -211,6 +211,58 @@ class Thresholds(Strict):
     resolve_after_clean_windows: int = Field(10, ge=1)
 
 
+class CorrelatorConfig(Strict):
+    """The correlator (correlator/): one step per `interval` over the last `context` of telemetry."""
+
+    enabled: bool = True
+    interval: Seconds = 1.0
+    context: Seconds = 10.0  # sliding context joined at every step
+    baseline: Seconds = 600.0  # one-way delay baselines (per path minimum) look back this far
+    loss_floor_pct: float = Field(0.1, ge=0, le=100)  # loss this low is background, not a fault
+    imbalance_ratio: float = Field(2.0, gt=1)  # parallel uplinks: hot / cold utilization that counts
+
+
+class NotificationSink(Strict):
+    """One destination of incident events. `kind` picks the payload (an `nms.notifiers` entry point)."""
+
+    name: Name
+    kind: Literal["webhook", "pagerduty", "slack", "alertmanager", "servicenow"]
+    url: HttpUrl
+    secret: SecretStr | None = None  # webhook: HMAC-SHA256 key; pagerduty: routing key; servicenow: password
+    username: str | None = None  # servicenow basic auth
+    min_severity: Literal["critical", "major", "minor", "warning"] = "warning"
+    kinds: list[str] = []  # only these fault kinds (all when empty)
+    timeout: Seconds = 5.0
+    verify_tls: bool = True
+
+    @model_validator(mode="after")
+    def _needs(self) -> NotificationSink:
+        if self.kind == "pagerduty" and self.secret is None:
+            raise ValueError(f"sink {self.name!r}: pagerduty needs secret (the Events v2 routing key)")
+        if self.kind == "servicenow" and (self.username is None) != (self.secret is None):
+            raise ValueError(f"sink {self.name!r}: servicenow needs both username and secret, or neither")
+        return self
+
+
+class NotificationsConfig(Strict):
+    sinks: list[NotificationSink] = []
+    max_attempts: int = Field(8, ge=1, le=100)  # then the delivery is marked failed
+    backoff_initial: Seconds = 1.0
+    backoff_max: Seconds = 300.0
+    max_retry_after: Seconds = 3600.0  # a Retry-After longer than this is capped
+    # this NMS's URL as receivers should link to it (Alertmanager externalURL/generatorURL, PagerDuty client_url)
+    external_url: HttpUrl | None = None
+
+    @field_validator("sinks")
+    @classmethod
+    def _unique(cls, sinks: list[NotificationSink]) -> list[NotificationSink]:
+        names = [s.name for s in sinks]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"duplicate sink names: {dup}")
+        return sinks
+
+
 class AgentsConfig(Strict):
     """How the service steers host probe agents (hostprobe/; the agents' own settings are in their
     config files)."""
@@ -355,6 +407,8 @@ class NmsConfig(Strict):
     thresholds: Thresholds = Thresholds()
     agents: AgentsConfig = AgentsConfig()
     clock: ClockConfig = ClockConfig()
+    correlator: CorrelatorConfig = CorrelatorConfig()
+    notifications: NotificationsConfig = NotificationsConfig()
     fabric: FabricConfig = FabricConfig()
 
     @model_validator(mode="after")
