@@ -1,10 +1,12 @@
-"""Durable service state that is not telemetry: jobs and host agent commands (incidents and
-actions later).
+"""Durable service state that is not telemetry: jobs, host agent commands and incidents (actions
+later).
 
 Kept in SQLite in the data directory so it survives restarts whichever telemetry backend is used.
 Agent commands: ids come from an AUTOINCREMENT key, so they rise and are never reused, also
 across restarts (an agent's `after` cursor stays meaningful); status pending -> delivered ->
-done | failed, or pending -> expired.
+done | failed, or pending -> expired. Incidents (nms.app.incidents keeps their lifecycle): the
+JSON body plus indexed columns, ids from AUTOINCREMENT too, and every event in incident_events
+(the history, and the rising ids of the event stream).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from nms.records import Job
+from nms.records import Incident, IncidentEvent, IncidentState, Job
 
 CommandStatus = Literal["pending", "delivered", "done", "failed", "expired"]
 _COMMAND_COLUMNS = "id, host, kind, args, issued_ns, by, status, delivered_ns, result_ns, message, details"
@@ -49,6 +51,62 @@ class AgentCommand(BaseModel):
                    details=None if details is None else json.loads(details))
 
 
+_INCIDENT_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS incidents (id INTEGER PRIMARY KEY AUTOINCREMENT, dedup_key TEXT NOT NULL, "
+    "state TEXT NOT NULL, kind TEXT NOT NULL, element TEXT NOT NULL, opened_ns INTEGER NOT NULL, resolved_ns INTEGER, "
+    "body TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS incidents_state ON incidents (state, id)",
+    "CREATE INDEX IF NOT EXISTS incidents_kind ON incidents (kind, id)",
+    "CREATE INDEX IF NOT EXISTS incidents_element ON incidents (element)",
+    "CREATE INDEX IF NOT EXISTS incidents_dedup_key ON incidents (dedup_key, state)",
+    "CREATE INDEX IF NOT EXISTS incidents_opened ON incidents (opened_ns)",
+    "CREATE INDEX IF NOT EXISTS incidents_resolved ON incidents (resolved_ns)",
+    "CREATE TABLE IF NOT EXISTS incident_events (id INTEGER PRIMARY KEY AUTOINCREMENT, incident_id INTEGER NOT NULL, "
+    "event TEXT NOT NULL, ts INTEGER NOT NULL, comment TEXT, body TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS incident_events_incident ON incident_events (incident_id, id)",
+)
+
+
+class IncidentEventEntry(IncidentEvent):
+    """An incident event as the history keeps it."""
+
+    id: int = Field(description="rises with every event, never reused: the `id:` of the event stream")
+    comment: str | None = Field(None, description="the acknowledger's comment")
+
+    @classmethod
+    def from_row(cls, row: tuple) -> IncidentEventEntry:
+        eid, comment, body = row
+        return cls.model_validate({**json.loads(body), "id": eid, "comment": comment})
+
+
+class IncidentWriter:
+    """The incident writes of one transaction (StateStore.incident_batch)."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self._db = db
+
+    def insert(self, incident: Incident) -> Incident:
+        """Store a new incident; returns it with its id (the one passed in is ignored)."""
+        cur = self._db.execute("INSERT INTO incidents (dedup_key, state, kind, element, opened_ns, resolved_ns, body) "
+                               "VALUES (?, ?, ?, ?, ?, ?, '')", (incident.dedup_key, incident.state, incident.kind,
+                                                                 incident.element, incident.opened_ns,
+                                                                 incident.resolved_ns))
+        incident = incident.model_copy(update={"id": cur.lastrowid})
+        self.update(incident)
+        return incident
+
+    def update(self, incident: Incident) -> None:
+        self._db.execute("UPDATE incidents SET state = ?, resolved_ns = ?, body = ? WHERE id = ?",
+                         (incident.state, incident.resolved_ns, incident.model_dump_json(), incident.id))
+
+    def add_event(self, event: IncidentEvent, comment: str | None = None) -> int:
+        """Append to the history; returns the event's id."""
+        cur = self._db.execute("INSERT INTO incident_events (incident_id, event, ts, comment, body) "
+                               "VALUES (?, ?, ?, ?, ?)",
+                               (event.incident.id, event.event, event.ts, comment, event.model_dump_json()))
+        return cur.lastrowid
+
+
 class StateStore:
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -64,6 +122,8 @@ class StateStore:
             "details TEXT)")
         self._db.execute("CREATE INDEX IF NOT EXISTS agent_commands_host ON agent_commands (host, id)")
         self._db.execute("CREATE INDEX IF NOT EXISTS agent_commands_status ON agent_commands (status, issued_ns)")
+        for statement in _INCIDENT_SCHEMA:
+            self._db.execute(statement)
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -193,6 +253,72 @@ class StateStore:
         with self._lock:
             row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'agent_commands'").fetchone()
         return 0 if row is None else row[0]
+
+    # --- incidents ------------------------------------------------------------------------------
+
+    @contextmanager
+    def incident_batch(self) -> Iterator[IncidentWriter]:
+        """One transaction of incident writes: all of them are stored, or none."""
+        with self._transaction() as db:
+            yield IncidentWriter(db)
+
+    def get_incident(self, incident_id: int) -> Incident | None:
+        with self._lock:
+            row = self._db.execute("SELECT body FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+        return None if row is None else Incident.model_validate_json(row[0])
+
+    def list_incidents(self, state: IncidentState | None = None, kind: str | None = None, job: str | None = None,
+                       element: str | None = None, since_ns: int | None = None, until_ns: int | None = None,
+                       limit: int | None = 1000) -> list[Incident]:
+        """Newest first. `element` matches the element itself, a link with that end, and whatever
+        belongs to that device (`leaf1` matches `leaf1:swp1--spine1:swp2`); since/until keep the
+        incidents whose active span (opened .. resolved, or now while open) overlaps the range."""
+        where, params = [], []
+        for column, value in (("state", state), ("kind", kind)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        if job is not None:
+            where.append("EXISTS (SELECT 1 FROM json_each(incidents.body, '$.jobs') WHERE value = ?)")
+            params.append(job)
+        if element is not None:
+            e = element.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            where.append("(element = ? OR " + " OR ".join(["element LIKE ? ESCAPE '\\'"] * 4) + ")")
+            params += [element, f"{e}:%", f"{e}--%", f"%--{e}", f"%--{e}:%"]
+        if since_ns is not None:
+            where.append("(resolved_ns IS NULL OR resolved_ns >= ?)")
+            params.append(since_ns)
+        if until_ns is not None:
+            where.append("opened_ns <= ?")
+            params.append(until_ns)
+        sql = "SELECT body FROM incidents" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        with self._lock:
+            rows = self._db.execute(sql, params).fetchall()
+        return [Incident.model_validate_json(r[0]) for r in rows]
+
+    def incident_events(self, incident_id: int | None = None, after: int = 0, limit: int = 1000,
+                        newest: bool = False) -> list[IncidentEventEntry]:
+        """Events with id > `after` (of one incident, or all), oldest first: the first `limit` of
+        them, or with `newest` the last `limit`."""
+        sql, params = "SELECT id, comment, body FROM incident_events WHERE id > ?", [after]
+        if incident_id is not None:
+            sql += " AND incident_id = ?"
+            params.append(incident_id)
+        sql += f" ORDER BY id {'DESC' if newest else 'ASC'} LIMIT ?"
+        with self._lock:
+            rows = self._db.execute(sql, (*params, limit)).fetchall()
+        return [IncidentEventEntry.from_row(r) for r in (reversed(rows) if newest else rows)]
+
+    def last_incident_event(self, incident_id: int, kinds: tuple[str, ...]) -> IncidentEventEntry | None:
+        """The newest event of one incident among `kinds`."""
+        with self._lock:
+            row = self._db.execute(f"SELECT id, comment, body FROM incident_events WHERE incident_id = ? AND event IN "
+                                   f"({','.join('?' * len(kinds))}) ORDER BY id DESC LIMIT 1",
+                                   (incident_id, *kinds)).fetchone()
+        return None if row is None else IncidentEventEntry.from_row(row)
 
     def close(self) -> None:
         with self._lock:

@@ -9,7 +9,10 @@ import time
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from nms.app.clock import ClockService
+from nms.app.correlation import CorrelationService
+from nms.app.incidents import IncidentManager
 from nms.app.metrics import ServiceMetrics
+from nms.app.notify import Notifier
 from nms.app.plugins import open_store
 from nms.app.polling import Poller
 from nms.config import NmsConfig
@@ -31,20 +34,33 @@ class Service:
         self.started_at = time.time()
         self.poller = Poller(config, self.store, self.metrics.registry)  # switch collectors, by entry point
         self.clock = ClockService(config.clock, self.store, self.metrics)  # network-effect clock sync
+        self.incidents = IncidentManager(self.state, config.thresholds.resolve_after_clean_windows)
+        self.notifier = Notifier(config.notifications, config.data_dir / "notifications.sqlite", config.site,
+                                 self.metrics.registry)  # incident events -> sinks, durable retries
+        self.incidents.add_listener(self.notifier.submit)
+        self.correlation = None  # telemetry -> findings -> incidents, one step per correlator.interval
+        if config.correlator.enabled:
+            self.correlation = CorrelationService(config, self.state, self.incidents, self.metrics.registry)
+            self.poller.on_records = lambda records: self.correlation.add(records, "collectors")
 
     def on_ingest(self, kind: str, records: list) -> list:
         """Validated records of POST /ingest/<kind>, before they are stored: the records to store
         (the same number, in order). Clock edges feed the clock solve; probe windows get
-        clock-corrected delays. A failure here never loses the batch: it is stored as it came."""
-        if not self.config.clock.enabled:
-            return records
-        try:
-            if kind == "clock_edges":
-                self.clock.add_edges(records)
-            elif kind == "probe_windows":
-                return self.clock.correct(records)
-        except Exception:
-            log.exception("clock sync hook failed for %d %s", len(records), kind)
+        clock-corrected delays; everything goes to the correlator. A failure here never loses the
+        batch: it is stored as it came."""
+        if self.config.clock.enabled:
+            try:
+                if kind == "clock_edges":
+                    self.clock.add_edges(records)
+                elif kind == "probe_windows":
+                    records = self.clock.correct(records)
+            except Exception:
+                log.exception("clock sync hook failed for %d %s", len(records), kind)
+        if self.correlation is not None:
+            try:
+                self.correlation.add(records, kind)
+            except Exception:
+                log.exception("correlator feed failed for %d %s", len(records), kind)
         return records
 
     async def start(self) -> None:
@@ -61,7 +77,10 @@ class Service:
             self.poller.schedule(self.scheduler)
         if self.config.clock.enabled:
             self.scheduler.add_job(self.solve_clock, "interval", seconds=self.config.clock.window_s, id="clock-solve")
+        if self.correlation is not None:
+            self.scheduler.add_job(self.correlate, "interval", seconds=self.config.correlator.interval, id="correlate")
         self.scheduler.start()
+        await self.notifier.start()
         log.info("service started: store=%s, api on %s:%d", self.store.name,
                  self.config.api.host, self.config.api.port)
 
@@ -84,11 +103,23 @@ class Service:
             self.metrics.scheduler_runs.labels("clock-solve", "error").inc()
             log.exception("clock solve failed")
 
+    async def correlate(self) -> None:
+        """The correlator job: the topology on the loop (the poller changes its inputs here), the step
+        in a worker thread."""
+        try:
+            self.correlation.refresh_topology(self.poller.topology, time.time_ns())
+            await asyncio.to_thread(self.correlation.step)
+            self.metrics.scheduler_runs.labels("correlate", "ok").inc()
+        except Exception:
+            self.metrics.scheduler_runs.labels("correlate", "error").inc()
+            log.exception("correlator step failed")
+
     async def stop(self) -> None:
         """Clean shutdown: stop scheduling, flush the store (or spool it), close state."""
         if self.scheduler is not None and self.scheduler.running:
             self.scheduler.shutdown(wait=False)
         await self.poller.close()
+        await self.notifier.stop()
         await asyncio.to_thread(self.store.close)
         self.state.close()
         log.info("service stopped; store flushed")

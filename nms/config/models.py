@@ -227,7 +227,7 @@ class NotificationSink(Strict):
 
     name: Name
     kind: Literal["webhook", "pagerduty", "slack", "alertmanager", "servicenow"]
-    url: HttpUrl
+    url: HttpUrl = Field(repr=False)  # may carry a credential (Slack's path, a query token): not in repr
     secret: SecretStr | None = None  # webhook: HMAC-SHA256 key; pagerduty: routing key; servicenow: password
     username: str | None = None  # servicenow basic auth
     min_severity: Literal["critical", "major", "minor", "warning"] = "warning"

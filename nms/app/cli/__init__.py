@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,6 +19,7 @@ from nms.app.cli.agents import agents_app
 from nms.app.cli.client import ApiClient, TokenOpt, UrlOpt, err_console, fmt_time
 from nms.app.cli.clock import clock as clock_cmd
 from nms.app.cli.fabric import collect_app, devices as devices_cmd, topology as topology_cmd
+from nms.app.cli.incidents import incidents_app
 from nms.app.cli.jobs import jobs_app
 from nms.config import ConfigError, load_config
 from nms.config.models import parse_duration
@@ -32,6 +34,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(token_app, name="token")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(agents_app, name="agents")
+app.add_typer(incidents_app, name="incidents")
 app.add_typer(collect_app, name="collect")
 app.command("topology")(topology_cmd)
 app.command("devices")(devices_cmd)
@@ -217,12 +220,25 @@ def query(measurement: str = typer.Argument(..., help="e.g. port_rates, probe_wi
 
 
 @app.command()
-def demo(minutes: int = typer.Option(5, min=1, max=60, help="minutes of synthetic fabric telemetry"),
-         keep_running: bool = typer.Option(False, "--keep-running", help="leave the service up afterwards")) -> None:
-    """Run the service on the embedded store and use its API end to end (the README's main job)."""
-    from nms.app.cli.demo import run_demo
+def demo(api_only: bool = typer.Option(False, "--api-only", help="the API walk-through on synthetic telemetry, "
+                                                                  "no lab (needs no root)"),
+         minutes: int = typer.Option(5, min=1, max=60, help="--api-only: minutes of synthetic telemetry"),
+         keep_running: bool = typer.Option(False, "--keep-running", help="leave the service (and lab) up afterwards")
+         ) -> None:
+    """The README's main job: the fabric lab with agents, SNMP and the correlator, a real link failure and
+    its incident (needs root); --api-only, or without root, the service's API on synthetic telemetry."""
+    if not api_only and os.geteuid() != 0:
+        err_console.print("[yellow]the lab demo needs root (network namespaces): running the API-only demo; "
+                          "`sudo nms demo` runs the full one[/]")
+        api_only = True
+    if api_only:
+        from nms.app.cli.demo import run_demo
 
-    run_demo(minutes, keep_running)
+        run_demo(minutes, keep_running)
+    else:
+        from nms.app.cli.demo_lab import run_lab_demo
+
+        run_lab_demo(keep_running)
 
 
 app.add_typer(lab_app, name="lab")

@@ -1,0 +1,242 @@
+"""Classification: localized elements + switch evidence -> what kind of fault, with its evidence.
+
+* down paths (probes only, before any SNMP poll) -> link_down / nic_down / device_down; the same
+  element with >= 2 down episodes per path in the context, or flapping per the switches ->
+  link_flapping (a flapping NIC is its access link flapping).
+* a lossy directed link -> congestion when it also inflates delay, or its egress is hot (utilization
+  >= threshold) or discarding, and no error counters; otherwise corrupting_link (silent loss at low
+  utilization, and/or errors).
+* an inflating directed link -> congestion; path_imbalance instead when it (or any uplink) is the hot
+  one of a switch's parallel uplinks (hot / cold utilization >= imbalance_ratio), the hash collision
+  being the cause.
+* switch evidence alone: an end oper down (link_down), flapping per LinkEvent (link_flapping),
+  sustained input errors (corrupting_link), MTU differing across a link (mtu_mismatch), LLDP
+  contradicting the inventory (miscabling). Elements already explained by probes are not repeated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from correlator.evidence import SwitchView
+from correlator.fabric import FabricIndex, fmt_end
+from correlator.localize import Pick
+from correlator.paths import Geometry
+from nms.config.models import CorrelatorConfig, Thresholds
+
+SEVERITY = {"link_down": "critical", "nic_down": "critical", "device_down": "critical",
+            "link_flapping": "major", "corrupting_link": "major", "congestion": "minor",
+            "path_imbalance": "minor", "mtu_mismatch": "warning", "miscabling": "warning"}
+
+
+@dataclass
+class Draft:
+    kind: str
+    element: str
+    element_kind: str
+    confidence: float
+    summary: str
+    eid: int | None = None  # element id in the geometry's E space (paths crossing it), if any
+    direction: str | None = None
+    evidence: dict = field(default_factory=dict)
+    paths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+
+def element_name(e: int, geo: Geometry, index: FabricIndex) -> tuple[str, str]:
+    if e < geo.L:
+        return index.name(e), "link"
+    if e < geo.L + geo.N:
+        host, nic = index.nics[e - geo.L]
+        return f"{host}:{nic}", "nic"
+    return index.devices[e - geo.L - geo.N], "device"
+
+
+def _confirmed(e: int, geo: Geometry, index: FabricIndex, view: SwitchView) -> bool:
+    if e < geo.L:
+        return view.link_down(e)
+    if e < geo.L + geo.N:
+        nic = index.nics[e - geo.L]
+        o = view.oper(nic)
+        access = index.nic_access.get(nic)
+        return (o is not None and o[0] == "down") or (access is not None and view.link_down(access))
+    device = index.devices[e - geo.L - geo.N]
+    if index.reachable.get(device) is False:
+        return True
+    links = index.links_of(device)
+    return bool(links) and all(view.link_down(lid) for lid in links)
+
+
+def state_priority(geo: Geometry, index: FabricIndex, view: SwitchView, candidates: np.ndarray) -> np.ndarray:
+    """Tie-break of the down cover: switch-confirmed first, then NIC > switch > link."""
+    prio = np.ones(geo.L + geo.N + geo.D)
+    prio[geo.L:geo.L + geo.N] = 3
+    prio[geo.L + geo.N:] = 2
+    for e in np.flatnonzero(candidates):
+        if _confirmed(int(e), geo, index, view):
+            prio[e] += 10
+    return prio
+
+
+def state_findings(down: list[Pick], episodes: list[Pick], stats, geo: Geometry, index: FabricIndex,
+                   view: SwitchView) -> list[Draft]:
+    out: dict[tuple[str, str], Draft] = {}
+    through = np.diff(geo.ET.indptr)
+    for pick, now_down in [(p, True) for p in down] + [(p, False) for p in episodes]:
+        e = pick.element
+        name, ekind = element_name(e, geo, index)
+        nic = index.nics[e - geo.L] if ekind == "nic" else None
+        lid = e if ekind == "link" else index.nic_access.get(nic) if nic else None
+        cycles = int(np.median(stats.episodes[pick.paths])) if len(pick.paths) else 0
+        if lid is not None and (cycles >= 2 or view.flapping(lid)):
+            kind, name, ekind, eid = "link_flapping", index.name(lid), "link", lid
+        elif now_down:
+            kind, eid = {"link": "link_down", "nic": "nic_down", "device": "device_down"}[ekind], e
+        else:
+            continue  # one episode, over: nothing to report
+        if (kind, name) in out:
+            continue
+        n = len(pick.paths)
+        confirmed = _confirmed(e, geo, index, view)
+        alts = [element_name(a, geo, index)[0] for a in pick.alternatives]
+        same_thing = {index.name(lid)} if nic and lid is not None else set()
+        if lid is not None and ekind == "link":  # the NIC of an access link is the same thing
+            same_thing |= {f"{h}:{p}" for h, p in index.links[lid] if (h, p) in index.nic_id}
+        doubt = [a for a in alts if a not in same_thing]
+        conf = 0.97 if confirmed else 0.9 if n >= 3 else 0.7 if n == 2 else 0.5
+        if doubt and not confirmed:
+            conf /= 1 + len(doubt)
+        evidence = {"paths_down" if now_down else "paths_with_episodes": n,
+                    "paths_through": int(through[e]), "down_episodes": cycles,
+                    "switch_confirms": confirmed}
+        if lid is not None:
+            evidence["oper"] = view.link_oper(lid)
+            if kind == "link_flapping":
+                evidence["switch_flaps"] = view.flaps(lid)
+        if doubt:
+            evidence["alternatives"] = doubt
+        what = {"link_flapping": f"link {name} is flapping ({cycles} down episodes in the context)",
+                "link_down": f"link {name} is down", "nic_down": f"NIC {name} is down",
+                "device_down": f"switch {name} is down"}[kind]
+        out[(kind, name)] = Draft(kind, name, ekind, round(conf, 3),
+                                  f"{what}: {n} probe paths fail through it", eid, None, evidence, pick.paths)
+    return list(out.values())
+
+
+def _imbalance(index: FabricIndex, view: SwitchView, t: Thresholds, config: CorrelatorConfig,
+               inflating: set[int]) -> dict[int, dict]:
+    """Hot directed uplink -> evidence, for switches whose parallel uplinks are unevenly loaded."""
+    groups: dict[str, list[tuple[int, float]]] = {}
+    for lid in range(len(index.links)):
+        ends = index.is_uplink(lid)
+        if ends is None:
+            continue
+        did = index.into(lid, ends[1])
+        util = view.direction_rates(did).get("utilization")
+        if util is not None:
+            groups.setdefault(ends[0][0], []).append((did, util))
+    out = {}
+    for device, ups in groups.items():
+        if len(ups) < 2:
+            continue
+        hot, cold = max(ups, key=lambda u: u[1]), min(ups, key=lambda u: u[1])
+        ratio = hot[1] / max(cold[1], 0.01)
+        if ratio >= config.imbalance_ratio and (hot[1] >= t.congestion_utilization or hot[0] in inflating):
+            out[hot[0]] = {"switch": device, "ratio": round(ratio, 2),
+                           "uplinks": {index.dname(d): round(u, 3) for d, u in sorted(ups)}}
+    return out
+
+
+def directed_findings(loss: list[Pick], inflation: list[Pick], index: FabricIndex, view: SwitchView,
+                      t: Thresholds, config: CorrelatorConfig) -> list[Draft]:
+    loss_by = {p.element: p for p in loss}
+    infl_by = {p.element: p for p in inflation}
+    hot = _imbalance(index, view, t, config, set(infl_by))
+    out: dict[tuple[str, str], Draft] = {}
+    for did in sorted(set(loss_by) | set(infl_by) | set(hot), key=lambda d: -len(
+            (loss_by.get(d) or infl_by.get(d) or Pick(d, np.zeros(0))).paths)):
+        lp, ip = loss_by.get(did), infl_by.get(did)
+        rates = view.direction_rates(did)
+        errors = rates.get("errors_ps", 0.0) > 0
+        evidence: dict = {"rates": rates}
+        paths = np.union1d(lp.paths if lp else [], ip.paths if ip else []).astype(np.int64)
+        alts: list[int] = []
+        conf = 0.5
+        if lp is not None:
+            evidence["loss"] = lp.stats
+            alts += lp.alternatives
+            conf = min(0.99, 0.6 + 0.03 * max(0.0, -lp.stats["log10_p"] - 6))
+        if ip is not None:
+            evidence["delay"] = ip.stats
+            alts += ip.alternatives
+            frac = ip.stats["paths_inflated"] / max(ip.stats["paths_judged"], 1)
+            conf = max(conf, 0.5 + 0.4 * frac)
+        if did in hot:
+            kind = "path_imbalance"
+            evidence["imbalance"] = hot[did]
+            conf = max(conf, 0.8)
+        elif ip is not None or (view.congested(rates) and not errors):
+            kind = "congestion"
+            if view.congested(rates):
+                conf = min(0.99, conf + 0.1)
+        else:
+            kind = "corrupting_link"
+            if errors:
+                conf = min(0.99, conf + 0.1)
+        name, direction = index.name(did >> 1), index.dname(did)
+        if did ^ 1 in alts:  # both directions cross exactly the same paths (an access link): link certain
+            evidence["directions"] = sorted({direction, index.dname(did ^ 1)})
+            direction = None
+            alts = [a for a in alts if a != did ^ 1]
+        if alts:
+            evidence["alternatives"] = sorted({index.dname(a) for a in alts})
+            conf /= 1 + len(evidence["alternatives"])
+        if (kind, name) in out:  # the other direction too: keep the first (most paths), note this one
+            out[(kind, name)].evidence.setdefault("also_direction", direction)
+            continue
+        what = {"congestion": "congestion", "corrupting_link": "silent loss" if not errors else "corruption",
+                "path_imbalance": "ECMP imbalance (hot uplink)"}[kind]
+        detail = f", {lp.stats['loss_pct']}% loss" if lp else ""
+        detail += f", +{ip.stats['inflation_us']} us round trip" if ip else ""
+        out[(kind, name)] = Draft(kind, name, "link", round(conf, 3), f"{what} on {direction or name}{detail}",
+                                  did >> 1, direction, evidence, paths)
+    return list(out.values())
+
+
+def switch_findings(index: FabricIndex, view: SwitchView, covered: set[str]) -> list[Draft]:
+    """Findings from switch-side evidence alone, for elements the probes did not already explain."""
+    ctx = view.ctx
+    ends = set(ctx.port_samples) | set(ctx.link_events) | set(ctx.port_rates) | set(ctx.nic_samples)
+    lids = {index.by_end[e] for e in ends if e in index.by_end} | set(index.topo)
+    out: list[Draft] = []
+    for lid in sorted(lids):
+        name = index.name(lid)
+        a, b = index.links[lid]
+        topo = index.topo.get(lid)
+        if name in covered:
+            pass
+        elif view.flapping(lid):
+            out.append(Draft("link_flapping", name, "link", 0.9, f"link {name} is flapping (switch counters)",
+                             lid, None, {"switch_flaps": view.flaps(lid), "oper": view.link_oper(lid)}))
+        elif view.link_down(lid):
+            out.append(Draft("link_down", name, "link", 0.8, f"link {name} is down (switch status)", lid, None,
+                             {"oper": view.link_oper(lid), "topology_state": topo.state if topo else None}))
+        else:
+            for src, dst in ((a, b), (b, a)):
+                if view.erroring(dst):
+                    did = index.into(lid, dst)
+                    out.append(Draft("corrupting_link", name, "link", 0.7,
+                                     f"input errors on {fmt_end(dst)}", lid, index.dname(did),
+                                     {"rates": view.direction_rates(did)}))
+                    break
+        ma, mb = view.mtu(a), view.mtu(b)
+        if ma is not None and mb is not None and ma != mb:
+            small, big = (a, b) if ma < mb else (b, a)
+            out.append(Draft("mtu_mismatch", name, "link", 0.95,
+                             f"MTU {max(ma, mb)} on {fmt_end(big)} vs {min(ma, mb)} on {fmt_end(small)}", lid,
+                             f"{fmt_end(big)}->{fmt_end(small)}", {"mtu": {fmt_end(a): ma, fmt_end(b): mb}}))
+        if topo is not None and topo.check == "miscabled":
+            out.append(Draft("miscabling", name, "link", 0.95, f"cabling contradicts the inventory: {topo.expected}",
+                             lid, None, {"seen_by": topo.seen_by, "expected": topo.expected}))
+    return out

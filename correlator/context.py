@@ -1,0 +1,279 @@
+"""The sliding context: what the correlator remembers of the telemetry, in compact arrays.
+
+Probe windows are not kept as records (16k hosts x 64 paths is a million windows a second): `add`
+copies the few numbers used into column lists, and each step scatters them into per-path rings of
+`C` one-second slots (slot = window_start // 1 s mod C): sent, received, and the round-trip delay
+(fwd p50 + rev p50, or rtt p50). The sum of the two one-way delays is free of the clock offset AND
+of its drift, which raw one-way delays are not (50 ppm drift moves a raw one-way delay 30 ms over
+a 600 s baseline); direction comes from localization over directed links instead (localize.py).
+Per-path delay baselines are the minimum of that round trip over `config.baseline`, kept as B
+bucket minima so the horizon slides without storing history.
+
+Everything else (path events, probe paths, addresses, switch port state and rates, link events,
+NIC samples) is small and kept as the latest value per key, or a short per-key history.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from correlator.fabric import End, Nic
+from nms.config.models import CorrelatorConfig, Thresholds
+from nms.records import (HostNicSample, InterfaceAddress, LinkEvent, PathEvent, PortRates, PortSample,
+                         ProbePath, ProbeWindow)
+
+NS = 1_000_000_000
+PathKey = tuple[str, str, str, str, str]  # src_host, src_nic, dst_host, dst_nic, path_id
+BUCKETS = 10  # baseline buckets
+RECENT = 3  # settled windows whose median delay is compared to the baseline
+WARM_S = 8  # a path needs this much history before its delay is judged
+
+
+def path_text(key: PathKey) -> str:
+    return f"{key[0]}:{key[1]}>{key[2]}:{key[3]}/{key[4]}"
+
+
+@dataclass
+class PathStats:
+    """Per-path arrays for one step (index = path id)."""
+
+    sent_ok: np.ndarray  # exchanges in settled windows that had replies (loss statistics)
+    lost_ok: np.ndarray
+    episodes: np.ndarray  # down episodes within the context
+    down: np.ndarray  # bool: down now
+    up: np.ndarray  # bool: answered in its latest, fresh window and not down
+    inflation_us: np.ndarray  # recent round-trip median - baseline minimum; NaN when not judged
+    last_recv: np.ndarray
+
+
+class Context:
+    def __init__(self, config: CorrelatorConfig, thresholds: Thresholds):
+        self.span = max(2, int(math.ceil(config.context)))
+        self.C = self.span + 3
+        self.bucket_s = max(1, int(config.baseline // BUCKETS))
+        self.flap_window_ns = int(thresholds.flap_window * NS)
+        self.path_index: dict[PathKey, int] = {}
+        self.keys: list[PathKey] = []
+        self.cap = 0
+        self.newest = -1  # newest window second seen
+        self.P = 0  # paths ingested (add may register more meanwhile: the step uses this many)
+        self._alloc(1024)
+        self._reset_pending()
+        self.down_events: deque[tuple[int, int]] = deque()  # (ts, path)
+        self.probe_paths: dict[int, tuple[int, str, str]] = {}  # path -> (ts, fwd_hops, rev_hops)
+        self.dirty_paths: set[int] = set()
+        self.addresses: dict[str, End] = {}
+        self.addr_version = 0
+        self.port_samples: dict[End, PortSample] = {}
+        self.port_rates: dict[End, deque[PortRates]] = {}
+        self.link_events: dict[End, deque[LinkEvent]] = {}
+        self.nic_samples: dict[Nic, HostNicSample] = {}
+
+    # -- intake (called under the engine's lock: O(1) per record) -----------------------------
+    def _reset_pending(self) -> None:
+        self.p_idx: list[int] = []
+        self.p_start: list[int] = []
+        self.p_sent: list[int] = []
+        self.p_recv: list[int] = []
+        self.p_fwd: list[int | None] = []
+        self.p_rev: list[int | None] = []
+        self.p_rtt: list[int | None] = []
+        self.p_other: list = []
+
+    def _path(self, r) -> int:
+        key = (r.src_host, r.src_nic, r.dst_host, r.dst_nic, r.path_id)
+        idx = self.path_index.get(key)
+        if idx is None:
+            idx = self.path_index[key] = len(self.keys)
+            self.keys.append(key)
+        return idx
+
+    def add(self, records) -> None:
+        for r in records:
+            cls = r.__class__
+            if cls is ProbeWindow:
+                self.p_idx.append(self._path(r))
+                self.p_start.append(r.window_start)
+                self.p_sent.append(r.sent)
+                self.p_recv.append(r.received)
+                self.p_fwd.append(r.owd_fwd_p50_ns)
+                self.p_rev.append(r.owd_rev_p50_ns)
+                self.p_rtt.append(r.rtt_p50_ns)
+            elif cls is PathEvent or cls is ProbePath:
+                self.p_other.append((self._path(r), r))
+            elif cls in (InterfaceAddress, PortSample, PortRates, LinkEvent, HostNicSample):
+                self.p_other.append((None, r))
+
+    def take(self) -> tuple:
+        pending = (self.p_idx, self.p_start, self.p_sent, self.p_recv, self.p_fwd, self.p_rev, self.p_rtt,
+                   self.p_other, len(self.keys))
+        self._reset_pending()
+        return pending
+
+    # -- ingest (step thread) -------------------------------------------------------------------
+    def _alloc(self, cap: int) -> None:
+        old, n = self.cap, self.cap
+        C, B = self.C, BUCKETS
+
+        def grow(name, shape, dtype, fill):
+            arr = np.full(shape, fill, dtype)
+            if n:
+                arr[:n] = getattr(self, name)
+            setattr(self, name, arr)
+
+        grow("sec", (cap, C), np.int64, -1)
+        grow("sent", (cap, C), np.int32, 0)
+        grow("recv", (cap, C), np.int32, 0)
+        grow("delay", (cap, C), np.float32, np.nan)
+        grow("bmin", (cap, B), np.float32, np.inf)
+        grow("bsec", (cap, B), np.int64, -1)
+        grow("first", (cap,), np.int64, np.iinfo(np.int64).max)
+        grow("ev_ts", (cap,), np.int64, -1)
+        grow("ev_state", (cap,), np.int8, 0)  # 0 none, 1 up, 2 down
+        grow("last_bad", (cap,), np.int64, -1)  # second of the latest silent window or path event
+        self.cap = max(cap, old)
+
+    def ingest(self, pending) -> None:
+        idx_l, start_l, sent_l, recv_l, fwd_l, rev_l, rtt_l, other, n_paths = pending
+        if n_paths > self.cap:
+            self._alloc(max(n_paths, 2 * self.cap))
+        self.P = n_paths
+        for idx, r in other:
+            self._other(idx, r)
+        if not idx_l:
+            return
+        idx = np.asarray(idx_l, np.int64)
+        sec = np.asarray(start_l, np.int64) // NS
+        self.newest = max(self.newest, int(sec.max()))
+        keep = sec > self.newest - self.C
+        if not keep.all():
+            idx, sec = idx[keep], sec[keep]
+        sent = np.asarray(sent_l, np.int32)[keep]
+        recv = np.asarray(recv_l, np.int32)[keep]
+        delay = np.asarray(fwd_l, np.float64)[keep] + np.asarray(rev_l, np.float64)[keep]
+        delay = np.where(np.isnan(delay), np.asarray(rtt_l, np.float64)[keep], delay) / 1e3
+        slot = sec % self.C
+        stale = self.sec[idx, slot] != sec
+        self.sent[idx[stale], slot[stale]] = 0
+        self.recv[idx[stale], slot[stale]] = 0
+        self.sec[idx, slot] = sec
+        np.add.at(self.sent, (idx, slot), sent)
+        np.add.at(self.recv, (idx, slot), recv)
+        self.delay[idx, slot] = delay
+        zero = (sent > 0) & (recv == 0)
+        np.maximum.at(self.last_bad, idx[zero], sec[zero])
+        np.minimum.at(self.first, idx, sec)
+        bucket = sec // self.bucket_s
+        bslot = bucket % BUCKETS
+        stale = self.bsec[idx, bslot] != bucket
+        self.bmin[idx[stale], bslot[stale]] = np.inf
+        self.bsec[idx, bslot] = bucket
+        np.fmin.at(self.bmin, (idx, bslot), delay.astype(np.float32))
+
+    def _other(self, idx: int | None, r) -> None:
+        cls = r.__class__
+        if cls is PathEvent:
+            self.last_bad[idx] = max(self.last_bad[idx], r.ts // NS)
+            if r.ts >= self.ev_ts[idx]:
+                self.ev_ts[idx], self.ev_state[idx] = r.ts, 2 if r.state == "down" else 1
+            if r.state == "down":
+                self.down_events.append((r.ts, idx))
+        elif cls is ProbePath:
+            old = self.probe_paths.get(idx)
+            if old is None or r.ts >= old[0]:
+                self.probe_paths[idx] = (r.ts, r.fwd_hops, r.rev_hops)
+                if old is None or old[1:] != (r.fwd_hops, r.rev_hops):
+                    self.dirty_paths.add(idx)
+        elif cls is InterfaceAddress:
+            end = (r.device, r.port)
+            if self.addresses.get(r.address) != end:
+                self.addresses[r.address] = end
+                self.addr_version += 1
+        elif cls is PortSample:
+            old = self.port_samples.get((r.device, r.port))
+            if old is None or r.ts >= old.ts:
+                self.port_samples[(r.device, r.port)] = r
+        elif cls is PortRates:
+            self.port_rates.setdefault((r.device, r.port), deque()).append(r)
+        elif cls is LinkEvent:
+            self.link_events.setdefault((r.device, r.port), deque()).append(r)
+        elif cls is HostNicSample:
+            old = self.nic_samples.get((r.host, r.nic))
+            if old is None or r.ts >= old.ts:
+                self.nic_samples[(r.host, r.nic)] = r
+
+    def prune(self, now_ns: int) -> None:
+        horizon = now_ns - self.span * NS
+        while self.down_events and self.down_events[0][0] < horizon:
+            self.down_events.popleft()
+        for q in self.port_rates.values():
+            while len(q) > 1 and q[0].ts < horizon:  # the latest sample stays: polls can be slow
+                q.popleft()
+        for q in self.link_events.values():
+            while q and q[0].ts < now_ns - self.flap_window_ns:
+                q.popleft()
+
+    # -- per-step statistics ----------------------------------------------------------------------
+    def stats(self, now_ns: int) -> PathStats:
+        P, C = self.P, self.C
+        now_s = now_ns // NS
+        sec = self.sec[:P]
+        valid = (sec >= now_s - self.span) & (sec <= now_s + 1)  # +1: small clock offsets
+        sent = np.where(valid, self.sent[:P], 0)
+        recv = np.where(valid, self.recv[:P], 0)
+        newest = np.where(valid, sec, -1).max(axis=1)
+        rows = np.arange(P)
+        col = newest % C
+        last_sent, last_recv = sent[rows, col], recv[rows, col]
+        has = newest >= 0
+        fresh = has & (newest >= now_s - 3)
+        # loss counts only settled windows after the path's latest trouble (and the window after it):
+        # the windows a link went down or came back in lose part of their exchanges, which is not
+        # partial loss
+        settled_ok = valid & (sec < newest[:, None]) & (recv > 0) & (sec > self.last_bad[:P, None] + 1)
+        sent_ok = np.where(settled_ok, sent, 0).sum(axis=1)
+        lost_ok = np.where(settled_ok, sent - recv, 0).sum(axis=1)
+        # down episodes, in time order; a missing window keeps the previous state
+        order = (np.arange(now_s - C + 1, now_s + 1)) % C
+        zero_t = (valid & (sent > 0) & (recv == 0))[:, order]
+        at = np.where(valid[:, order], np.arange(C), -1)
+        np.maximum.accumulate(at, axis=1, out=at)
+        state = np.where(at >= 0, np.take_along_axis(zero_t, np.maximum(at, 0), axis=1), False)
+        episodes = state[:, 0].astype(np.int32) + (state[:, 1:] & ~state[:, :-1]).sum(axis=1)
+        if self.down_events:
+            ev = np.fromiter((i for _, i in self.down_events), np.int64, len(self.down_events))
+            episodes = np.maximum(episodes, np.bincount(ev, minlength=P)[:P])
+        # state now: a down event holds until an up event; a silent latest window is down too,
+        # unless an up event came after it
+        ev_down = self.ev_state[:P] == 2
+        zero_last = fresh & (last_sent > 0) & (last_recv == 0) & (
+            (self.ev_state[:P] != 1) | (newest * NS >= self.ev_ts[:P]))
+        down = ev_down | zero_last
+        up = fresh & (last_recv > 0) & ~down
+        inflation = self._inflation(P, now_s, newest)
+        return PathStats(sent_ok, lost_ok, episodes, down, up, inflation, last_recv)
+
+    def _inflation(self, P: int, now_s: int, newest: np.ndarray) -> np.ndarray:
+        rows = np.arange(P)
+        recent = np.full((P, RECENT), np.nan, np.float32)
+        for k in range(RECENT):
+            s = newest - 1 - k
+            col = s % self.C
+            recent[:, k] = np.where(self.sec[rows, col] == s, self.delay[rows, col], np.nan)
+        recent.sort(axis=1)  # NaN last
+        n = np.isfinite(recent).sum(axis=1)
+        med = recent[rows, np.maximum(n - 1, 0) // 2]  # lower median: the conservative one
+        cur_bucket = now_s // self.bucket_s
+        live = self.bsec[:P] > cur_bucket - BUCKETS
+        base = np.where(live, self.bmin[:P], np.inf).min(axis=1)
+        judged = (n >= 2) & np.isfinite(base) & (newest - self.first[:P] >= WARM_S)
+        return np.where(judged, med - base, np.nan)
+
+    # -- switch-side state -------------------------------------------------------------------------
+    def latest_rates(self, end: End) -> PortRates | None:
+        q = self.port_rates.get(end)
+        return q[-1] if q else None

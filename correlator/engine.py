@@ -1,0 +1,154 @@
+"""The Correlator: one step per window over the sliding context -> Findings.
+
+Step order (each stage only sees the paths the previous ones left unexplained):
+1. paths down now -> cover by NIC / switch / link (probes alone: no SNMP poll needed);
+   paths with down episodes in the context -> the same cover, for flapping;
+2. loss on the remaining paths (no down episode in the context, whose loss would be transitional)
+   -> pooled binomial cover over directed links;
+3. round-trip delay inflation on the remaining paths -> cover over directed links;
+4. classification with switch evidence, switch-only findings, job impact.
+`add` only copies numbers under a lock; all the work happens in `step` (a worker thread).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from correlator.classify import SEVERITY, directed_findings, state_findings, state_priority, switch_findings
+from correlator.context import Context, path_text
+from correlator.evidence import SwitchView
+from correlator.fabric import FabricIndex
+from correlator.impact import attach
+from correlator.localize import cover_inflation, cover_loss, cover_states
+from correlator.paths import Geometry
+from nms.config.models import CorrelatorConfig, FabricConfig, Thresholds
+from nms.records import FabricTopology, Finding, Job
+
+ALPHA = 1e-6  # significance of pooled excess loss: the fabric-wide false alarm budget per step
+MIN_LOST = 4
+MAX_PATHS_LISTED = 1000
+
+
+class Correlator:
+    def __init__(self, fabric: FabricConfig, thresholds: Thresholds, config: CorrelatorConfig):
+        self.thresholds, self.config = thresholds, config
+        self.index = FabricIndex(fabric)
+        self.ctx = Context(config, thresholds)
+        self.geo = Geometry()
+        self._lock = threading.Lock()
+        self._topology: FabricTopology | None = None
+        self._step_lock = threading.Lock()
+
+    def add(self, records: Iterable[Any]) -> None:
+        with self._lock:
+            self.ctx.add(records)
+
+    def set_topology(self, topology: FabricTopology) -> None:
+        with self._lock:
+            self._topology = topology
+
+    def step(self, now_ns: int, jobs: Sequence[Job] = ()) -> list[Finding]:
+        with self._step_lock:
+            with self._lock:
+                pending, topology, self._topology = self.ctx.take(), self._topology, None
+            if topology is not None:
+                self.index.update_topology(topology)
+            self.ctx.ingest(pending)
+            self.ctx.prune(now_ns)
+            self.geo.update(self.ctx, self.index)
+            return self._findings(now_ns, jobs)
+
+    def _findings(self, now_ns: int, jobs: Sequence[Job]) -> list[Finding]:
+        ctx, geo, index, t = self.ctx, self.geo, self.index, self.thresholds
+        view = SwitchView(ctx, index, t)
+        drafts = []
+        if ctx.P:
+            stats = ctx.stats(now_ns)
+            drafts += self._states(stats, view)
+            explained = np.zeros(ctx.P, bool)
+            for d in drafts:
+                explained[d.paths] = True
+            quiet = ~stats.down & (stats.episodes == 0) & ~explained
+            prio = self._direction_priority(view)
+            loss = cover_loss(geo.U, geo.UT, stats.sent_ok, stats.lost_ok, quiet & (stats.sent_ok > 0),
+                              p0=self.config.loss_floor_pct / 100, log_alpha=math.log(ALPHA), min_lost=MIN_LOST,
+                              min_rate=max(2 * self.config.loss_floor_pct, t.loss_pct / 2) / 100, priority=prio)
+            infl = cover_inflation(geo.U, geo.UT, stats.inflation_us, quiet & np.isfinite(stats.inflation_us),
+                                   threshold_us=t.owd_inflation_us, priority=prio)
+            drafts += directed_findings(loss, infl, index, view, t, self.config)
+        covered = {d.element for d in drafts if d.kind in ("link_down", "link_flapping")}
+        for d in drafts:  # a down NIC or switch explains its links' state
+            if d.kind == "nic_down":
+                host, _, nic = d.element.partition(":")
+                if (lid := index.nic_access.get((host, nic))) is not None:
+                    covered.add(index.name(lid))
+            elif d.kind == "device_down":
+                covered |= {index.name(lid) for lid in index.links_of(d.element)}
+        seen = {(d.kind, d.element) for d in drafts}
+        drafts += [d for d in switch_findings(index, view, covered) if (d.kind, d.element) not in seen]
+        job_ids = attach(drafts, jobs, now_ns, geo, index, ctx.keys)
+        return [self._finding(d, now_ns, job_ids.get(i, [])) for i, d in enumerate(drafts)]
+
+    def _states(self, stats, view: SwitchView) -> list:
+        geo, index = self.geo, self.index
+        E, ET = geo.E, geo.ET
+        bad_any = stats.down | (stats.episodes > 0)
+        if not bad_any.any():
+            return []
+        bad_count = ET @ bad_any.astype(np.float64)
+        allowed = np.ones(E.shape[1], bool)
+        dev0 = geo.L + geo.N
+        for d in np.flatnonzero(bad_count[dev0:] > 0):  # a switch needs all its probed links implicated
+            allowed[dev0 + d] = self._device_allowed(int(d), bad_count, ET, view)
+        prio = state_priority(geo, index, view, bad_count > 0)
+        down = cover_states(E, ET, stats.down, stats.up, prio, allowed)
+        episodes = cover_states(E, ET, bad_any, stats.up & (stats.episodes == 0), prio, allowed)
+        return state_findings(down, episodes, stats, geo, index, view)
+
+    def _device_allowed(self, d: int, bad_count: np.ndarray, ET, view: SwitchView) -> bool:
+        index = self.index
+        name = index.devices[d]
+        if index.reachable.get(name) is False:
+            return True
+        through = np.diff(ET.indptr)
+        links = [lid for lid in index.links_of(name) if lid < len(through) and through[lid] > 0]
+        return all(bad_count[lid] > 0 for lid in links)
+
+    def _direction_priority(self, view: SwitchView) -> np.ndarray:
+        """Tie-break between directed links: the one whose switch counters look congested/erroring."""
+        prio = np.zeros(2 * self.geo.L)
+        for end in view.ctx.port_rates:
+            lid = self.index.by_end.get(end)
+            if lid is None or lid >= self.geo.L:
+                continue
+            for did in (2 * lid, 2 * lid + 1):
+                rates = view.direction_rates(did)
+                prio[did] = max(prio[did], rates.get("utilization", 0.0) + rates.get("errors_ps", 0.0)
+                                + rates.get("discards_ps", 0.0))
+        return prio
+
+    def _finding(self, d, now_ns: int, jobs: list[str]) -> Finding:
+        keys = self.ctx.keys
+        paths = sorted(path_text(keys[i]) for i in d.paths[:MAX_PATHS_LISTED].tolist())
+        return Finding(kind=d.kind, element=d.element, element_kind=d.element_kind, ts=now_ns,
+                       confidence=max(0.0, min(1.0, d.confidence)), severity=SEVERITY[d.kind],
+                       summary=d.summary[:1024], direction=d.direction, evidence=_plain(d.evidence), paths=paths,
+                       jobs=jobs)
+
+
+def _plain(value):
+    """Evidence as JSON-serializable plain values."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,146 @@
+"""/incidents: list, read and acknowledge incidents, their history, and a live Server-Sent Events
+stream of incident events (nms.app.incidents keeps the lifecycle)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from nms.app.auth import AUTH_RESPONSES, BAD_BODY_RESPONSE, ErrorDetail, Principal, require
+from nms.app.binding import require_unbound
+from nms.app.incidents import StreamEvent, Subscription
+from nms.records import FaultKind, Incident, IncidentState, TimestampNs
+from nms.state import IncidentEventEntry
+
+router = APIRouter(prefix="/incidents", tags=["incidents"], responses={**AUTH_RESPONSES, **BAD_BODY_RESPONSE})
+IncidentId = Annotated[int, Path(ge=1, le=2**63 - 1)]
+NOT_FOUND = {404: {"model": ErrorDetail, "description": "no such incident"}}
+KEEPALIVE_S = 15.0  # a comment line this often keeps proxies and clients from timing out an idle stream
+TICK_S = 1.0  # how often an idle stream checks for a gone client or a stopping server
+
+
+class AckBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    comment: str | None = Field(None, max_length=1024, description="kept with the acknowledged event")
+
+
+class EventStream(StreamingResponse):
+    media_type = "text/event-stream"
+
+
+def _manager(request: Request):
+    return request.app.state.service.incidents
+
+
+def _incident(request: Request, incident_id: int) -> Incident:
+    incident = _manager(request).get(incident_id)
+    if incident is None:
+        raise HTTPException(404, f"no incident {incident_id}")
+    return incident
+
+
+def _sse(event: str, data: str, event_id: int | None = None) -> str:
+    return f"event: {event}\n" + (f"id: {event_id}\n" if event_id is not None else "") + f"data: {data}\n\n"
+
+
+def _item(item: StreamEvent) -> str:
+    return _sse(item.event.event, item.event.model_dump_json(), item.id)
+
+
+async def _stream(request: Request, sub: Subscription, snapshot: bool) -> AsyncIterator[str]:
+    """The stream follows the service: it ends when the client goes, the server is stopping, or the
+    service is not running (then at once, after the snapshot and backlog: nothing live can come)."""
+    async def give_up() -> bool:
+        server = getattr(request.app.state, "server", None)  # set by `nms serve`
+        scheduler = request.app.state.service.scheduler  # set by Service.start, stopped by Service.stop
+        return (bool(getattr(server, "should_exit", False)) or scheduler is None or not scheduler.running
+                or await request.is_disconnected())
+
+    try:
+        yield ": incident events\n\n"
+        for incident in sub.snapshot if snapshot else ():
+            yield _sse("snapshot", incident.model_dump_json())
+        for item in sub.backlog:
+            yield _item(item)
+        written = time.monotonic()
+        while not await give_up():
+            try:
+                item = await asyncio.wait_for(anext(sub), TICK_S)
+            except TimeoutError:
+                if time.monotonic() - written >= KEEPALIVE_S:
+                    written = time.monotonic()
+                    yield ": keep-alive\n\n"
+                continue
+            except StopAsyncIteration:
+                if sub.dropped:
+                    yield ": dropped: this client fell too far behind; reconnect with Last-Event-ID\n\n"
+                return
+            written = time.monotonic()
+            yield _item(item)
+    finally:
+        sub.close()
+
+
+@router.get("/stream", response_class=EventStream, dependencies=[Depends(require("read"))],
+            summary="Live incident events (Server-Sent Events)",
+            responses={200: {"description": "`text/event-stream`: `event: opened|updated|resolved|acknowledged`, "
+                                            "`id:` the event's rising id, `data:` the IncidentEvent as JSON; with "
+                                            "?state=open first `event: snapshot` lines, `data:` an open Incident; "
+                                            f"a comment line every {KEEPALIVE_S:g} s when idle. It ends when the "
+                                            "service stops (at once when it is not running)",
+                             "content": {"text/event-stream": {"schema": {"type": "string"}}}}})
+async def stream(request: Request,
+                 state: Literal["open"] | None = Query(None, description="open: first the incidents open now"),
+                 last_event_id: int | None = Header(None, ge=0, le=2**63 - 1,
+                                                    description="resume: the events after this id come first")):
+    sub = _manager(request).subscribe(after=last_event_id)
+    return EventStream(_stream(request, sub, snapshot=state == "open"),
+                       headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.get("", response_model=list[Incident], dependencies=[Depends(require("read"))],
+            summary="Incidents, newest first")
+def list_incidents(request: Request, state: IncidentState | None = None, kind: FaultKind | None = None,
+                   job: str | None = Query(None, max_length=128, description="only incidents that affect this job"),
+                   element: str | None = Query(None, max_length=512, description="an element, a link end (dev:port) "
+                                                                                 "or a device: what touches it"),
+                   since: TimestampNs | None = Query(None, description="active at or after (ns or RFC 3339)"),
+                   until: TimestampNs | None = Query(None, description="active at or before (ns or RFC 3339)"),
+                   limit: int = Query(1000, ge=1, le=100_000)) -> list[Incident]:
+    if since is not None and until is not None and until < since:
+        raise HTTPException(422, [{"loc": ["query", "until"], "msg": "until is before since", "type": "value_error"}])
+    return _manager(request).list(state=state, kind=kind, job=job, element=element, since_ns=since, until_ns=until,
+                                  limit=limit)
+
+
+@router.get("/{incident_id}", response_model=Incident, dependencies=[Depends(require("read"))],
+            responses=NOT_FOUND, summary="One incident")
+def get_incident(incident_id: IncidentId, request: Request) -> Incident:
+    return _incident(request, incident_id)
+
+
+@router.get("/{incident_id}/events", response_model=list[IncidentEventEntry], dependencies=[Depends(require("read"))],
+            responses=NOT_FOUND, summary="An incident's history, oldest first")
+def incident_events(incident_id: IncidentId, request: Request,
+                    limit: int = Query(1000, ge=1, le=100_000)) -> list[IncidentEventEntry]:
+    _incident(request, incident_id)
+    return _manager(request).events(incident_id, limit=limit)
+
+
+@router.post("/{incident_id}/ack", response_model=Incident, summary="Acknowledge an incident (the first ack counts)",
+             responses={**NOT_FOUND, 403: {"model": ErrorDetail,
+                                           "description": "token lacks scope act, or is bound to a host"}})
+def acknowledge(incident_id: IncidentId, request: Request, body: AckBody | None = None,
+                who: Principal = Depends(require_unbound("act"))) -> Incident:
+    try:
+        event = _manager(request).acknowledge(incident_id, who.name, body.comment if body else None)
+    except KeyError:
+        raise HTTPException(404, f"no incident {incident_id}") from None
+    return event.incident

@@ -1,0 +1,288 @@
+"""The incident lifecycle: findings of each correlator window -> incidents (open -> updated ->
+resolved after N clean windows), persisted in the state store, with listeners (notifiers) and a
+live fan-out for the API's event stream.
+
+One open incident per dedup key (`kind:element`). A finding refreshes its open incident every
+window (last seen, evidence, paths, jobs, confidence), but an `updated` event is emitted only
+when something an operator cares about changed since the last opened/updated event: severity,
+the summary (numbers in it ignored) or direction, the set of jobs, or the number of affected
+paths by half or more. `apply` runs in a worker thread; listeners run after the commit, in event
+order, under the manager's lock (they must be quick: a notifier enqueues). Stream subscribers
+get events through their asyncio loop (`call_soon_threadsafe`) into a bounded queue; one that
+falls `queue_size` events behind is dropped with a log line, never slowing `apply`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+from nms.records import Finding, Incident, IncidentEvent, IncidentEventKind, IncidentState
+from nms.state import IncidentEventEntry, StateStore
+
+log = logging.getLogger(__name__)
+SEVERITY_RANK = {"warning": 0, "minor": 1, "major": 2, "critical": 3}
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+class StreamEvent(NamedTuple):
+    """An event as a stream subscriber gets it: with its history id (rising, never reused)."""
+
+    id: int
+    event: IncidentEvent
+
+
+def changed(before: Incident, after: Incident) -> list[str]:
+    """What an operator would call a change of an open incident (empty: nothing worth an event)."""
+    what = []
+    if before.severity != after.severity:
+        what.append("severity")
+    if _NUMBER.sub("#", before.summary) != _NUMBER.sub("#", after.summary) or before.direction != after.direction:
+        what.append("summary")
+    if set(before.jobs) != set(after.jobs):
+        what.append("jobs")
+    old, new = len(before.paths), len(after.paths)
+    if old != new and abs(new - old) >= max(1, old / 2):
+        what.append("paths")
+    return what
+
+
+def _strongest(findings: list[Finding]) -> dict[str, Finding]:
+    """One finding per dedup key: the most severe, then the most confident."""
+    best: dict[str, Finding] = {}
+    for f in findings:
+        held = best.get(f.dedup_key)
+        if held is None or (SEVERITY_RANK[f.severity], f.confidence) > (SEVERITY_RANK[held.severity], held.confidence):
+            best[f.dedup_key] = f
+    return best
+
+
+def _opened(f: Finding, window_ns: int) -> Incident:
+    return Incident(id=0, dedup_key=f.dedup_key, kind=f.kind, element=f.element, element_kind=f.element_kind,
+                    direction=f.direction, severity=f.severity, summary=f.summary, confidence=f.confidence,
+                    evidence=f.evidence, paths=f.paths, jobs=f.jobs, opened_ns=window_ns, updated_ns=window_ns,
+                    last_seen_ns=window_ns)
+
+
+def _refreshed(incident: Incident, f: Finding, window_ns: int) -> Incident:
+    return incident.model_copy(update={
+        "element_kind": f.element_kind, "direction": f.direction, "severity": f.severity, "summary": f.summary,
+        "confidence": f.confidence, "evidence": f.evidence, "paths": f.paths, "jobs": f.jobs,
+        "last_seen_ns": window_ns, "clean_windows": 0})
+
+
+class IncidentManager:
+    def __init__(self, state: StateStore, resolve_after: int, queue_size: int = 1000):
+        self.state = state
+        self.resolve_after = resolve_after
+        self.queue_size = queue_size
+        self._lock = threading.RLock()
+        self._listeners: list[Callable[[IncidentEvent], None]] = []
+        self._subscribers: set[Subscription] = set()
+        self._open: dict[str, Incident] = {}  # by dedup key; the same as the state store's open rows
+        self._announced: dict[int, Incident] = {}  # by id: as of its last opened/updated event
+        for incident in reversed(state.list_incidents(state="open", limit=None)):  # a restart: they continue
+            self._open[incident.dedup_key] = incident
+            last = state.last_incident_event(incident.id, ("opened", "updated"))
+            self._announced[incident.id] = last.incident if last is not None else incident
+
+    # --- the lifecycle ---------------------------------------------------------------------------
+
+    def apply(self, findings: builtins.list[Finding], window_ns: int) -> builtins.list[IncidentEvent]:
+        """One correlator window: open, refresh or resolve incidents; returns the events emitted."""
+        best = _strongest(findings)
+        with self._lock:
+            if not best and not self._open:
+                return []
+            now_open, announced, emitted = dict(self._open), {}, []
+            with self.state.incident_batch() as batch:
+
+                def emit(kind: IncidentEventKind, incident: Incident) -> None:
+                    event = IncidentEvent(event=kind, ts=window_ns, incident=incident)
+                    emitted.append(StreamEvent(batch.add_event(event), event))
+
+                for key, finding in best.items():
+                    current = now_open.get(key)
+                    if current is None:
+                        incident = batch.insert(_opened(finding, window_ns))
+                        announced[incident.id] = now_open[key] = incident
+                        emit("opened", incident)
+                        continue
+                    incident = _refreshed(current, finding, window_ns)
+                    what = changed(self._announced.get(current.id, current), incident)
+                    if what:
+                        incident = incident.model_copy(update={"updates": incident.updates + 1,
+                                                               "updated_ns": window_ns})
+                        announced[incident.id] = incident
+                    batch.update(incident)
+                    now_open[key] = incident
+                    if what:
+                        log.info("incident %d (%s) updated: %s", incident.id, key, ", ".join(what))
+                        emit("updated", incident)
+                for key, incident in self._open.items():
+                    if key in best:
+                        continue
+                    clean = incident.clean_windows + 1
+                    if clean < self.resolve_after:
+                        now_open[key] = incident.model_copy(update={"clean_windows": clean})
+                        batch.update(now_open[key])
+                        continue
+                    incident = incident.model_copy(update={"clean_windows": clean, "state": "resolved",
+                                                           "resolved_ns": window_ns})
+                    batch.update(incident)
+                    del now_open[key]
+                    emit("resolved", incident)
+            # committed: now the memory follows
+            self._open = now_open
+            self._announced.update(announced)
+            for item in emitted:
+                if item.event.event == "resolved":
+                    self._announced.pop(item.event.incident.id, None)
+            self._dispatch(emitted)
+        return [item.event for item in emitted]
+
+    def acknowledge(self, incident_id: int, by: str, comment: str | None = None,
+                    now_ns: int | None = None) -> IncidentEvent:
+        """Record who acknowledged an incident (open or resolved) and when. Only the first ack
+        counts: a later one changes nothing, emits nothing, and returns the first as an event.
+        KeyError for an unknown id."""
+        with self._lock:
+            incident = self.state.get_incident(incident_id)
+            if incident is None:
+                raise KeyError(incident_id)
+            if incident.acknowledged_ns is not None:
+                return IncidentEvent(event="acknowledged", ts=incident.acknowledged_ns, incident=incident)
+            now = time.time_ns() if now_ns is None else now_ns
+            incident = incident.model_copy(update={"acknowledged_by": by, "acknowledged_ns": now})
+            event = IncidentEvent(event="acknowledged", ts=now, incident=incident)
+            with self.state.incident_batch() as batch:
+                batch.update(incident)
+                event_id = batch.add_event(event, comment)
+            if incident.state == "open":
+                self._open[incident.dedup_key] = incident
+            self._dispatch([StreamEvent(event_id, event)])
+        return event
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def get(self, incident_id: int) -> Incident | None:
+        return self.state.get_incident(incident_id)
+
+    def events(self, incident_id: int, limit: int = 1000) -> builtins.list[IncidentEventEntry]:
+        """One incident's history, oldest first."""
+        return self.state.incident_events(incident_id=incident_id, limit=limit)
+
+    def open_incidents(self) -> builtins.list[Incident]:
+        with self._lock:
+            return sorted(self._open.values(), key=lambda i: i.id)
+
+    def list(self, state: IncidentState | None = None, kind: str | None = None, job: str | None = None,
+             element: str | None = None, since_ns: int | None = None, until_ns: int | None = None,
+             limit: int = 1000) -> builtins.list[Incident]:
+        """Newest first; see StateStore.list_incidents for the element and time filters."""
+        return self.state.list_incidents(state=state, kind=kind, job=job, element=element, since_ns=since_ns,
+                                         until_ns=until_ns, limit=limit)
+
+    # --- listeners and the stream ----------------------------------------------------------------
+
+    def add_listener(self, fn: Callable[[IncidentEvent], None]) -> None:
+        """`fn(event)` for every event, after its commit, in order (quick: it holds up `apply`)."""
+        with self._lock:
+            self._listeners.append(fn)
+
+    def subscribe(self, after: int | None = None) -> Subscription:
+        """A live feed of events for the running asyncio loop (call it on that loop). With `after`,
+        the events since that id (at most `queue_size`, the newest) come first as `backlog`; the
+        incidents open now are in `snapshot`. Both are taken atomically with the subscription:
+        nothing falls between them and the live events."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            backlog = ([] if after is None else
+                       [StreamEvent(e.id, IncidentEvent(event=e.event, ts=e.ts, incident=e.incident))
+                        for e in self.state.incident_events(after=after, limit=self.queue_size, newest=True)])
+            sub = Subscription(self, loop, self.queue_size, backlog, self.open_incidents())
+            self._subscribers.add(sub)
+        return sub
+
+    def _unsubscribe(self, sub: Subscription) -> None:
+        with self._lock:
+            self._subscribers.discard(sub)
+
+    def _dispatch(self, items: builtins.list[StreamEvent]) -> None:
+        for item in items:
+            for fn in self._listeners:
+                try:
+                    fn(item.event)
+                except Exception:
+                    log.exception("incident listener %r failed on event %d (%s of incident %d)", fn, item.id,
+                                  item.event.event, item.event.incident.id)
+            for sub in builtins.list(self._subscribers):
+                sub.offer(item)
+
+
+_END = object()
+
+
+class Subscription:
+    """Events for one consumer on one asyncio loop, in order: `async for item in sub` (StreamEvent).
+    Ends when closed, or when dropped for falling behind (`dropped`)."""
+
+    def __init__(self, manager: IncidentManager, loop: asyncio.AbstractEventLoop, maxsize: int,
+                 backlog: list[StreamEvent], snapshot: list[Incident]):
+        self.backlog = backlog
+        self.snapshot = snapshot
+        self.closed = False
+        self.dropped = False
+        self._manager = manager
+        self._loop = loop
+        self._queue: asyncio.Queue = asyncio.Queue(maxsize)
+
+    def offer(self, item: StreamEvent) -> None:
+        """From any thread; never blocks."""
+        try:
+            self._loop.call_soon_threadsafe(self._put, item)
+        except RuntimeError:  # its loop is closed
+            self.closed = True
+            self._manager._unsubscribe(self)
+
+    def _put(self, item: object) -> None:  # on the loop
+        if self.closed:
+            return
+        try:
+            self._queue.put_nowait(item)
+        except asyncio.QueueFull:
+            log.warning("incident stream subscriber dropped: %d events behind", self._queue.maxsize)
+            self.dropped = True
+            self.close()
+
+    def close(self) -> None:
+        """End the subscription (from any thread); a waiting consumer wakes up."""
+        if self.closed:
+            return
+        self.closed = True
+        self._manager._unsubscribe(self)
+        try:
+            self._loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:
+            pass
+
+    def _wake(self) -> None:
+        if not self._queue.full():
+            self._queue.put_nowait(_END)
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        if self.closed and self._queue.empty():
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if item is _END:
+            raise StopAsyncIteration
+        return item

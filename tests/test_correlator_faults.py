@@ -1,0 +1,249 @@
+"""Correlator: each fault kind on a synthetic 2-spine / 3-leaf / 6-host fabric (tests/_fabric_synth.py)
+gives the right kind on the right element (and direction), from real records."""
+
+from __future__ import annotations
+
+from _fabric_synth import NS, T0, Synth, undirected
+
+from correlator import Correlator
+from nms.config.models import CorrelatorConfig, Thresholds
+from nms.records import FabricTopology, PortSample, TopologyLink, TopologyNode
+
+
+class Run:
+    """A synthetic fabric feeding a correlator, one window per step."""
+
+    def __init__(self, switch_every: int | None = None, warm: int = 15, **synth):
+        self.s = Synth(**synth)
+        self.c = Correlator(self.s.fabric, Thresholds(), CorrelatorConfig())
+        self.c.add(self.s.inventory_records())
+        self.t = T0
+        self.switch_every = switch_every
+        self.history: list[list] = []
+        assert self.steps(warm) == [[] for _ in range(warm)], "warm-up must be clean"
+
+    def steps(self, n: int) -> list[list]:
+        out = []
+        for _ in range(n):
+            records = self.s.windows(self.t)
+            if self.switch_every and (self.t - T0) % self.switch_every == 0:
+                records += self.s.switch_records(self.t)
+            self.c.add(records)
+            findings = self.c.step((self.t + 1) * NS + NS // 10)
+            keys = [(f.kind, f.element) for f in findings]
+            assert len(keys) == len(set(keys)), "at most one finding per (kind, element)"
+            out.append(findings)
+            self.t += 1
+        self.history += out
+        return out
+
+
+def kinds(findings) -> set[tuple[str, str]]:
+    return {(f.kind, f.element) for f in findings}
+
+
+def link_of(directed: str) -> str:
+    return undirected(*directed.split("->"))
+
+
+def test_link_down_localized_by_probes_within_2s():
+    run = Run()  # no switch data at all: probes alone
+    link = link_of(run.s.up_link(1, 1))
+    run.s.down.add(link)  # lands mid-window (t + 0.5 s)
+    steps = run.steps(2)  # the step after window t+1 runs at t + 2.1 s: 1.6 s after the failure
+    assert steps[0] == []  # the onset window alone (partial loss, not settled) says nothing yet
+    assert kinds(steps[1]) == {("link_down", link)}
+    f = steps[1][0]
+    assert f.severity == "critical" and f.element_kind == "link" and f.confidence >= 0.9
+    through = set(run.s.paths_through(run.s.up_link(1, 1)).tolist()) | set(
+        run.s.paths_through(run.s.down_link(1, 1)).tolist())
+    assert f.evidence["paths_down"] == f.evidence["paths_through"] == len(through)
+    assert set(f.paths) == {"{}:{}>{}:{}/{}".format(*run.s.keys[i]) for i in through}
+    assert all(kinds(s) == {("link_down", link)} for s in run.steps(5))
+
+
+def test_link_down_confirmed_by_switch_ports():
+    run = Run(switch_every=1)
+    link = link_of(run.s.down_link(2, 3))
+    run.s.down.add(link)
+    last = run.steps(4)[-1]
+    assert kinds(last) == {("link_down", link)}
+    assert last[0].evidence["switch_confirms"] and last[0].confidence >= 0.95
+    assert set(last[0].evidence["oper"].values()) == {"down"}
+
+
+def test_failover_link_down_seen_by_switches_only():
+    run = Run()
+    link = link_of(run.s.up_link(2, 2))
+    # failover: routes withdrawn, no probe path is lost; only the ports say the link is down
+    run.c.add([PortSample(device=d, port=p, ts=run.t * NS, oper_status="down", mtu=9000)
+               for d, p in (("leaf2", "swp4"), ("spine2", "swp2"))])
+    last = run.steps(1)[-1]
+    assert kinds(last) == {("link_down", link)}
+    assert last[0].evidence["oper"] == {"leaf2:swp4": "down", "spine2:swp2": "down"}
+
+
+def test_flapping_link():
+    run = Run()
+    link = link_of(run.s.up_link(2, 1))
+    for cycle in range(3):  # period 4 s, down 2 s
+        run.s.down.add(link)
+        run.steps(2)
+        run.s.down.discard(link)
+        run.steps(2)
+    found = [kinds(s) for s in run.history[-12:]]
+    assert ("link_flapping", link) in found[-1]
+    assert all(k <= {("link_flapping", link), ("link_down", link)} for k in found)
+    assert all(("link_down", link) not in k for k in found[-4:])
+
+
+def test_nic_down():
+    run = Run(switch_every=1)
+    run.s.nic_down.add("host3")
+    last = run.steps(3)[-1]
+    assert kinds(last) == {("nic_down", "host3:eth0")}  # not also its access link
+    f = last[0]
+    assert f.element_kind == "nic" and f.evidence["switch_confirms"] and f.confidence >= 0.95
+    # 1 path to its leaf mate + 2 paths (spines) to each of 4 others, both ways
+    assert f.evidence["paths_down"] == f.evidence["paths_through"] == 18
+
+
+def test_nic_down_from_probes_only():
+    run = Run()
+    run.s.nic_down.add("host5")
+    last = run.steps(3)[-1]
+    assert kinds(last) == {("nic_down", "host5:eth0")}
+    assert last[0].confidence >= 0.9
+
+
+def test_switch_down():
+    run = Run()
+    for lf in (1, 2, 3):
+        run.s.down.add(link_of(run.s.up_link(lf, 2)))
+    last = run.steps(3)[-1]
+    assert kinds(last) == {("device_down", "spine2")}
+    assert last[0].element_kind == "device"
+
+
+def test_leaf_down_is_the_leaf_not_its_nics():
+    run = Run()
+    for h in ("host3", "host4"):
+        run.s.nic_down.add(h)
+    for s in (1, 2):
+        run.s.down.add(link_of(run.s.up_link(2, s)))
+    last = run.steps(3)[-1]
+    assert kinds(last) == {("device_down", "leaf2")}
+
+
+def test_silent_loss_one_direction_within_5s():
+    run = Run(switch_every=5)
+    directed = run.s.up_link(2, 1)
+    run.s.loss[directed] = 0.05
+    found = [s for s in run.steps(5) if s]
+    assert found, "5 % loss must be localized within 5 s"
+    f = found[-1]
+    assert kinds(f) == {("corrupting_link", link_of(directed))}
+    assert f[0].direction == directed and f[0].severity == "major"
+    assert f[0].evidence["loss"]["p_value"] < 1e-6 and f[0].evidence["rates"]["utilization"] < 0.5
+
+
+def test_one_percent_loss_on_a_busier_fabric():
+    run = Run(leaves=4, hosts_per_leaf=6, switch_every=5, warm=12)
+    directed = run.s.down_link(1, 3)
+    run.s.loss[directed] = 0.01
+    steps = run.steps(5)
+    assert any(("corrupting_link", link_of(directed)) in kinds(s) for s in steps)
+    assert all(kinds(s) <= {("corrupting_link", link_of(directed))} for s in steps)
+    assert [f.direction for f in steps[-1]] == [directed]
+
+
+def test_access_link_loss_is_the_access_link():
+    run = Run()
+    directed = run.s.access("host2")[1]  # leaf1 -> host2
+    run.s.loss[directed] = 0.05
+    last = run.steps(5)[-1]
+    assert kinds(last) == {("corrupting_link", link_of(directed))}
+    # every path of host2 crosses both directions of its access link: an exchange's loss cannot
+    # tell them apart, so the link is certain and the direction is left open
+    f = last[0]
+    assert f.direction is None and set(f.evidence["directions"]) == {directed, run.s.access("host2")[0]}
+    assert f.confidence >= 0.9
+
+
+def test_corrupting_link_with_error_counters():
+    run = Run(switch_every=1)
+    directed = run.s.down_link(1, 2)  # spine1 -> leaf2, errors counted at leaf2's input
+    run.s.loss[directed] = 0.03
+    run.s.errors_ps[directed.split("->")[1]] = 12.0
+    last = run.steps(5)[-1]
+    assert kinds(last) == {("corrupting_link", link_of(directed))}
+    assert last[0].evidence["rates"]["errors_ps"] > 0 and last[0].direction == directed
+
+
+def test_congestion_delay_in_one_direction():
+    run = Run(switch_every=2)
+    directed = run.s.down_link(2, 1)
+    run.s.queue_us[directed] = 400
+    run.s.util[directed] = 0.97
+    last = run.steps(4)[-1]
+    assert kinds(last) == {("congestion", link_of(directed))}
+    f = last[0]
+    assert f.direction == directed and f.severity == "minor"
+    assert f.evidence["delay"]["inflation_us"] > 300 and f.evidence["rates"]["utilization"] >= 0.9
+
+
+def test_congestion_under_clock_drift_without_switch_data():
+    # 40 ppm drift and ms offsets: raw one-way delays move 40 us/s; the round trip does not
+    run = Run(warm=30, drift_ppm=40, clock_offset_us=20_000)
+    directed = run.s.up_link(3, 2)
+    run.s.queue_us[directed] = 150
+    last = run.steps(4)[-1]
+    assert kinds(last) == {("congestion", link_of(directed))}
+    assert last[0].direction == directed
+
+
+def test_loss_with_high_utilization_is_congestion():
+    run = Run(switch_every=1)
+    directed = run.s.up_link(3, 1)
+    run.s.loss[directed] = 0.04
+    run.s.util.update({directed: 0.98, run.s.up_link(3, 2): 0.9})  # both uplinks busy: not an imbalance
+    last = run.steps(5)[-1]
+    assert kinds(last) == {("congestion", link_of(directed))}
+    assert last[0].direction == directed and "loss" in last[0].evidence
+
+
+def test_path_imbalance():
+    run = Run(switch_every=1)
+    hot, cold = run.s.up_link(2, 1), run.s.up_link(2, 2)
+    run.s.util.update({hot: 0.96, cold: 0.15})
+    run.s.queue_us[hot] = 200
+    last = run.steps(4)[-1]
+    assert kinds(last) == {("path_imbalance", link_of(hot))}
+    f = last[0]
+    assert f.direction == hot and f.evidence["imbalance"]["ratio"] >= 2
+    assert f.evidence["imbalance"]["uplinks"] == {hot: 0.96, cold: 0.15}
+
+
+def test_mtu_mismatch():
+    run = Run(switch_every=1)
+    run.s.mtu["spine1:swp2"] = 1500  # big frames leaf2 -> spine1 dropped; probes are small
+    last = run.steps(2)[-1]
+    link = link_of(run.s.up_link(2, 1))
+    assert kinds(last) == {("mtu_mismatch", link)}
+    assert last[0].direction == "leaf2:swp3->spine1:swp2" and last[0].severity == "warning"
+    assert last[0].evidence["mtu"] == {"leaf2:swp3": 9000, "spine1:swp2": 1500}
+
+
+def test_miscabling_from_topology():
+    run = Run()
+    links = [TopologyLink(a=a, b=b, check="ok", state="up") for a, b in
+             (link.split("--") for link in run.s.links)]
+    links.append(TopologyLink(a="leaf3:swp9", b="spine1:swp9", check="miscabled", state="up",
+                              expected="leaf3:swp9 should connect to spine2:swp9"))
+    nodes = [TopologyNode(name=n, kind="switch", configured=True) for n in ("spine1", "spine2", "leaf1", "leaf2",
+                                                                              "leaf3")]
+    run.c.set_topology(FabricTopology(nodes=nodes, links=links, generated_ns=run.t * NS))
+    last = run.steps(1)[-1]
+    assert kinds(last) == {("miscabling", "leaf3:swp9--spine1:swp9")}
+    assert "spine2:swp9" in last[0].summary
+    assert run.steps(5)[-1] and all(f.kind == "miscabling" for f in run.history[-1])
