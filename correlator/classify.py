@@ -142,7 +142,10 @@ def _imbalance(index: FabricIndex, view: SwitchView, t: Thresholds, config: Corr
             continue
         hot, cold = max(ups, key=lambda u: u[1]), min(ups, key=lambda u: u[1])
         ratio = hot[1] / max(cold[1], 0.01)
-        if ratio >= config.imbalance_ratio and (hot[1] >= t.congestion_utilization or hot[0] in inflating):
+        # a collision loads the hot uplink for real; a slow link (lower capacity than ifSpeed says) with
+        # pinned load is congestion, not imbalance: the hash is not what to fix there
+        busy = hot[1] >= config.imbalance_min_utilization
+        if ratio >= config.imbalance_ratio and busy and (hot[1] >= t.congestion_utilization or hot[0] in inflating):
             out[hot[0]] = {"switch": device, "ratio": round(ratio, 2),
                            "uplinks": {index.dname(d): round(u, 3) for d, u in sorted(ups)}}
     return out

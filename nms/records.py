@@ -536,7 +536,9 @@ class Finding(Record):
 
     @property
     def dedup_key(self) -> str:
-        return f"{self.kind}:{self.element}"
+        """One incident per element at a time: a link that goes from down to flapping, or from
+        congested to down, is one incident whose kind follows the evidence."""
+        return f"{self.element_kind}:{self.element}"
 
 
 IncidentState = Literal["open", "resolved"]
@@ -546,7 +548,7 @@ class Incident(Record):
     """A finding that persists: open -> (updated)* -> resolved after N clean windows."""
 
     id: int = Field(description="rises with every incident; never reused")
-    dedup_key: str = Field(description="kind:element; one open incident per key")
+    dedup_key: str = Field(description="element_kind:element; one open incident per key (its kind may change)")
     kind: FaultKind
     element: str
     element_kind: ElementKind

@@ -96,8 +96,8 @@ class IncidentWriter:
         return incident
 
     def update(self, incident: Incident) -> None:
-        self._db.execute("UPDATE incidents SET state = ?, resolved_ns = ?, body = ? WHERE id = ?",
-                         (incident.state, incident.resolved_ns, incident.model_dump_json(), incident.id))
+        self._db.execute("UPDATE incidents SET state = ?, kind = ?, resolved_ns = ?, body = ? WHERE id = ?",
+                         (incident.state, incident.kind, incident.resolved_ns, incident.model_dump_json(), incident.id))
 
     def add_event(self, event: IncidentEvent, comment: str | None = None) -> int:
         """Append to the history; returns the event's id."""

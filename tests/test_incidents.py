@@ -49,7 +49,7 @@ def test_open_update_resolve(state):
     inc = opened.incident
     assert (opened.event, opened.ts, inc.state, inc.opened_ns, inc.updated_ns, inc.last_seen_ns) == (
         "opened", T0, "open", T0, T0, T0)
-    assert inc.id >= 1 and inc.dedup_key == f"link_down:{LINK}" and inc.evidence == {"down_paths": 4}
+    assert inc.id >= 1 and inc.dedup_key == f"link:{LINK}" and inc.evidence == {"down_paths": 4}
     assert m.get(inc.id) == inc
 
     # the same fault window after window: refreshed in the store, but no event
@@ -131,17 +131,28 @@ def test_dedup_in_a_window_and_across_elements(state):
     events = m.apply([finding(severity="minor", confidence=0.99, summary="weak"),
                       finding(severity="critical", confidence=0.6, summary="strong"),
                       finding(severity="critical", confidence=0.5, summary="weaker"),
-                      finding(element="leaf2:swp1--spine1:swp2"),
-                      finding(kind="link_flapping", severity="major")], T0)
-    assert kinds(events) == ["opened"] * 3
-    assert {e.incident.dedup_key for e in events} == {f"link_down:{LINK}", "link_down:leaf2:swp1--spine1:swp2",
-                                                      f"link_flapping:{LINK}"}
-    assert events[0].incident.summary == "strong"  # the most severe, then the most confident
-    # one window later only one of them still shows: the others count a clean window
+                      finding(kind="link_flapping", severity="major"),
+                      finding(element="leaf2:swp1--spine1:swp2")], T0)
+    assert kinds(events) == ["opened"] * 2  # one incident per element
+    assert {e.incident.dedup_key for e in events} == {f"link:{LINK}", "link:leaf2:swp1--spine1:swp2"}
+    assert events[0].incident.summary == "strong" and events[0].incident.kind == "link_down"  # most severe wins
+    # one window later only one of them still shows: the other counts a clean window
     assert m.apply([finding(summary="strong")], T0 + W) == []
-    assert sorted(i.clean_windows for i in m.open_incidents()) == [0, 1, 1]
-    assert kinds(m.apply([finding(summary="strong")], T0 + 2 * W)) == ["resolved", "resolved"]
-    assert [i.dedup_key for i in m.open_incidents()] == [f"link_down:{LINK}"]
+    assert sorted(i.clean_windows for i in m.open_incidents()) == [0, 1]
+    assert kinds(m.apply([finding(summary="strong")], T0 + 2 * W)) == ["resolved"]
+    assert [i.dedup_key for i in m.open_incidents()] == [f"link:{LINK}"]
+
+
+def test_a_change_of_kind_on_the_same_element_updates_the_incident(state):
+    """A link first seen down that then flaps is one incident: its kind follows the evidence."""
+    m = IncidentManager(state, resolve_after=2)
+    opened = m.apply([finding()], T0)
+    assert kinds(opened) == ["opened"] and opened[0].incident.kind == "link_down"
+    updated = m.apply([finding(kind="link_flapping", severity="major")], T0 + W)
+    assert kinds(updated) == ["updated"]
+    assert (updated[0].incident.id, updated[0].incident.kind) == (opened[0].incident.id, "link_flapping")
+    assert m.get(opened[0].incident.id).kind == "link_flapping"
+    assert [i.kind for i in m.list(kind="link_flapping")] == ["link_flapping"] and m.list(kind="link_down") == []
 
 
 def test_open_incidents_continue_across_a_restart(tmp_path):

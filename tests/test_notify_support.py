@@ -91,7 +91,7 @@ class Receiver:
 
 
 def incident(id: int = 1, **kw) -> Incident:
-    doc = dict(id=id, dedup_key="link_down:leaf1:swp1--spine1:swp1", kind="link_down",
+    doc = dict(id=id, dedup_key="link:leaf1:swp1--spine1:swp1", kind="link_down",
                element="leaf1:swp1--spine1:swp1", element_kind="link", severity="critical",
                summary="link leaf1:swp1--spine1:swp1 is down (both ends oper down)", confidence=0.97,
                evidence={"oper_status": "down", "loss_pct": 100.0}, paths=["h1:eth0>h2:eth0/3", "h2:eth0>h1:eth0/7"],

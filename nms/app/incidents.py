@@ -2,11 +2,12 @@
 resolved after N clean windows), persisted in the state store, with listeners (notifiers) and a
 live fan-out for the API's event stream.
 
-One open incident per dedup key (`kind:element`). A finding refreshes its open incident every
-window (last seen, evidence, paths, jobs, confidence), but an `updated` event is emitted only
-when something an operator cares about changed since the last opened/updated event: severity,
-the summary (numbers in it ignored) or direction, the set of jobs, or the number of affected
-paths by half or more. `apply` runs in a worker thread; listeners run after the commit, in event
+One open incident per dedup key (`element_kind:element`: one per element). A finding refreshes
+its open incident every window (kind, last seen, evidence, paths, jobs, confidence), but an
+`updated` event is emitted only when something an operator cares about changed since the last
+opened/updated event: the kind (a link down that turns out to flap), severity, the summary
+(numbers in it ignored) or direction, the set of jobs, or the number of affected paths by half
+or more. `apply` runs in a worker thread; listeners run after the commit, in event
 order, under the manager's lock (they must be quick: a notifier enqueues). Stream subscribers
 get events through their asyncio loop (`call_soon_threadsafe`) into a bounded queue; one that
 falls `queue_size` events behind is dropped with a log line, never slowing `apply`.
@@ -41,6 +42,8 @@ class StreamEvent(NamedTuple):
 def changed(before: Incident, after: Incident) -> list[str]:
     """What an operator would call a change of an open incident (empty: nothing worth an event)."""
     what = []
+    if before.kind != after.kind:
+        what.append("kind")
     if before.severity != after.severity:
         what.append("severity")
     if _NUMBER.sub("#", before.summary) != _NUMBER.sub("#", after.summary) or before.direction != after.direction:
@@ -72,7 +75,7 @@ def _opened(f: Finding, window_ns: int) -> Incident:
 
 def _refreshed(incident: Incident, f: Finding, window_ns: int) -> Incident:
     return incident.model_copy(update={
-        "element_kind": f.element_kind, "direction": f.direction, "severity": f.severity, "summary": f.summary,
+        "kind": f.kind, "element_kind": f.element_kind, "direction": f.direction, "severity": f.severity, "summary": f.summary,
         "confidence": f.confidence, "evidence": f.evidence, "paths": f.paths, "jobs": f.jobs,
         "last_seen_ns": window_ns, "clean_windows": 0})
 

@@ -220,6 +220,7 @@ class CorrelatorConfig(Strict):
     baseline: Seconds = 600.0  # one-way delay baselines (per path minimum) look back this far
     loss_floor_pct: float = Field(0.1, ge=0, le=100)  # loss this low is background, not a fault
     imbalance_ratio: float = Field(2.0, gt=1)  # parallel uplinks: hot / cold utilization that counts
+    imbalance_min_utilization: float = Field(0.5, gt=0, le=1)  # ... and the hot one carries at least this
 
 
 class NotificationSink(Strict):
