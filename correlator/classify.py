@@ -6,9 +6,9 @@
 * a lossy directed link -> congestion when it also inflates delay, or its egress is hot (utilization
   >= threshold) or discarding, and no error counters; otherwise corrupting_link (silent loss at low
   utilization, and/or errors).
-* an inflating directed link -> congestion; path_imbalance instead when it (or any uplink) is the hot
-  one of a switch's parallel uplinks (hot / cold utilization >= imbalance_ratio), the hash collision
-  being the cause.
+* an inflating directed link -> congestion; path_imbalance instead when it is the hot one of a
+  switch's parallel uplinks (hot / cold utilization >= imbalance_ratio, hot >= imbalance_min_utilization),
+  the hash collision being the cause.
 * switch evidence alone: an end oper down (link_down), flapping per LinkEvent (link_flapping),
   sustained input errors (corrupting_link), MTU differing across a link (mtu_mismatch), LLDP
   contradicting the inventory (miscabling). Elements already explained by probes are not repeated.
@@ -142,10 +142,10 @@ def _imbalance(index: FabricIndex, view: SwitchView, t: Thresholds, config: Corr
             continue
         hot, cold = max(ups, key=lambda u: u[1]), min(ups, key=lambda u: u[1])
         ratio = hot[1] / max(cold[1], 0.01)
-        # a collision loads the hot uplink for real; a slow link (lower capacity than ifSpeed says) with
-        # pinned load is congestion, not imbalance: the hash is not what to fix there
+        # the hot uplink must carry real load AND inflate delay (a busy uplink feeding a bottleneck
+        # elsewhere is not the problem; a slow link with pinned load is congestion, not a hash issue)
         busy = hot[1] >= config.imbalance_min_utilization
-        if ratio >= config.imbalance_ratio and busy and (hot[1] >= t.congestion_utilization or hot[0] in inflating):
+        if ratio >= config.imbalance_ratio and busy and hot[0] in inflating:
             out[hot[0]] = {"switch": device, "ratio": round(ratio, 2),
                            "uplinks": {index.dname(d): round(u, 3) for d, u in sorted(ups)}}
     return out

@@ -11,18 +11,9 @@ from __future__ import annotations
 
 from nms.config.models import FabricConfig
 from nms.records import FabricTopology, TopologyLink
+from nms.topology import End, fmt_end, parse_end
 
-End = tuple[str, str]  # (device, port)
 Nic = tuple[str, str]  # (host, nic)
-
-
-def parse_end(text: str) -> End:
-    device, _, port = text.partition(":")
-    return device, port
-
-
-def fmt_end(end: End) -> str:
-    return f"{end[0]}:{end[1]}"
 
 
 class FabricIndex:

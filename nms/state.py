@@ -107,12 +107,18 @@ class IncidentWriter:
         return cur.lastrowid
 
 
+def open_sqlite(path: Path) -> sqlite3.Connection:
+    """An SQLite database for service state: autocommit (explicit transactions), WAL, any thread."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    return db
+
+
 class StateStore:
     def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db = open_sqlite(path)
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, start INTEGER NOT NULL, end INTEGER, body TEXT NOT NULL)")
         self._db.execute(

@@ -27,12 +27,13 @@ from nms.records import (FabricPath, FabricTopology, LldpNeighbor, PathHop, Port
 End = tuple[str, str]  # (device, port)
 
 
-def _end(text: str) -> End:
+def parse_end(text: str) -> End:
+    """'leaf1:swp3' -> ('leaf1', 'swp3')."""
     device, _, port = text.partition(":")
     return device, port
 
 
-def _fmt(end: End) -> str:
+def fmt_end(end: End) -> str:
     return f"{end[0]}:{end[1]}"
 
 
@@ -41,7 +42,7 @@ def _key(a: End, b: End) -> tuple[End, End]:
 
 
 def expected_links(fabric: FabricConfig) -> set[tuple[End, End]]:
-    links = {_key(_end(link.a), _end(link.b)) for link in fabric.links}
+    links = {_key(parse_end(link.a), parse_end(link.b)) for link in fabric.links}
     for host in fabric.hosts:
         for nic in host.nics:
             if nic.switch and nic.switch_port:
@@ -92,9 +93,9 @@ def build_topology(fabric: FabricConfig, neighbors: Mapping[str, Iterable[LldpNe
         rate_end = a if a in rates else b if b in rates else None
         rate = rates.get(rate_end) if rate_end else None
         links.append(TopologyLink(
-            a=_fmt(a), b=_fmt(b), check=check, state=state, seen_by=sorted(seen.get(key, ())),
+            a=fmt_end(a), b=fmt_end(b), check=check, state=state, seen_by=sorted(seen.get(key, ())),
             expected=expected_text, flapping=any(e in flapping for e in key),
-            rate_port=_fmt(rate_end) if rate_end else None, in_bps=rate.in_bps if rate else None,
+            rate_port=fmt_end(rate_end) if rate_end else None, in_bps=rate.in_bps if rate else None,
             out_bps=rate.out_bps if rate else None))
 
     for key in sorted(expected):
@@ -112,7 +113,7 @@ def build_topology(fabric: FabricConfig, neighbors: Mapping[str, Iterable[LldpNe
             continue
         moved = [e for e in key if e in configured_peer]
         if moved:
-            text = ", ".join(f"{_fmt(e)} should connect to {_fmt(configured_peer[e])}" for e in moved)
+            text = ", ".join(f"{fmt_end(e)} should connect to {fmt_end(configured_peer[e])}" for e in moved)
             add(key, "miscabled", text)
         else:
             add(key, "discovered" if not expected else "unexpected")
@@ -125,7 +126,7 @@ def build_topology(fabric: FabricConfig, neighbors: Mapping[str, Iterable[LldpNe
         nodes[h.name] = TopologyNode(name=h.name, kind="host", role="host", configured=True)
     for link in links:
         for end in (link.a, link.b):
-            name = _end(end)[0]
+            name = parse_end(end)[0]
             if name not in nodes:
                 nodes[name] = TopologyNode(name=name, kind="switch" if name in polled else "unknown",
                                            configured=False, reachable=reachable.get(name))
@@ -148,7 +149,7 @@ def ecmp_paths(topology: FabricTopology, src: str, dst: str, *, include_down: bo
     for link in topology.links:
         if link.check not in USABLE_CHECKS or (link.state == "down" and not include_down):
             continue
-        a, b = _end(link.a), _end(link.b)
+        a, b = parse_end(link.a), parse_end(link.b)
         adj[a[0]].append((b[0], a[1], b[1]))
         adj[b[0]].append((a[0], b[1], a[1]))
     if src == dst or src not in adj or dst not in adj:

@@ -224,6 +224,21 @@ def test_path_imbalance():
     assert f.evidence["imbalance"]["uplinks"] == {hot: 0.96, cold: 0.15}
 
 
+def test_a_busy_uplink_that_does_not_inflate_is_no_imbalance_and_a_slow_one_is_congestion():
+    """The lab's congestion shape: load pinned onto one spine (its leaf uplink ~96 % busy, the other
+    idle) feeding a rate-cut link further on. The busy uplink delays nothing: no path_imbalance; the
+    slow link, whose utilization vs ifSpeed is low, is congestion."""
+    run = Run(switch_every=1)
+    busy, idle = run.s.up_link(2, 1), run.s.up_link(2, 2)
+    slow = run.s.up_link(1, 1)  # leaf1 <-> spine1
+    run.s.util.update({busy: 0.96, idle: 0.005})
+    slow_down = next(d for d in (slow, "->".join(reversed(slow.split("->")))) if d.startswith("spine1"))
+    run.s.util[slow_down] = 0.1
+    run.s.queue_us[slow_down] = 20000
+    last = run.steps(4)[-1]
+    assert kinds(last) == {("congestion", link_of(slow))}
+
+
 def test_mtu_mismatch():
     run = Run(switch_every=1)
     run.s.mtu["spine1:swp2"] = 1500  # big frames leaf2 -> spine1 dropped; probes are small

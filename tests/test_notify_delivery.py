@@ -12,30 +12,17 @@ import threading
 import time
 from email.utils import formatdate
 
-import pytest
 from fastapi.testclient import TestClient
 
 from nms.app.api import create_app
 from nms.app.notify.dispatcher import retry_after_s
 from nms.app.service import Service
 from tests.helpers import auth, make_config
-from tests.test_notify_support import T0, Notifiers, Receiver, event, incident, notifications, until
+from tests.test_notify_support import T0, event, incident, notifications, until
 
 JSON = {"Content-Type": "application/json"}
 
 
-@pytest.fixture
-def rx():
-    r = Receiver()
-    yield r
-    r.close()
-
-
-@pytest.fixture
-async def make(tmp_path):
-    n = Notifiers(tmp_path / "notifications.sqlite")
-    yield n
-    await n.close()
 
 
 def hook(rx, path="/hook", name="hook", **kw) -> dict:

@@ -9,28 +9,15 @@ import json
 import re
 import time
 
-import pytest
 
 from nms.app.notify import NOTIFIER_GROUP
 from nms.app.plugins import load_plugin
-from tests.test_notify_support import T0, Notifiers, Receiver, event, incident, notifications, until
+from tests.test_notify_support import T0, event, incident, notifications, until
 
 KINDS = ["webhook", "pagerduty", "slack", "alertmanager", "servicenow"]
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 
 
-@pytest.fixture
-def rx():
-    r = Receiver()
-    yield r
-    r.close()
-
-
-@pytest.fixture
-async def make(tmp_path):
-    n = Notifiers(tmp_path / "notifications.sqlite")
-    yield n
-    await n.close()
 
 
 def test_every_kind_is_an_entry_point():

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pytest
+
 from nms.app.notify import Notifier
 from nms.config.models import NotificationsConfig
 from nms.records import Incident, IncidentEvent
@@ -141,3 +143,20 @@ async def until(cond: Callable[[], object], timeout: float = 5.0, step: float = 
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(step)
+
+
+@pytest.fixture(name="rx")
+def notify_rx():
+    """A real HTTP receiver on 127.0.0.1 that records requests."""
+    r = Receiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture(name="make")
+async def notify_make(tmp_path):
+    """Notifier factory on one outbox file; closes them all."""
+    n = Notifiers(tmp_path / "notifications.sqlite")
+    yield n
+    await n.close()
+

@@ -8,11 +8,11 @@ The row keeps the event (JSON) and never a rendered request: secrets are added a
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from pathlib import Path
 
 from nms.records import IncidentEvent, NotificationDelivery
+from nms.state import open_sqlite
 
 _COLUMNS = ("id, incident_id, event, sink, sink_kind, state, attempts, created_ns, last_attempt_ns, "
             "next_attempt_ns, delivered_ns, last_status, last_error")
@@ -32,10 +32,8 @@ def _row(row: tuple) -> NotificationDelivery:
 
 class Outbox:
     def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db = open_sqlite(path)
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS deliveries (id INTEGER PRIMARY KEY AUTOINCREMENT, dedup TEXT NOT NULL UNIQUE, "
             "incident_id INTEGER NOT NULL, event TEXT NOT NULL, sink TEXT NOT NULL, sink_kind TEXT NOT NULL, "
