@@ -9,7 +9,8 @@
 * an inflating directed link -> congestion; path_imbalance instead when it is the hot one of a
   switch's parallel uplinks (hot / cold utilization >= imbalance_ratio, hot >= imbalance_min_utilization),
   the hash collision being the cause.
-* switch evidence alone: an end oper down (link_down), flapping per LinkEvent (link_flapping),
+* switch evidence alone: an end oper down (link_down; nic_down on a NIC's access link), flapping per
+  LinkEvent (link_flapping),
   sustained input errors (corrupting_link), MTU differing across a link (mtu_mismatch), LLDP
   contradicting the inventory (miscabling). Elements already explained by probes are not repeated.
 """
@@ -213,12 +214,19 @@ def switch_findings(index: FabricIndex, view: SwitchView, covered: set[str]) -> 
     ends = set(ctx.port_samples) | set(ctx.link_events) | set(ctx.port_rates) | set(ctx.nic_samples)
     lids = {index.by_end[e] for e in ends if e in index.by_end} | set(index.topo)
     out: list[Draft] = []
+    nic_of = {lid: nic for nic, lid in index.nic_access.items()}
     for lid in sorted(lids):
         name = index.name(lid)
         a, b = index.links[lid]
         topo = index.topo.get(lid)
         if name in covered:
             pass
+        elif lid in nic_of and view.link_down(lid):
+            # an access port down is the NIC gone from the fabric (dark NIC or cut cable: the same to
+            # every path), named as the probes name it, so both kinds of evidence meet in one incident
+            nic = "{}:{}".format(*nic_of[lid])
+            out.append(Draft("nic_down", nic, "nic", 0.8, f"NIC {nic} is down (switch status of {name})", None,
+                             None, {"oper": view.link_oper(lid), "access_link": name}))
         elif view.flapping(lid):
             out.append(Draft("link_flapping", name, "link", 0.9, f"link {name} is flapping (switch counters)",
                              lid, None, {"switch_flaps": view.flaps(lid), "oper": view.link_oper(lid)}))

@@ -116,6 +116,16 @@ def test_nic_down_from_probes_only():
     assert last[0].confidence >= 0.9
 
 
+def test_an_access_port_down_seen_by_the_switch_first_is_the_nic_down():
+    """SNMP may see the leaf's host port go down before the probes time out (or after they recover):
+    that evidence names the same element as the probes, the NIC, so both meet in one incident."""
+    run = Run()
+    run.c.add([PortSample(device="leaf3", port="swp1", ts=run.t * NS, oper_status="down", mtu=9000)])
+    last = run.steps(1)[-1]
+    assert kinds(last) == {("nic_down", "host5:eth0")}
+    assert last[0].evidence["access_link"] == "host5:eth0--leaf3:swp1"
+
+
 def test_switch_down():
     run = Run()
     for lf in (1, 2, 3):
