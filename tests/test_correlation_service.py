@@ -1,0 +1,87 @@
+"""The correlator inside the service, without the lab: agents' telemetry through POST /ingest, the
+scheduled `correlate` job, incidents in the API, a job attached, resolution when the fault heals,
+and a webhook delivery to a real local receiver. The lab tests (tests/lab/test_correlator_lab.py)
+do the same with real agents and real faults, as root."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi.testclient import TestClient
+
+from nms.app.api import create_app
+from nms.app.service import Service
+from tests._fabric_synth import NS, Synth
+from tests.helpers import auth, make_config
+from tests.test_notify_support import Receiver
+
+SECOND = 10**9
+
+
+KIND = {"probe_window": "probe_windows", "path_event": "path_events", "probe_path": "probe_paths"}
+
+
+def _post(client: TestClient, records: list) -> None:
+    """Post records as agents do: one batch per kind."""
+    for measurement, kind in KIND.items():
+        items = [r.model_dump(mode="json", exclude_none=True) for r in records if r.measurement == measurement]
+        if items:
+            r = client.post(f"/ingest/{kind}", json={"items": items}, headers=auth("ingest"))
+            assert r.status_code == 200 and r.json()["rejected"] == [], r.text
+
+
+def _until(predicate, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.1)
+    raise AssertionError("timed out")
+
+
+def test_ingested_telemetry_opens_an_incident_that_resolves_and_is_delivered(tmp_path):
+    synth = Synth()
+    link = synth.up_link(2, 1).split("->")
+    cable = "--".join(sorted(link))
+    rx = Receiver()
+    config = make_config(tmp_path, fabric=synth.fabric.model_dump(mode="json", exclude_none=True),
+                         thresholds={"resolve_after_clean_windows": 2}, polling={"enabled": False},
+                         notifications={"sinks": [{"name": "noc", "kind": "webhook", "url": rx.url("/hook"),
+                                                   "secret": "s3cret"}], "backoff_initial": "0.1s"})
+    service = Service(config)
+    try:
+        with TestClient(create_app(service)) as client:
+            now = time.time_ns() // SECOND
+            service.correlation.add(synth.inventory_records(now - 20, with_paths=False), "test")  # the poller's part
+            _post(client, synth.inventory_records(now - 20))
+            client.post("/jobs", json={"id": "train-1", "hosts": ["host3", "host5"], "start": (now - 60) * NS},
+                        headers=auth("ingest")).raise_for_status()
+            for t in range(now - 15, now):  # a clean past: delay baselines, no finding
+                _post(client, synth.windows(t))
+            assert client.get("/incidents", headers=auth("read")).json() == []
+
+            synth.down.add(cable)  # the link fails: its paths' windows come back empty
+            t = now
+            incident = None
+            while incident is None:
+                _post(client, synth.windows(t))
+                t += 1
+                time.sleep(max(0.0, t - time.time_ns() / SECOND))  # real time: the job steps every second
+                found = client.get("/incidents", params={"state": "open"}, headers=auth("read")).json()
+                incident = found[0] if found else None
+                assert t - now < 8, "no incident within 8 s"
+            assert (incident["kind"], incident["element"]) == ("link_down", cable)
+            assert incident["jobs"] == ["train-1"] and incident["evidence"]["paths_down"] > 0
+
+            synth.down.clear()
+            while client.get(f"/incidents/{incident['id']}", headers=auth("read")).json()["state"] != "resolved":
+                _post(client, synth.windows(t))
+                t += 1
+                time.sleep(max(0.0, t - time.time_ns() / SECOND))
+                assert t - now < 25, "the incident did not resolve"
+            events = client.get(f"/incidents/{incident['id']}/events", headers=auth("read")).json()
+            assert [e["event"] for e in events][0] == "opened" and events[-1]["event"] == "resolved"
+            hooks = _until(lambda: len(rx.at("/hook")) >= 2 and rx.at("/hook"))
+            assert [h.json()["event"] for h in hooks[:2]] == ["opened", "resolved"]
+    finally:
+        rx.close()
