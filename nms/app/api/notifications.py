@@ -15,7 +15,8 @@ router = APIRouter(prefix="/notifications", tags=["notifications"], responses=AU
 
 @router.get("/deliveries", response_model=list[NotificationDelivery], dependencies=[Depends(require("read"))])
 def list_deliveries(request: Request,
-                    incident: int | None = Query(None, ge=0, description="only deliveries of this incident id"),
+                    incident: int | None = Query(None, ge=0, le=(1 << 63) - 1,
+                                                 description="only deliveries of this incident id"),
                     state: Literal["pending", "delivered", "failed"] | None = Query(None),
                     sink: str | None = Query(None, max_length=128, description="only this sink (its name)"),
                     limit: int = Query(100, ge=1, le=10_000)) -> list[NotificationDelivery]:
