@@ -79,5 +79,5 @@ class CorrelationService:
             self._events.labels(e.event).inc()
             log.info("incident %d %s: %s on %s", e.incident.id, e.event, e.incident.kind, e.incident.element)
         self.last = StepStats(ts=now_ns, duration_s=duration, findings=len(findings), events=len(events),
-                              open_incidents=len(self.incidents.list(state="open")))
+                              open_incidents=len(self.incidents.open_incidents()))
         return events

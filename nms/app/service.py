@@ -84,35 +84,35 @@ class Service:
         log.info("service started: store=%s, api on %s:%d", self.store.name,
                  self.config.api.host, self.config.api.port)
 
-    async def _prune(self, retention_s: float) -> None:
-        cutoff = time.time_ns() - int(retention_s * 1e9)
+    async def _threaded(self, job: str, fn, *args):
+        """Run a scheduled job's work in a worker thread, counted per outcome; a failure is logged
+        and never stops the scheduler. Returns fn's result, or None when it failed."""
         try:
-            deleted = await asyncio.to_thread(self.store.prune, cutoff)
-            self.metrics.scheduler_runs.labels("store-retention", "ok").inc()
-            log.info("retention: deleted %d rows older than %.0f s", deleted, retention_s)
+            result = await asyncio.to_thread(fn, *args)
         except Exception:
-            self.metrics.scheduler_runs.labels("store-retention", "error").inc()
-            log.exception("retention run failed")
+            self.metrics.scheduler_runs.labels(job, "error").inc()
+            log.exception("scheduled job %s failed", job)
+            return None
+        self.metrics.scheduler_runs.labels(job, "ok").inc()
+        return result
+
+    async def _prune(self, retention_s: float) -> None:
+        deleted = await self._threaded("store-retention", self.store.prune, time.time_ns() - int(retention_s * 1e9))
+        if deleted is not None:
+            log.info("retention: deleted %d rows older than %.0f s", deleted, retention_s)
 
     async def solve_clock(self) -> None:
         """The clock job: solve the finished slots (nms.app.clock) in a worker thread."""
-        try:
-            await asyncio.to_thread(self.clock.solve_due)
-            self.metrics.scheduler_runs.labels("clock-solve", "ok").inc()
-        except Exception:
-            self.metrics.scheduler_runs.labels("clock-solve", "error").inc()
-            log.exception("clock solve failed")
+        await self._threaded("clock-solve", self.clock.solve_due)
 
     async def correlate(self) -> None:
         """The correlator job: the topology on the loop (the poller changes its inputs here), the step
         in a worker thread."""
         try:
             self.correlation.refresh_topology(self.poller.topology, time.time_ns())
-            await asyncio.to_thread(self.correlation.step)
-            self.metrics.scheduler_runs.labels("correlate", "ok").inc()
         except Exception:
-            self.metrics.scheduler_runs.labels("correlate", "error").inc()
-            log.exception("correlator step failed")
+            log.exception("topology for the correlator failed; stepping on the previous one")
+        await self._threaded("correlate", self.correlation.step)
 
     async def stop(self) -> None:
         """Clean shutdown: stop scheduling, flush the store (or spool it), close state."""
