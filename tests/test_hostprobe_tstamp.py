@@ -46,10 +46,36 @@ def _drain_stamps(sock: tstamp.StampedSocket, want: int, timeout: float = 2.0) -
     return got
 
 
+def _warm_rx_stamping(rx: tstamp.StampedSocket, timeout: float = 2.0) -> None:
+    """The kernel switches RX stamping on for everyone the first time a socket asks, through deferred
+    work: on a fresh machine the first datagrams may arrive unstamped. Send warm-up datagrams from a
+    plain socket until one arrives stamped, so the test measures stamping, not its start-up."""
+    warm = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            warm.sendto(b"warm", ("127.0.0.1", rx.port))
+            time.sleep(0.01)
+            try:
+                _, anc, _, _ = rx.sock.recvmsg(64, tstamp.CMSG_SPACE)
+            except BlockingIOError:
+                continue
+            if tstamp.software_stamp(anc):
+                break
+        while True:  # leave nothing of the warm-up in the queue
+            try:
+                rx.sock.recvmsg(64, tstamp.CMSG_SPACE)
+            except BlockingIOError:
+                return
+    finally:
+        warm.close()
+
+
 def test_loopback_rx_and_tx_stamps_matched_by_opt_id():
     rx = tstamp.StampedSocket("127.0.0.1", 0)
     tx = tstamp.StampedSocket("127.0.0.1", 0)
     try:
+        _warm_rx_stamping(rx)
         before = time.time_ns()
         assert tx.send(b"a", ("127.0.0.1", rx.port), token="first")
         assert tx.send(b"b", ("127.0.0.1", rx.port))  # no token: no stamp requested, no key used
