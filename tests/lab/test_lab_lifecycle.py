@@ -106,6 +106,17 @@ def test_down_leaves_nothing(fresh_lab):
     assert again.returncode == 0 and "nothing to remove" in again.stdout
 
 
+def _wipe(root):
+    # the daemons still running keep writing logs and sockets into the lab directory, so one rmtree can race
+    # a new file; a crash that wipes the directory is what is simulated, so try again until it is gone
+    for _ in range(20):
+        shutil.rmtree(root, ignore_errors=True)
+        if not root.exists():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{root} could not be removed")
+
+
 def test_down_and_up_recover_from_a_crash(fresh_lab):
     lab = fresh_lab
     lab.fault("flap", "leaf1-spine1", "--period", "0.5", "--count", "0")
@@ -113,7 +124,7 @@ def test_down_and_up_recover_from_a_crash(fresh_lab):
         services.kill(list(lab.state()["nodes"][n]["pids"].values()))
     flapper = lab.dir.run_dir / next(p.name for p in lab.dir.run_dir.glob("flap-*.pid"))
     flap_pid = int(flapper.read_text())
-    shutil.rmtree(lab.dir.root)
+    _wipe(lab.dir.root)
     time.sleep(0.5)  # the flapper, its lab gone, fails on its next transition and exits
     # `up` finds the leftovers by prefix, clears them and builds a fresh lab
     up = nms_lab("up", "--lab-dir", str(lab.dir.root), "--prefix", PREFIX, "--mgmt-subnet", MGMT)
