@@ -29,7 +29,7 @@ from nms.records import (HostNicSample, InterfaceAddress, LinkEvent, PathEvent, 
 NS = 1_000_000_000
 PathKey = tuple[str, str, str, str, str]  # src_host, src_nic, dst_host, dst_nic, path_id
 BUCKETS = 10  # baseline buckets
-RECENT = 3  # settled windows whose median delay is compared to the baseline
+RECENT = 3  # latest windows whose median delay is compared to the baseline
 WARM_S = 8  # a path needs this much history before its delay is judged
 
 
@@ -41,7 +41,7 @@ def path_text(key: PathKey) -> str:
 class PathStats:
     """Per-path arrays for one step (index = path id)."""
 
-    sent_ok: np.ndarray  # exchanges in settled windows that had replies (loss statistics)
+    sent_ok: np.ndarray  # exchanges in windows clear of down/up transitions (loss statistics)
     lost_ok: np.ndarray
     episodes: np.ndarray  # down episodes within the context
     down: np.ndarray  # bool: down now
@@ -231,10 +231,11 @@ class Context:
         last_sent, last_recv = sent[rows, col], recv[rows, col]
         has = newest >= 0
         fresh = has & (newest >= now_s - 3)
-        # loss counts only settled windows after the path's latest trouble (and the window after it):
-        # the windows a link went down or came back in lose part of their exchanges, which is not
-        # partial loss
-        settled_ok = valid & (sec < newest[:, None]) & (recv > 0) & (sec > self.last_bad[:P, None] + 1)
+        # loss counts only windows after the path's latest trouble (and the window after it): the
+        # windows a link went down or came back in lose part of their exchanges, which is not partial
+        # loss. The newest window counts too: an agent holds back a window whose tail went unanswered
+        # until its path answers again or is reported down (hostprobe/prober.py)
+        settled_ok = valid & (recv > 0) & (sec > self.last_bad[:P, None] + 1)
         sent_ok = np.where(settled_ok, sent, 0).sum(axis=1)
         lost_ok = np.where(settled_ok, sent - recv, 0).sum(axis=1)
         # down episodes, in time order; a missing window keeps the previous state
@@ -261,7 +262,7 @@ class Context:
         rows = np.arange(P)
         recent = np.full((P, RECENT), np.nan, np.float32)
         for k in range(RECENT):
-            s = newest - 1 - k
+            s = newest - k
             col = s % self.C
             recent[:, k] = np.where(self.sec[rows, col] == s, self.delay[rows, col], np.nan)
         recent.sort(axis=1)  # NaN last

@@ -173,12 +173,13 @@ class Agent:
                 next_slow = now + SLOW
                 if self.clock.check_step():
                     self.stats["clock_steps"] += 1
-                self.prober.close_windows()
+                if self.prober.close_windows():
+                    self.reporter.wake()  # the windows go out now, not at the next report tick
                 if now >= next_clock:
                     next_clock = now + 1.0
                     if self.clock_sync is not None:
                         # a clock window is complete once every probe window in it has closed
-                        self.clock_sync.run(self.clock.now() - self.prober.close_lag_ns)
+                        self.clock_sync.run(self.prober.closed_before)
                     if not self.prober.tracer.busy:
                         due = self.prober.retrace_due(now, self.cfg.probe.trace_interval)
                         if due:

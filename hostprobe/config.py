@@ -43,7 +43,9 @@ class ProbeSettings(Strict):
     # a path with no reply for this long is down (PathEvent at once). 0.9 s, not 1 s: a link can die
     # just after a reply, so detection takes down_after plus a few ms, and the target is 1 s
     down_after: Seconds = 0.9
-    timeout: Seconds = 1.0  # a probe unanswered this long is lost; windows close this late
+    # a probe unanswered this long is lost; windows close this long after their end. Fabric RTTs are
+    # microseconds, milliseconds behind a full deep buffer: 0.25 s only delays the loss numbers
+    timeout: Seconds = Field(0.25, gt=0, le=10)
     sports: int = Field(32, ge=1, le=1024)  # source ports per NIC, traced to every peer (ECMP coverage)
     sport_base: int = Field(0, ge=0, le=65535)  # first source port (0: ephemeral ports from the kernel)
     max_hops: int = Field(8, ge=1, le=32)  # traceroute depth

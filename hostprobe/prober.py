@@ -6,6 +6,9 @@ are one path, and one of them probes it. Each path sends `rate` exchanges per se
 pairs; each exchange's four stamps land in the 1 s window (local clock) it was sent in. A window
 closes `timeout` after its end: its numbers become a ProbeWindow. A path that was answering and
 then gets no reply for `down_after` is down (PathEvent at once); its next reply brings it back.
+A window whose last exchanges are all unanswered while its path is still up waits until the path
+answers again or goes down: a window a link died in is then never reported before the PathEvent,
+so its partial loss is not mistaken for a lossy link.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ class Target:
 
 class PathState:
     __slots__ = ("target", "sock", "path_id", "state", "last_reply", "last_reply_ns", "down_ns", "unanswered",
-                 "first_sent", "windows", "active", "turn")
+                 "first_sent", "windows", "active", "turn", "answered_mono")
 
     def __init__(self, target: Target, sock: tstamp.StampedSocket, path_id: str):
         self.target, self.sock, self.path_id = target, sock, path_id
@@ -70,6 +73,7 @@ class PathState:
         self.windows: dict[int, list[Exchange]] = {}
         self.active = True
         self.turn = 0  # the schedule entry that counts; older ones (before a rate change) are skipped
+        self.answered_mono = 0.0  # send time of the latest exchange that got a reply
 
 
 class Prober:
@@ -90,6 +94,7 @@ class Prober:
         self.tracer = Tracer(key, session, self.port, settings.max_hops, settings.trace_rate, self.next_seq)
         self.retired_targets: list[Target] = []  # peers no longer listed, until their windows close
         self.clock_sync = None  # hostprobe.clocksync.ClockSync: gets each closed window's exchanges
+        self.closed_before = 0  # local clock ns: every window starting before it has closed
 
     def next_seq(self) -> int:
         self._seq = (self._seq + 1) & 0xFFFFFFFF
@@ -267,6 +272,8 @@ class Prober:
                 if arrived > path.last_reply:
                     path.last_reply, path.last_reply_ns = arrived, ex.t4
                 path.unanswered = 0
+                if ex.sent_mono > path.answered_mono:
+                    path.answered_mono = ex.sent_mono
                 stats["replies"] += 1
             elif kind == wire.FOLLOWUP:
                 for seq, t3 in msg.entries:
@@ -375,14 +382,29 @@ class Prober:
         """A window starting before now - close_lag_ns has closed."""
         return WINDOW_NS + self.timeout_ns + CLOSE_GRACE_NS
 
-    def close_windows(self, final: bool = False) -> None:
-        horizon = self.clock.now() - self.close_lag_ns
+    def close_windows(self, final: bool = False) -> int:
+        """Close the windows that are due; return how many closed. `closed_before` then says from when
+        on windows may still be open."""
+        now = self.clock.now()
+        horizon = now - self.close_lag_ns
+        # a window waiting for its path's verdict (see the module doc) closes anyway this late
+        overdue = horizon - int((self.cfg.down_after + 0.5) * 1e9)
+        closed, open_from = 0, horizon
         for target in [*self.targets.values(), *self.retired_targets]:
             for path in [*target.paths.values(), *target.retired]:
                 for window in sorted(w for w in path.windows if final or w <= horizon):
+                    exchanges = path.windows[window]
+                    if (not final and window > overdue and path.state == "up" and path.active
+                            and target.paths.get(path.path_id) is path and exchanges
+                            and path.answered_mono < exchanges[-1].sent_mono):
+                        open_from = min(open_from, window)
+                        break
                     self._close(path, window)
+                    closed += 1
             target.retired = [p for p in target.retired if p.windows]
         self.retired_targets = [t for t in self.retired_targets if t.retired]
+        self.closed_before = open_from
+        return closed
 
     def _close(self, path: PathState, window: int) -> None:
         exchanges = path.windows.pop(window)

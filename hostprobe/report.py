@@ -49,6 +49,10 @@ class Reporter(threading.Thread):
         if kind in URGENT:
             self._wake.set()
 
+    def wake(self) -> None:
+        """Flush now (the prober closed windows: the correlator is waiting for them)."""
+        self._wake.set()
+
     def run(self) -> None:
         while not self._halt.is_set():
             self._wake.wait(self.interval)

@@ -106,7 +106,6 @@ class Synth:
         self.host_idx = {h: i for i, h in enumerate(self.hosts)}
         self.base_util = {end: float(u) for end, u in zip(self.switch_ports, self.rng.uniform(0.05, 0.3, len(self.switch_ports)))}
         self.prev_down = np.zeros(len(self.keys), bool)
-        self.pending_events: list = []
 
     # -- topology ---------------------------------------------------------------------------
     def up_link(self, leaf: int, spine: int) -> str:
@@ -208,8 +207,9 @@ class Synth:
         recv[down & self.prev_down] = 0
         recv[onset] = rng.binomial(5, surv[onset])  # the fault lands mid-window
         recv[heal] = rng.binomial(5, surv[heal])
-        events = self.pending_events
-        self.pending_events = [(i, "down", t * NS + 1_400_000_000) for i in np.flatnonzero(onset)]
+        # an agent holds back the window a path died in until it reports the path down (detected in
+        # the next second): the event comes with that window
+        events = [(i, "down", t * NS + 1_400_000_000) for i in np.flatnonzero(onset)]
         events += [(i, "up", t * NS + 600_000_000) for i in np.flatnonzero(heal)]
         self.prev_down = down
         elapsed = (t - T0) * NS

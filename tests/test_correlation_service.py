@@ -85,3 +85,29 @@ def test_ingested_telemetry_opens_an_incident_that_resolves_and_is_delivered(tmp
             assert [h.json()["event"] for h in hooks[:2]] == ["opened", "resolved"]
     finally:
         rx.close()
+
+
+def test_each_new_second_of_windows_triggers_one_step(tmp_path):
+    """Steps follow the agents' windows (not a fixed tick): the first batch of a new second steps
+    within SETTLE_S; a straggler of the same second waits for the next step."""
+    synth = Synth()
+    config = make_config(tmp_path, fabric=synth.fabric.model_dump(mode="json", exclude_none=True),
+                         polling={"enabled": False}, correlator={"interval": "2s"})  # untriggered: every 3 s
+    service = Service(config)
+    steps: list[float] = []
+    step = service.correlation.step
+    service.correlation.step = lambda now_ns=None: (steps.append(time.monotonic()), step(now_ns))[1]
+    with TestClient(create_app(service)) as client:
+        now = time.time_ns() // SECOND
+        _post(client, synth.inventory_records(now - 20))
+        for t in range(now - 4, now):
+            windows = synth.windows(t)
+            time.sleep(0.3)
+            before, posted = len(steps), time.monotonic()
+            _post(client, windows[: len(windows) // 2])  # the first agents of second t
+            _until(lambda: len(steps) > before, timeout=1.0)
+            assert steps[-1] - posted < 0.6
+            _post(client, windows[len(windows) // 2:])  # the rest, after the step: no step of its own
+            time.sleep(0.6)
+            assert len(steps) == before + 1
+        assert service.correlation.last.findings == 0

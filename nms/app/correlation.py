@@ -1,5 +1,10 @@
 """The correlation loop of the service: feeds the correlator (correlator/) the records it ingests and
-polls, runs one step per `correlator.interval`, and turns the findings into incidents.
+polls, runs one step per window, and turns the findings into incidents.
+
+A step runs as soon as the first probe windows of a new second (or path events) arrive, SETTLE_S
+later so the other agents' batches of that second make it too (stragglers wait for the next step:
+one step per window, so "N clean windows" stays N seconds); without arrivals, every
+`correlator.interval` (1.5 intervals while agents report, so a late batch does not cost a step).
 
 Records reach the correlator from two places: agents' POST /ingest batches (probe windows, path
 events, probe paths, host NIC samples; via Service.on_ingest) and the switch collectors' polls
@@ -10,6 +15,7 @@ the poller mutates what it is built from there.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -27,6 +33,8 @@ from nms.state import StateStore
 log = logging.getLogger(__name__)
 
 TOPOLOGY_EVERY_NS = 5 * 10**9  # LLDP and oper state change at polling pace, not per step
+SETTLE_S = 0.15  # after the first agent's windows of a second, wait this long for the others'
+MIN_GAP_S = 0.25  # never two steps closer than this
 
 
 class StepStats(BaseModel):
@@ -45,6 +53,10 @@ class CorrelationService:
         self.correlator = Correlator(config.fabric, config.thresholds, config.correlator)
         self.last: StepStats | None = None
         self._topology_ns = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._arrival: asyncio.Event | None = None
+        self._arrived_at = float("-inf")
+        self._newest_window = 0  # window_start of the newest probe window that triggered a step
         self._lock = threading.Lock()  # one step at a time (the scheduler's max_instances also says so)
         self._records = Counter("nms_correlator_records", "records handed to the correlator", ["source"],
                                 registry=registry)
@@ -54,9 +66,34 @@ class CorrelationService:
         self._events = Counter("nms_incident_events", "incident events", ["event"], registry=registry)
 
     def add(self, records: Iterable, source: str) -> None:
+        """Hand records to the correlator (any thread); agents' windows and path events trigger a step."""
         records = list(records)
         self.correlator.add(records)
         self._records.labels(source).inc(len(records))
+        if not records or self._loop is None:
+            return
+        if source == "probe_windows":
+            newest = max(r.window_start for r in records)
+            if newest <= self._newest_window:
+                return
+            self._newest_window = newest
+        elif source != "path_events":
+            return
+        self._arrived_at = time.monotonic()
+        self._loop.call_soon_threadsafe(self._arrival.set)
+
+    async def next_step(self) -> None:
+        """Return when the next step is due (on the event loop)."""
+        if self._loop is None:
+            self._loop, self._arrival = asyncio.get_running_loop(), asyncio.Event()
+        interval = self.config.correlator.interval
+        reporting = time.monotonic() - self._arrived_at < 5 * interval
+        try:
+            await asyncio.wait_for(self._arrival.wait(), (1.5 if reporting else 1.0) * interval)
+            await asyncio.sleep(SETTLE_S)
+        except TimeoutError:
+            pass
+        self._arrival.clear()
 
     def refresh_topology(self, build: Callable[[], FabricTopology], now_ns: int) -> None:
         """Hand the correlator the reconciled topology, at most every TOPOLOGY_EVERY_NS (call on the loop)."""

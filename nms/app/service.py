@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from nms.app.clock import ClockService
-from nms.app.correlation import CorrelationService
+from nms.app.correlation import MIN_GAP_S, CorrelationService
 from nms.app.incidents import IncidentManager
 from nms.app.metrics import ServiceMetrics
 from nms.app.notify import Notifier
@@ -31,6 +32,7 @@ class Service:
         self.metrics = ServiceMetrics()
         self.metrics.watch_store(self.store.stats, self.store.name)
         self.scheduler: AsyncIOScheduler | None = None
+        self._correlating: asyncio.Task | None = None
         self.started_at = time.time()
         self.poller = Poller(config, self.store, self.metrics.registry)  # switch collectors, by entry point
         self.clock = ClockService(config.clock, self.store, self.metrics)  # network-effect clock sync
@@ -77,9 +79,9 @@ class Service:
             self.poller.schedule(self.scheduler)
         if self.config.clock.enabled:
             self.scheduler.add_job(self.solve_clock, "interval", seconds=self.config.clock.window_s, id="clock-solve")
-        if self.correlation is not None:
-            self.scheduler.add_job(self.correlate, "interval", seconds=self.config.correlator.interval, id="correlate")
         self.scheduler.start()
+        if self.correlation is not None:
+            self._correlating = asyncio.create_task(self._correlate_loop(), name="correlate")
         await self.notifier.start()
         log.info("service started: store=%s, api on %s:%d", self.store.name,
                  self.config.api.host, self.config.api.port)
@@ -105,6 +107,20 @@ class Service:
         """The clock job: solve the finished slots (nms.app.clock) in a worker thread."""
         await self._threaded("clock-solve", self.clock.solve_due)
 
+    async def _correlate_loop(self) -> None:
+        """One correlator step per window (nms.app.correlation), never two at once."""
+        while True:
+            started = time.monotonic()
+            try:
+                await self.correlation.next_step()
+                await asyncio.sleep(max(0.0, MIN_GAP_S - (time.monotonic() - started)))
+                await self.correlate()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the loop must outlive any one step
+                log.exception("correlator loop failed; stepping again in a second")
+                await asyncio.sleep(1.0)
+
     async def correlate(self) -> None:
         """The correlator job: the topology on the loop (the poller changes its inputs here), the step
         in a worker thread."""
@@ -118,6 +134,10 @@ class Service:
         """Clean shutdown: stop scheduling, flush the store (or spool it), close state."""
         if self.scheduler is not None and self.scheduler.running:
             self.scheduler.shutdown(wait=False)
+        if self._correlating is not None:
+            self._correlating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._correlating
         await self.poller.close()
         await self.notifier.stop()
         await asyncio.to_thread(self.store.close)
