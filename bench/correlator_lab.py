@@ -2,8 +2,11 @@
 
     sudo .venv/bin/python bench/correlator_lab.py [--trials 10] [--soak 300] [--kinds link-down,loss,...]
 
-A 2-spine, 3-leaf, 6-host lab with the service (SNMP polling every second, the correlator) and an
-agent on every host. Each trial injects one fault on a randomly chosen element, waits for the
+A 2-spine, 3-leaf lab with 4 hosts per leaf (`--hosts-per-leaf`) with the service (SNMP polling
+every second, the correlator) and an agent on every host. Loss is found from the probes that cross a
+link, so its latency is set by how many do: with 4 hosts per leaf about 640 exchanges a second
+cross each leaf-spine direction, a fifth of what 32 hosts per leaf probing 16 peers over 8 uplinks
+send through one (docs/correlator.md); with 2 per leaf, 160. Each trial injects one fault on a randomly chosen element, waits for the
 incident, heals, and waits for it to resolve:
 
 * latency: the correlator window in which the element's incident first had the expected kind
@@ -32,9 +35,11 @@ from agent_lab import MeshLab  # noqa: E402
 from nms.lab import faults, traffic  # noqa: E402
 
 RESOLVE_AFTER = 3  # clean windows before an incident resolves (the lab's correlator config)
-FLAP_COUNT = 3  # link state changes in flap_window that make a link "flapping"
+FLAP_COUNT = 3  # link state changes in FLAP_WINDOW_S that make a link "flapping"
+FLAP_WINDOW_S = 60.0
 SERVICE = {
-    "thresholds": {"resolve_after_clean_windows": RESOLVE_AFTER, "flap_count": FLAP_COUNT, "flap_window": "60s"},
+    "thresholds": {"resolve_after_clean_windows": RESOLVE_AFTER, "flap_count": FLAP_COUNT,
+                   "flap_window": f"{FLAP_WINDOW_S:.0f}s"},
 }
 DEADLINE_S = {"link-down": 10.0, "loss": 15.0, "congestion": 15.0, "flap": 30.0, "nic-down": 10.0, "mtu": 20.0}
 KIND_OF = {"link-down": "link_down", "loss": "corrupting_link", "congestion": "congestion", "flap": "link_flapping",
@@ -43,8 +48,8 @@ CONGESTION_RATE = "10M"  # the cut link end's rate; the load is LOAD_RATE throug
 LOAD_RATE = "30M"
 
 
-def new_lab(prefix: str, mgmt: str) -> MeshLab:
-    return MeshLab(prefix, mgmt, snmp_interval="1s", service_config=SERVICE, leaves=3)
+def new_lab(prefix: str, mgmt: str, hosts_per_leaf: int = 2) -> MeshLab:
+    return MeshLab(prefix, mgmt, snmp_interval="1s", service_config=SERVICE, leaves=3, hosts_per_leaf=hosts_per_leaf)
 
 
 def link_element(link) -> str:
@@ -56,13 +61,26 @@ def spine_links(topo) -> list:
             == {"spine", "leaf"}]
 
 
+_last_fault: dict[str, float] = {}  # target -> when a trial last faulted it
+
+
+def _pick(items: list, name, rng: random.Random):
+    """A random item not faulted within the flap window (its state changes would make any fault on
+    it count towards flapping), else the one faulted longest ago."""
+    now = time.monotonic()
+    fresh = [i for i in items if now - _last_fault.get(name(i), -1e9) >= FLAP_WINDOW_S]
+    item = rng.choice(fresh) if fresh else min(items, key=lambda i: _last_fault.get(name(i), -1e9))
+    _last_fault[name(item)] = now
+    return item
+
+
 def choose(topo, kind: str, rng: random.Random) -> tuple[str, dict, str]:
     """(target, options, expected element) for one trial of `kind`."""
     hosts = [n.name for n in topo.by_role("host")]
     if kind == "nic-down":
-        host = rng.choice(hosts)
+        host = _pick(hosts, str, rng)
         return host, {}, f"{host}:eth0"
-    link = rng.choice(spine_links(topo))
+    link = _pick(spine_links(topo), lambda link: link.name, rng)
     if kind == "loss":
         src = rng.choice([link.a.node, link.b.node])
         return link.name, {"percent": rng.choice([1.0, 2.0, 5.0]), "from_node": src}, link_element(link)
@@ -170,9 +188,10 @@ def main() -> None:
     parser.add_argument("--soak", type=float, default=300.0, help="seconds of clean lab")
     parser.add_argument("--kinds", default="link-down,loss,congestion,flap,nic-down,mtu")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--hosts-per-leaf", type=int, default=4)
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    mesh = new_lab("nmsk-", "198.18.244.0/24")
+    mesh = new_lab("nmsk-", "198.18.244.0/24", args.hosts_per_leaf)
     results = []
     try:
         mesh.up()
@@ -190,7 +209,8 @@ def main() -> None:
                       f"{', false: ' + '; '.join(r['wrong']) if r['wrong'] else ''}", flush=True)
     finally:
         mesh.down()
-    print(f"\ncorrelator on the lab (2 spines, 3 leaves, 6 hosts; SNMP every 1 s), {args.trials} trials per kind")
+    print(f"\ncorrelator on the lab (2 spines, 3 leaves, {3 * args.hosts_per_leaf} hosts; SNMP every 1 s), "
+          f"{args.trials} trials per kind")
     print(f"  soak {args.soak:.0f} s: {len(false_soak)} false incidents {false_soak if false_soak else ''}")
     print(f"  {'fault':<11} {'recall':>7} {'precision':>9} {'p50 s':>6} {'p99 s':>6} {'max s':>6} {'resolve p50 s':>13}")
     for kind in args.kinds.split(","):
@@ -204,6 +224,10 @@ def main() -> None:
         print(f"  {kind:<11} {good / len(rs) * 100:6.0f}% {good / max(1, good + wrong) * 100:8.0f}% "
               f"{pct(lat, 50) if lat else float('nan'):6.2f} {pct(lat, 99) if lat else float('nan'):6.2f} "
               f"{max(lat) if lat else float('nan'):6.2f} {pct(res, 50) if res else float('nan'):13.1f}")
+    loss = [r for r in results if r["kind"] == "loss" and r["detected"]]
+    for percent in sorted({r["opts"]["percent"] for r in loss}):
+        lat = [r["latency_s"] for r in loss if r["opts"]["percent"] == percent]
+        print(f"  loss {percent:g}%: {len(lat)} detected, p50 {pct(lat, 50):.2f} s, max {max(lat):.2f} s")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ NS = 1_000_000_000
 PathKey = tuple[str, str, str, str, str]  # src_host, src_nic, dst_host, dst_nic, path_id
 BUCKETS = 10  # baseline buckets
 RECENT = 3  # latest windows whose median delay is compared to the baseline
+RECENT_LOSS = 3  # latest windows pooled for loss besides the whole context: a fault that started
+# a few seconds ago is not diluted by the clean seconds before it
 WARM_S = 8  # a path needs this much history before its delay is judged
 
 
@@ -43,6 +45,8 @@ class PathStats:
 
     sent_ok: np.ndarray  # exchanges in windows clear of down/up transitions (loss statistics)
     lost_ok: np.ndarray
+    sent_recent: np.ndarray  # the same over the path's latest RECENT_LOSS windows
+    lost_recent: np.ndarray
     episodes: np.ndarray  # down episodes within the context
     down: np.ndarray  # bool: down now
     up: np.ndarray  # bool: answered in its latest, fresh window and not down
@@ -238,6 +242,9 @@ class Context:
         settled_ok = valid & (recv > 0) & (sec > self.last_bad[:P, None] + 1)
         sent_ok = np.where(settled_ok, sent, 0).sum(axis=1)
         lost_ok = np.where(settled_ok, sent - recv, 0).sum(axis=1)
+        recent_ok = settled_ok & (sec > newest[:, None] - RECENT_LOSS)
+        sent_recent = np.where(recent_ok, sent, 0).sum(axis=1)
+        lost_recent = np.where(recent_ok, sent - recv, 0).sum(axis=1)
         # down episodes, in time order; a missing window keeps the previous state
         order = (np.arange(now_s - C + 1, now_s + 1)) % C
         zero_t = (valid & (sent > 0) & (recv == 0))[:, order]
@@ -256,7 +263,7 @@ class Context:
         down = ev_down | zero_last
         up = fresh & (last_recv > 0) & ~down
         inflation = self._inflation(P, now_s, newest)
-        return PathStats(sent_ok, lost_ok, episodes, down, up, inflation, last_recv)
+        return PathStats(sent_ok, lost_ok, sent_recent, lost_recent, episodes, down, up, inflation, last_recv)
 
     def _inflation(self, P: int, now_s: int, newest: np.ndarray) -> np.ndarray:
         rows = np.arange(P)

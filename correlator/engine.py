@@ -4,7 +4,7 @@ Step order (each stage only sees the paths the previous ones left unexplained):
 1. paths down now -> cover by NIC / switch / link (probes alone: no SNMP poll needed);
    paths with down episodes in the context -> the same cover, for flapping;
 2. loss on the remaining paths (no down episode in the context, whose loss would be transitional)
-   -> pooled binomial cover over directed links;
+   -> pooled binomial cover over directed links, on the latest windows, then on the whole context;
 3. round-trip delay inflation on the remaining paths -> cover over directed links;
 4. classification with switch evidence, switch-only findings, job impact.
 `add` only copies numbers under a lock; all the work happens in `step` (a worker thread).
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from correlator.classify import SEVERITY, directed_findings, state_findings, state_priority, switch_findings
-from correlator.context import Context, path_text
+from correlator.context import RECENT_LOSS, Context, path_text
 from correlator.evidence import SwitchView
 from correlator.fabric import FabricIndex
 from correlator.impact import attach
@@ -75,9 +75,7 @@ class Correlator:
                 explained[d.paths] = True
             quiet = ~stats.down & (stats.episodes == 0) & ~explained
             prio = self._direction_priority(view)
-            loss = cover_loss(geo.U, geo.UT, stats.sent_ok, stats.lost_ok, quiet & (stats.sent_ok > 0),
-                              p0=self.config.loss_floor_pct / 100, log_alpha=math.log(ALPHA), min_lost=MIN_LOST,
-                              min_rate=max(2 * self.config.loss_floor_pct, t.loss_pct / 2) / 100, priority=prio)
+            loss = self._loss(stats, quiet, prio)
             infl = cover_inflation(geo.U, geo.UT, stats.inflation_us, quiet & np.isfinite(stats.inflation_us),
                                    threshold_us=t.owd_inflation_us, priority=prio)
             drafts += directed_findings(loss, infl, index, view, t, self.config)
@@ -93,6 +91,25 @@ class Correlator:
         drafts += [d for d in switch_findings(index, view, covered) if (d.kind, d.element) not in seen]
         job_ids = attach(drafts, jobs, now_ns, geo, index, ctx.keys)
         return [self._finding(d, now_ns, job_ids.get(i, [])) for i, d in enumerate(drafts)]
+
+    def _loss(self, stats, quiet: np.ndarray, prio: np.ndarray) -> list:
+        """Excess loss pooled over the latest windows (a new fault, undiluted), then over the whole
+        context for the paths left (a low rate needs the longer count); half the alpha each."""
+        geo, t = self.geo, self.thresholds
+        options = dict(p0=self.config.loss_floor_pct / 100, log_alpha=math.log(ALPHA / 2), min_lost=MIN_LOST,
+                       min_rate=max(2 * self.config.loss_floor_pct, t.loss_pct / 2) / 100, priority=prio)
+        recent = cover_loss(geo.U, geo.UT, stats.sent_recent, stats.lost_recent, quiet & (stats.sent_recent > 0),
+                            **options)
+        taken = np.zeros(len(quiet), bool)
+        for pick in recent:
+            taken[pick.paths] = True
+            pick.stats["over_s"] = RECENT_LOSS
+        whole = cover_loss(geo.U, geo.UT, stats.sent_ok, stats.lost_ok, quiet & ~taken & (stats.sent_ok > 0),
+                           **options)
+        for pick in whole:
+            pick.stats["over_s"] = self.ctx.span
+        found = {pick.element for pick in recent}
+        return recent + [pick for pick in whole if pick.element not in found]
 
     def _states(self, stats, view: SwitchView) -> list:
         geo, index = self.geo, self.index

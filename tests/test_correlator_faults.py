@@ -168,6 +168,16 @@ def test_one_percent_loss_on_a_busier_fabric():
     assert [f.direction for f in steps[-1]] == [directed]
 
 
+def test_new_loss_is_not_diluted_by_a_clean_past():
+    """After a long clean run (a context full of clean windows), 1 % loss is found from the latest
+    windows alone within 3 steps; pooled over the whole context it would still read ~0.3 %."""
+    run = Run(leaves=4, hosts_per_leaf=6, switch_every=5, warm=30)
+    directed = run.s.down_link(2, 3)
+    run.s.loss[directed] = 0.01
+    found = [f for s in run.steps(3) for f in s if (f.kind, f.element) == ("corrupting_link", link_of(directed))]
+    assert found and found[0].evidence["loss"]["over_s"] == 3
+
+
 def test_access_link_loss_is_the_access_link():
     run = Run()
     directed = run.s.access("host2")[1]  # leaf1 -> host2

@@ -143,6 +143,19 @@ def test_dedup_in_a_window_and_across_elements(state):
     assert [i.dedup_key for i in m.open_incidents()] == [f"link:{LINK}"]
 
 
+def test_clean_windows_count_time_not_steps(state):
+    """Extra steps inside a window (path events trigger them) do not hurry a resolution, and a step
+    after a long gap (a stalled service) counts one window, not the gap."""
+    m = IncidentManager(state, resolve_after=3)
+    [opened] = m.apply([finding()], T0)
+    for k in range(1, 8):
+        assert m.apply([], T0 + k * W // 4) == []  # seven steps within 1.75 windows
+    assert m.get(opened.incident.id).clean_windows == 2
+    assert kinds(m.apply([], T0 + 3 * W)) == ["resolved"]
+    [again] = m.apply([finding()], T0 + 4 * W)
+    assert m.apply([], T0 + 60 * W) == [] and m.get(again.incident.id).clean_windows == 1
+
+
 def test_a_change_of_kind_on_the_same_element_updates_the_incident(state):
     """A link first seen down that then flaps is one incident: its kind follows the evidence."""
     m = IncidentManager(state, resolve_after=2)

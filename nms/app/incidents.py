@@ -81,9 +81,10 @@ def _refreshed(incident: Incident, f: Finding, window_ns: int) -> Incident:
 
 
 class IncidentManager:
-    def __init__(self, state: StateStore, resolve_after: int, queue_size: int = 1000):
+    def __init__(self, state: StateStore, resolve_after: int, queue_size: int = 1000, window_ns: int = 10**9):
         self.state = state
         self.resolve_after = resolve_after
+        self.window_ns = window_ns  # a clean window counts once this much time has passed, however often steps run
         self.queue_size = queue_size
         self._lock = threading.RLock()
         self._listeners: list[Callable[[IncidentEvent], None]] = []
@@ -131,10 +132,14 @@ class IncidentManager:
                 for key, incident in self._open.items():
                     if key in best:
                         continue
-                    clean = incident.clean_windows + 1
+                    # one per step, but never more than the windows since it was last seen: an extra
+                    # step (path events) or a late one must not change how long "N clean windows" is
+                    clean = min(incident.clean_windows + 1,
+                                round((window_ns - incident.last_seen_ns) / self.window_ns))
                     if clean < self.resolve_after:
-                        now_open[key] = incident.model_copy(update={"clean_windows": clean})
-                        batch.update(now_open[key])
+                        if clean != incident.clean_windows:
+                            now_open[key] = incident.model_copy(update={"clean_windows": clean})
+                            batch.update(now_open[key])
                         continue
                     incident = incident.model_copy(update={"clean_windows": clean, "state": "resolved",
                                                            "resolved_ns": window_ns})

@@ -36,7 +36,8 @@ class Service:
         self.started_at = time.time()
         self.poller = Poller(config, self.store, self.metrics.registry)  # switch collectors, by entry point
         self.clock = ClockService(config.clock, self.store, self.metrics)  # network-effect clock sync
-        self.incidents = IncidentManager(self.state, config.thresholds.resolve_after_clean_windows)
+        self.incidents = IncidentManager(self.state, config.thresholds.resolve_after_clean_windows,
+                                         window_ns=int(config.correlator.interval * 1e9))
         self.notifier = Notifier(config.notifications, config.data_dir / "notifications.sqlite", config.site,
                                  self.metrics.registry)  # incident events -> sinks, durable retries
         self.incidents.add_listener(self.notifier.submit)
