@@ -45,7 +45,7 @@ DEADLINE_S = {"link-down": 10.0, "loss": 15.0, "congestion": 15.0, "flap": 30.0,
 KIND_OF = {"link-down": "link_down", "loss": "corrupting_link", "congestion": "congestion", "flap": "link_flapping",
            "nic-down": "nic_down", "mtu": "mtu_mismatch"}
 CONGESTION_RATE = "10M"  # the cut link end's rate; the load is LOAD_RATE through it
-LOAD_RATE = "30M"
+LOAD_RATE = "15M"
 
 
 def new_lab(prefix: str, mgmt: str, hosts_per_leaf: int = 2) -> MeshLab:
