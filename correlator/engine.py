@@ -109,7 +109,15 @@ class Correlator:
         for pick in whole:
             pick.stats["over_s"] = self.ctx.span
         found = {pick.element for pick in recent}
-        return recent + [pick for pick in whole if pick.element not in found]
+        # loss that stopped (in the latest windows, fewer than 2 losses or below half the reportable
+        # rate) is history: it would linger for a context after a repair, and come back when a new
+        # fault elsewhere takes away its clean paths
+
+        def ongoing(pick) -> bool:
+            lost = stats.lost_recent[pick.paths].sum()
+            return lost >= 2 and lost >= options["min_rate"] / 2 * stats.sent_recent[pick.paths].sum()
+
+        return recent + [pick for pick in whole if pick.element not in found and ongoing(pick)]
 
     def _states(self, stats, view: SwitchView) -> list:
         geo, index = self.geo, self.index

@@ -17,7 +17,8 @@
     28     8     ta (signed ns): REPLY: t2, the responder's kernel RX stamp of the probe (0 = none);
                  HOP: the IPv4 address of the router that answered, as an integer
     36     12*n  FOLLOWUP: n x (seq u32, t3 i64): the responder's kernel TX stamps of its replies
-    end-16 16    HMAC-SHA256(probe key, everything before)[:16]
+    end-16 16    keyed BLAKE2b-128(probe key, everything before) (RFC 7693's keyed mode is a MAC; four
+                 times cheaper than HMAC-SHA256 in Python, which was a tenth of the agent's CPU)
 
 A packet that is too short or has another magic is "foreign"; one with our magic and a wrong MAC
 is "forged"; both are dropped and counted by the caller. Times are the sender's (possibly emulated)
@@ -26,6 +27,8 @@ clock in ns since the epoch.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import hmac
 import struct
 from collections.abc import Iterator
@@ -34,7 +37,7 @@ from typing import NamedTuple
 from hostprobe import tstamp
 
 MAGIC = b"NP"
-VERSION = 1
+VERSION = 2  # 2: BLAKE2b MAC (1 was HMAC-SHA256)
 PROBE, REPLY, FOLLOWUP, ECHO, HOP = 1, 2, 3, 4, 5
 SECOND = 0x1  # PROBE flag: second packet of a coded pair
 TRACE = 0x2  # PROBE flag: a traceroute probe: answered without stamps (REPLY, or ECHO if aux > 0)
@@ -65,8 +68,14 @@ class BadPacket(Exception):
         self.kind = kind
 
 
+@functools.lru_cache(maxsize=16)
+def _mac_key(key: bytes) -> bytes:
+    """BLAKE2b takes keys of up to 64 bytes: a longer probe key is hashed down (alike on every agent)."""
+    return key if len(key) <= 64 else hashlib.blake2b(key, person=b"nms-probe-key").digest()
+
+
 def mac(key: bytes, body: bytes) -> bytes:
-    return hmac.digest(key, body, "sha256")[:MAC_LEN]
+    return hashlib.blake2b(body, key=_mac_key(key), digest_size=MAC_LEN).digest()
 
 
 def encode(key: bytes, type_: int, session: int, seq: int, *, flags: int = 0, aux: int = 0, rsession: int = 0,

@@ -178,6 +178,15 @@ def test_new_loss_is_not_diluted_by_a_clean_past():
     assert found and found[0].evidence["loss"]["over_s"] == 3
 
 
+def test_loss_that_stopped_is_not_reported_from_the_context():
+    run = Run(switch_every=5)
+    directed = run.s.up_link(2, 1)
+    run.s.loss[directed] = 0.05
+    assert any(kinds(s) == {("corrupting_link", link_of(directed))} for s in run.steps(6))
+    run.s.loss.clear()  # repaired: its lossy windows stay in the 10 s context
+    assert run.steps(4)[-1] == []
+
+
 def test_access_link_loss_is_the_access_link():
     run = Run()
     directed = run.s.access("host2")[1]  # leaf1 -> host2

@@ -73,3 +73,16 @@ def test_peek_reads_a_quoted_packet_without_its_mac():
     assert wire.peek(pkt[:wire.HEADER.size]) == (wire.ECHO, 3, 77, 4242)
     assert wire.peek(pkt[:8]) is None  # a switch that quotes only the UDP header
     assert wire.peek(b"XX" + pkt[2:]) is None
+
+
+def test_the_mac_is_keyed_blake2b_and_takes_keys_of_any_length():
+    import hashlib
+
+    body = wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.PROBE, 0, 0, 0, 1, 0, 1, 0)
+    assert wire.mac(KEY, body) == hashlib.blake2b(body, key=KEY, digest_size=16).digest()  # RFC 7693 keyed mode
+    long_a, long_b = b"a" * 100, b"a" * 99 + b"b"  # beyond BLAKE2b's 64-byte key: hashed down, still distinct
+    pkt = wire.encode(long_a, wire.PROBE, 1, 1)
+    assert wire.decode(long_a, pkt).seq == 1
+    with pytest.raises(wire.BadPacket) as e:
+        wire.decode(long_b, pkt)
+    assert e.value.kind == "forged"

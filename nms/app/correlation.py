@@ -57,7 +57,7 @@ class CorrelationService:
         self._arrival: asyncio.Event | None = None
         self._arrived_at = float("-inf")
         self._newest_window = 0  # window_start of the newest probe window that triggered a step
-        self._lock = threading.Lock()  # one step at a time (the scheduler's max_instances also says so)
+        self._lock = threading.Lock()  # one step at a time
         self._records = Counter("nms_correlator_records", "records handed to the correlator", ["source"],
                                 registry=registry)
         self._duration = Histogram("nms_correlator_step_seconds", "time per correlator step",
@@ -94,6 +94,11 @@ class CorrelationService:
         except TimeoutError:
             pass
         self._arrival.clear()
+
+    def wait_idle(self) -> None:
+        """Block until a step in flight has finished (shutdown: the state store closes next)."""
+        with self._lock:
+            pass
 
     def refresh_topology(self, build: Callable[[], FabricTopology], now_ns: int) -> None:
         """Hand the correlator the reconciled topology, at most every TOPOLOGY_EVERY_NS (call on the loop)."""

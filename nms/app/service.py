@@ -139,6 +139,7 @@ class Service:
             self._correlating.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._correlating
+            await asyncio.to_thread(self.correlation.wait_idle)  # a step's worker thread runs on
         await self.poller.close()
         await self.notifier.stop()
         await asyncio.to_thread(self.store.close)
