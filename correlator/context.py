@@ -76,6 +76,7 @@ class Context:
         self.port_rates: dict[End, deque[PortRates]] = {}
         self.link_events: dict[End, deque[LinkEvent]] = {}
         self.nic_samples: dict[Nic, HostNicSample] = {}
+        self.nic_prev: dict[Nic, HostNicSample] = {}  # the sample before the latest (counter rates)
 
     # -- intake (called under the engine's lock: O(1) per record) -----------------------------
     def _reset_pending(self) -> None:
@@ -207,8 +208,10 @@ class Context:
             self.link_events.setdefault((r.device, r.port), deque()).append(r)
         elif cls is HostNicSample:
             old = self.nic_samples.get((r.host, r.nic))
-            if old is None or r.ts >= old.ts:
+            if old is None or r.ts > old.ts:
                 self.nic_samples[(r.host, r.nic)] = r
+                if old is not None:
+                    self.nic_prev[(r.host, r.nic)] = old
 
     def prune(self, now_ns: int) -> None:
         horizon = now_ns - self.span * NS

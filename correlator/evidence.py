@@ -1,8 +1,9 @@
-"""Switch-side evidence about an element: oper status, flaps, rates, MTU (what SNMP & co. say).
+"""Device-side evidence about an element: oper status, flaps, rates, MTU (what SNMP & co. say about
+switch ports, and the agents about host NICs).
 
-Reads the context's latest PortSample / LinkEvent / PortRates per port, HostNicSample per NIC and
-the topology's per-link view. Everything returns None when nothing is known: absence of switch
-data never clears or blames anything by itself.
+Reads the context's latest PortSample / LinkEvent / PortRates per port, the last two HostNicSamples
+per NIC (error and drop rates) and the topology's per-link view. Everything returns None when
+nothing is known: absence of device data never clears or blames anything by itself.
 """
 
 from __future__ import annotations
@@ -10,6 +11,10 @@ from __future__ import annotations
 from correlator.context import Context
 from correlator.fabric import End, FabricIndex
 from nms.config.models import Thresholds
+from nms.counters import counter_delta, per_second
+
+NIC_RATES = {"rx": (("rx_errors", "errors_ps"), ("rx_dropped", "rx_discards_ps")),
+             "tx": (("tx_errors", "errors_ps"), ("tx_dropped", "discards_ps"))}
 
 
 class SwitchView:
@@ -67,23 +72,41 @@ class SwitchView:
                 return True
         return self.flaps(lid) >= self.t.flap_count
 
+    def nic_rates(self, end: End, side: str) -> dict[str, float]:
+        """Error and drop rates of a host NIC's receive or transmit side, from its last two samples
+        (a counter that went back, a driver reload, gives nothing)."""
+        cur, prev = self.ctx.nic_samples.get(end), self.ctx.nic_prev.get(end)
+        out: dict[str, float] = {}
+        if cur is None or prev is None or cur.ts <= prev.ts:
+            return out
+        for counter, name in NIC_RATES[side]:
+            a, b = getattr(prev, counter), getattr(cur, counter)
+            if a is not None and b is not None and (delta := counter_delta(a, b, 64)) is not None:
+                out[name] = round(per_second(delta, cur.ts - prev.ts), 4)
+        return out
+
     def direction_rates(self, did: int) -> dict[str, float]:
-        """Egress utilization/discards/errors of the sending end, ingress ones of the receiving end."""
+        """Egress utilization/discards/errors of the sending end, ingress ones of the receiving end
+        (a host NIC's own error and drop counters where an end is a NIC)."""
         src, dst = self.index.ends(did)
         out: dict[str, float] = {}
+        for end, side in ((src, "tx"), (dst, "rx")):
+            for name, value in self.nic_rates(end, side).items():
+                out[name] = round(out.get(name, 0.0) + value, 4)
         tx, rx = self.ctx.latest_rates(src), self.ctx.latest_rates(dst)
         if tx is not None:
-            for name, value in (("utilization", tx.out_utilization), ("discards_ps", tx.out_discards_ps),
-                                ("errors_ps", tx.out_errors_ps)):
+            if tx.out_utilization is not None:
+                out["utilization"] = round(tx.out_utilization, 4)
+            for name, value in (("discards_ps", tx.out_discards_ps), ("errors_ps", tx.out_errors_ps)):
                 if value is not None:
-                    out[name] = round(value, 4)
+                    out[name] = round(out.get(name, 0.0) + value, 4)
         if rx is not None:
             if "utilization" not in out and rx.in_utilization is not None:
                 out["utilization"] = round(rx.in_utilization, 4)
             if rx.in_errors_ps is not None:
                 out["errors_ps"] = round(out.get("errors_ps", 0.0) + rx.in_errors_ps, 4)
             if rx.in_discards_ps is not None:
-                out["rx_discards_ps"] = round(rx.in_discards_ps, 4)
+                out["rx_discards_ps"] = round(out.get("rx_discards_ps", 0.0) + rx.in_discards_ps, 4)
         return out
 
     def congested(self, rates: dict[str, float]) -> bool:

@@ -257,6 +257,7 @@ class Synth:
                                               "in_errors_ps": float(self.errors_ps.get(end, 0.0)),
                                               "out_errors_ps": 0.0, "in_discards_ps": 0.0, "out_discards_ps": 0.0}))
         for h in self.hosts:
-            out.append(self._make(HostNicSample, {"host": h, "nic": "eth0", "ts": t * NS,
+            rx_errors = 1000 + int(self.errors_ps.get(f"{h}:eth0", 0.0) * (t - T0))  # the agent's NIC counter
+            out.append(self._make(HostNicSample, {"host": h, "nic": "eth0", "ts": t * NS, "rx_errors": rx_errors,
                                                   "oper_status": "down" if h in self.nic_down else "up"}))
         return out

@@ -170,3 +170,22 @@ def test_flapping_reported_by_switches():
     last = run.steps(1)[-1]
     assert kinds(last) == {("link_flapping", link)}
     assert last[0].evidence["switch_flaps"] == 9 and last[0].severity == "major"
+
+
+def test_host_nic_counter_rates_survive_a_driver_reload():
+    from correlator.evidence import SwitchView
+    from nms.records import HostNicSample
+
+    s = Synth()
+    c = Correlator(s.fabric, Thresholds(), CorrelatorConfig())
+    sample = lambda ts, errors: HostNicSample(host="host1", nic="eth0", ts=ts, rx_errors=errors)  # noqa: E731
+    c.add([sample(T0 * NS, 500), sample((T0 + 2) * NS, 520)])
+    c.step((T0 + 3) * NS)
+    view = SwitchView(c.ctx, c.index, Thresholds())
+    assert view.nic_rates(("host1", "eth0"), "rx") == {"errors_ps": 10.0}
+    c.add([sample((T0 + 4) * NS, 3)])  # the counters restarted from zero: no rate, not a huge one
+    c.step((T0 + 5) * NS)
+    assert view.nic_rates(("host1", "eth0"), "rx") == {}
+    c.add([sample((T0 + 3) * NS, 999)])  # an older sample arriving late changes nothing
+    c.step((T0 + 5) * NS)
+    assert c.ctx.nic_samples[("host1", "eth0")].rx_errors == 3

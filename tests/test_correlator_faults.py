@@ -200,6 +200,18 @@ def test_access_link_loss_is_the_access_link():
     assert f.confidence >= 0.9
 
 
+def test_host_nic_errors_give_an_access_link_its_direction():
+    run = Run(switch_every=1)
+    directed = run.s.access("host2")[1]  # leaf1 -> host2: the host's NIC counts the bad frames
+    run.s.loss[directed] = 0.05
+    run.s.errors_ps["host2:eth0"] = 12.0
+    last = run.steps(5)[-1]
+    assert kinds(last) == {("corrupting_link", link_of(directed))}
+    f = last[0]
+    assert f.direction == directed and f.evidence["direction_by"] == "error counters"
+    assert f.evidence["rates"]["errors_ps"] == 12.0 and "corruption" in f.summary
+
+
 def test_corrupting_link_with_error_counters():
     run = Run(switch_every=1)
     directed = run.s.down_link(1, 2)  # spine1 -> leaf2, errors counted at leaf2's input
