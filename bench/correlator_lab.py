@@ -34,7 +34,7 @@ from agent_lab import MeshLab  # noqa: E402
 
 from nms.lab import faults, traffic  # noqa: E402
 
-RESOLVE_AFTER = 3  # clean windows before an incident resolves (the lab's correlator config)
+RESOLVE_AFTER = 5  # clean windows before an incident resolves (the default is 10; a 3 s flap period has 1.5 s up)
 FLAP_COUNT = 3  # link state changes in FLAP_WINDOW_S that make a link "flapping"
 FLAP_WINDOW_S = 60.0
 SERVICE = {

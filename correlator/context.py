@@ -77,6 +77,9 @@ class Context:
         self.link_events: dict[End, deque[LinkEvent]] = {}
         self.nic_samples: dict[Nic, HostNicSample] = {}
         self.nic_prev: dict[Nic, HostNicSample] = {}  # the sample before the latest (counter rates)
+        self.nic_ids: dict[Nic, int] = {}
+        self.path_nics: list[tuple[int, int]] = []  # per path: its (src, dst) NIC ids
+        self.nic_changed: dict[Nic, int] = {}  # second of a NIC's latest down or back-up (its host's view)
 
     # -- intake (called under the engine's lock: O(1) per record) -----------------------------
     def _reset_pending(self) -> None:
@@ -95,7 +98,14 @@ class Context:
         if idx is None:
             idx = self.path_index[key] = len(self.keys)
             self.keys.append(key)
+            self.path_nics.append((self._nic_id((key[0], key[1])), self._nic_id((key[2], key[3]))))
         return idx
+
+    def _nic_id(self, nic: Nic) -> int:
+        nid = self.nic_ids.get(nic)
+        if nid is None:
+            nid = self.nic_ids[nic] = len(self.nic_ids)
+        return nid
 
     def add(self, records) -> None:
         for r in records:
@@ -208,6 +218,10 @@ class Context:
             self.link_events.setdefault((r.device, r.port), deque()).append(r)
         elif cls is HostNicSample:
             old = self.nic_samples.get((r.host, r.nic))
+            was = old.oper_status if old is not None else None
+            if r.oper_status not in (None, "up") or was not in (None, "up"):  # down, or back up
+                key = (r.host, r.nic)
+                self.nic_changed[key] = max(self.nic_changed.get(key, -1), r.ts // NS)
             if old is None or r.ts > old.ts:
                 self.nic_samples[(r.host, r.nic)] = r
                 if old is not None:
@@ -223,6 +237,8 @@ class Context:
         for q in self.link_events.values():
             while q and q[0].ts < now_ns - self.flap_window_ns:
                 q.popleft()
+        for nic in [n for n, second in self.nic_changed.items() if second < horizon // NS - 2]:
+            del self.nic_changed[nic]
 
     # -- per-step statistics ----------------------------------------------------------------------
     def stats(self, now_ns: int) -> PathStats:
@@ -240,9 +256,18 @@ class Context:
         fresh = has & (newest >= now_s - 3)
         # loss counts only windows after the path's latest trouble (and the window after it): the
         # windows a link went down or came back in lose part of their exchanges, which is not partial
-        # loss. The newest window counts too: an agent holds back a window whose tail went unanswered
-        # until its path answers again or is reported down (hostprobe/prober.py)
-        settled_ok = valid & (recv > 0) & (sec > self.last_bad[:P, None] + 1)
+        # loss; so do its peers' paths around a NIC's own down/up, which they may lose probes to
+        # without ever calling the path down. The newest window counts too: an agent holds back a
+        # window whose tail went unanswered until its path answers again or is reported down
+        last_bad = self.last_bad[:P]
+        if self.nic_changed:  # a NIC that went down or came back: every path through it
+            changed = np.full(len(self.nic_ids), -1, np.int64)  # ids of paths < P exist already
+            for nic, second in self.nic_changed.items():
+                if (nid := self.nic_ids.get(nic)) is not None and nid < len(changed):
+                    changed[nid] = second
+            ends = np.asarray(self.path_nics[:P], np.int64).reshape(-1, 2)
+            last_bad = np.maximum(last_bad, changed[ends].max(axis=1))
+        settled_ok = valid & (recv > 0) & (sec > last_bad[:, None] + 1)
         sent_ok = np.where(settled_ok, sent, 0).sum(axis=1)
         lost_ok = np.where(settled_ok, sent - recv, 0).sum(axis=1)
         recent_ok = settled_ok & (sec > newest[:, None] - RECENT_LOSS)

@@ -250,6 +250,7 @@ class Agent:
                 self.stats["link_changes"] += 1
                 sample = self.counters.sample(name, self.clock.now())
                 self.reporter.put("host_nic_samples", sample.model_copy(update={"oper_status": oper}))
+                self.reporter.wake()  # the correlator needs it before its peers' windows of this second
                 if oper in ("down", "lowerLayerDown", "notPresent"):
                     self.prober.nic_down(name, oper)
 

@@ -187,6 +187,30 @@ def test_loss_that_stopped_is_not_reported_from_the_context():
     assert run.steps(4)[-1] == []
 
 
+def test_a_nic_blip_is_not_a_lossy_link():
+    """host2's NIC is down for half a second: its own agent reports its paths down and up at once
+    (netlink), its peers only lose a few probes (too few for down_after): no corrupting link."""
+    from nms.records import HostNicSample, PathEvent, ProbeWindow
+
+    run = Run()
+    t = run.t
+    out = [HostNicSample(host="host2", nic="eth0", ts=t * NS + at, oper_status=state)  # netlink, pushed
+           for state, at in (("down", 300_000_000), ("up", 800_000_000))]
+    for r in run.s.windows(t):
+        if isinstance(r, ProbeWindow) and "host2" in (r.src_host, r.dst_host):
+            r = r.model_copy(update={"received": r.sent // 2})
+            if r.src_host == "host2":
+                for state, at in (("down", 300_000_000), ("up", 800_000_000)):
+                    out.append(PathEvent(src_host="host2", src_nic=r.src_nic, dst_host=r.dst_host, dst_nic=r.dst_nic,
+                                         path_id=r.path_id, ts=t * NS + at, state=state))
+        out.append(r)
+    run.c.add(out)
+    findings = run.c.step((t + 1) * NS + NS // 10)
+    run.t += 1
+    findings += [f for s in run.steps(8) for f in s]
+    assert not [f for f in findings if f.kind in ("corrupting_link", "congestion")]
+
+
 def test_access_link_loss_is_the_access_link():
     run = Run()
     directed = run.s.access("host2")[1]  # leaf1 -> host2
