@@ -215,7 +215,7 @@ class CorrelatorConfig(Strict):
     """The correlator (correlator/): one step per `interval` over the last `context` of telemetry."""
 
     enabled: bool = True
-    interval: Seconds = 1.0
+    interval: Seconds = 1.0  # the window; steps follow agents' windows, or run this often without them
     context: Seconds = 10.0  # sliding context joined at every step
     baseline: Seconds = 600.0  # one-way delay baselines (per path minimum) look back this far
     loss_floor_pct: float = Field(0.1, ge=0, le=100)  # loss this low is background, not a fault
