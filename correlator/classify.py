@@ -192,10 +192,11 @@ def directed_findings(loss: list[Pick], inflation: list[Pick], index: FabricInde
         if did ^ 1 in alts:  # both directions cross exactly the same paths (an access link): link certain
             evidence["directions"] = sorted({direction, index.dname(did ^ 1)})
             alts = [a for a in alts if a != did ^ 1]
-            other_errors = view.direction_rates(did ^ 1).get("errors_ps", 0.0) > 0
+            other_rates = view.direction_rates(did ^ 1)
+            other_errors = other_rates.get("errors_ps", 0.0) > 0
             if errors != other_errors:  # error counters (a NIC's, a port's) say which way
                 if other_errors:
-                    direction, evidence["rates"] = index.dname(did ^ 1), view.direction_rates(did ^ 1)
+                    direction, evidence["rates"] = index.dname(did ^ 1), other_rates
                 errors = True
                 evidence["direction_by"] = "error counters"
             else:

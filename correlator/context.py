@@ -77,8 +77,7 @@ class Context:
         self.link_events: dict[End, deque[LinkEvent]] = {}
         self.nic_samples: dict[Nic, HostNicSample] = {}
         self.nic_prev: dict[Nic, HostNicSample] = {}  # the sample before the latest (counter rates)
-        self.nic_ids: dict[Nic, int] = {}
-        self.path_nics: list[tuple[int, int]] = []  # per path: its (src, dst) NIC ids
+        self.nic_ids: dict[Nic, int] = {}  # step thread only, like the per-path arrays
         self.nic_changed: dict[Nic, int] = {}  # second of a NIC's latest down or back-up (its host's view)
 
     # -- intake (called under the engine's lock: O(1) per record) -----------------------------
@@ -98,7 +97,6 @@ class Context:
         if idx is None:
             idx = self.path_index[key] = len(self.keys)
             self.keys.append(key)
-            self.path_nics.append((self._nic_id((key[0], key[1])), self._nic_id((key[2], key[3]))))
         return idx
 
     def _nic_id(self, nic: Nic) -> int:
@@ -150,12 +148,17 @@ class Context:
         grow("ev_ts", (cap,), np.int64, -1)
         grow("ev_state", (cap,), np.int8, 0)  # 0 none, 1 up, 2 down
         grow("last_bad", (cap,), np.int64, -1)  # second of the latest silent window or path event
+        grow("src_nic", (cap,), np.int32, -1)  # NIC ids (nic_ids) of the path's two ends
+        grow("dst_nic", (cap,), np.int32, -1)
         self.cap = max(cap, old)
 
     def ingest(self, pending) -> None:
         idx_l, start_l, sent_l, recv_l, fwd_l, rev_l, rtt_l, other, n_paths = pending
         if n_paths > self.cap:
             self._alloc(max(n_paths, 2 * self.cap))
+        for i in range(self.P, n_paths):  # paths registered since the last step
+            key = self.keys[i]
+            self.src_nic[i], self.dst_nic[i] = self._nic_id((key[0], key[1])), self._nic_id((key[2], key[3]))
         self.P = n_paths
         for idx, r in other:
             self._other(idx, r)
@@ -261,12 +264,11 @@ class Context:
         # window whose tail went unanswered until its path answers again or is reported down
         last_bad = self.last_bad[:P]
         if self.nic_changed:  # a NIC that went down or came back: every path through it
-            changed = np.full(len(self.nic_ids), -1, np.int64)  # ids of paths < P exist already
+            changed = np.full(len(self.nic_ids), -1, np.int64)
             for nic, second in self.nic_changed.items():
-                if (nid := self.nic_ids.get(nic)) is not None and nid < len(changed):
+                if (nid := self.nic_ids.get(nic)) is not None:
                     changed[nid] = second
-            ends = np.asarray(self.path_nics[:P], np.int64).reshape(-1, 2)
-            last_bad = np.maximum(last_bad, changed[ends].max(axis=1))
+            last_bad = np.maximum(last_bad, np.maximum(changed[self.src_nic[:P]], changed[self.dst_nic[:P]]))
         settled_ok = valid & (recv > 0) & (sec > last_bad[:, None] + 1)
         sent_ok = np.where(settled_ok, sent, 0).sum(axis=1)
         lost_ok = np.where(settled_ok, sent - recv, 0).sum(axis=1)
