@@ -18,7 +18,10 @@ pairs per window are pure, and when the pure forward points happen to lie early 
 and the reverse ones late, the margin grows without bound as the line tilts (an unbounded LP).
 The recent drift is a robust regression (Theil-Sen) of the last windows' offsets, as Firefly
 estimates drift by regression; before there is a history, the NTP-style drift of the window with
-a wider band.
+a wider band. The history only grows from windows that gave an estimate, so when the drift moves
+out of its band (a daemon changed the clock's frequency, or the first windows misled it) no
+window could ever correct it: a window that no line within the band separates is fitted again
+within the NTP-style band, then within any plausible drift, before it counts as crossed.
 
 `ntp_estimate` is the baseline on the same exchanges: NTP-style min-RTT filtering (the lowest-RTT
 exchange of each eighth of the window), offset ((t2 - t1) + (t3 - t4)) / 2, and a least-squares
@@ -49,6 +52,7 @@ NTP_SLICES = 8
 HISTORY = 8  # windows of offsets the drift regression looks at
 DRIFT_BAND_PPB = 1_000.0  # how far a window's slope may leave the regression drift
 BOOTSTRAP_BAND_PPB = 5_000.0  # ... or the window's NTP-style drift, before there is a history
+MAX_DRIFT_PPB = 1_000_000.0  # the last band tried: 1000 ppm, as far as the lab clock may drift
 
 
 @dataclass(frozen=True)
@@ -186,7 +190,7 @@ class ClockSync:
         self.history: dict[str, tuple[int, deque]] = {}  # peer -> (its epoch, (mid_ns, offset at mid))
         self.epoch = clock.epoch
         self.stats = {"clock_windows": 0, "clock_windows_sparse": 0, "clock_windows_stepped": 0,
-                      "clock_windows_crossed": 0}
+                      "clock_windows_crossed": 0, "clock_windows_refit": 0}
 
     def add(self, peer: str, exchanges) -> None:
         """Complete exchanges of a closed probe window (Exchange objects of hostprobe.stats)."""
@@ -247,9 +251,16 @@ class ClockSync:
         out = 0
         ntp = ntp_estimate(t1, t2, t3, t4, mid, self.window_ns)
         fwd, rev = a[:, 4].astype(bool), a[:, 5].astype(bool)
-        svm = svm_estimate(t1, t2, t3, t4, fwd, rev, mid, self._drift_range(peer, peer_epoch, ntp))
+        band = self._drift_range(peer, peer_epoch, ntp)
+        svm = svm_estimate(t1, t2, t3, t4, fwd, rev, mid, band)
+        few = min(fwd.sum(), rev.sum()) < MIN_POINTS
+        if svm is None and not few:  # the band may be what is wrong (module doc): wider ones
+            wider = [(ntp.drift_ppb - BOOTSTRAP_BAND_PPB, ntp.drift_ppb + BOOTSTRAP_BAND_PPB)] if ntp else []
+            for other in [*wider, (-MAX_DRIFT_PPB, MAX_DRIFT_PPB)]:
+                if other != band and (svm := svm_estimate(t1, t2, t3, t4, fwd, rev, mid, other)) is not None:
+                    self.stats["clock_windows_refit"] += 1
+                    break
         if svm is None:
-            few = min(fwd.sum(), rev.sum()) < MIN_POINTS
             self.stats["clock_windows_sparse" if few else "clock_windows_crossed"] += 1
         else:
             self.history[peer][1].append((mid, svm.offset_ns))

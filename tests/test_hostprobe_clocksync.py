@@ -241,6 +241,47 @@ def test_drift_comes_from_the_history_when_a_window_is_lopsided():
     assert abs(last.drift_ppb - drift) <= 1_100, last
 
 
+def test_a_drift_change_does_not_lock_the_max_margin_fit_out():
+    """Three windows at drift 0 make the history's band 0 +- 1 ppm; then the peer's clock runs
+    40 ppm fast (e.g. chrony changed its frequency). No line in that band separates the new
+    windows, and the history only grows from windows that gave an estimate: without the refit in
+    wider bands the pair would never get an svm estimate again."""
+    rng = np.random.default_rng(9)
+    clock, sync, edges = collect()
+    start = T0 // (2 * S) * 2 * S
+    drift = 40_000  # ppb
+
+    def window(k, drift_ppb):
+        w0 = start + 2 * S * k
+        t = exchanges(rng, 40, 1_000_000 + drift_ppb * 2 * max(0, k - 3), drift_ppb, start=w0, queue_fwd=500.0,
+                      queue_rev=500.0)
+        out = []
+        for i in range(40):
+            ex = Exchange(i, None, 0, 0.0, bool(i % 2), 0)
+            ex.t1, ex.t2, ex.t3, ex.t4 = (int(a[i]) for a in t)
+            ex.pure_fwd = ex.pure_rev = True
+            out.append(ex)
+        return w0, out, t
+
+    for k in range(3):
+        w0, batch, _ = window(k, 0)
+        sync.add("b", batch)
+        sync.run(w0 + 2 * S)
+    assert sync.stats["clock_windows_refit"] == 0
+    band = sync._drift_range("b", 0, None)
+    assert band[0] < 0 < band[1] and band[1] - band[0] <= 2_001
+    w0, _, t = window(3, drift)
+    mid = w0 + S
+    assert svm_estimate(*t, np.ones(40, bool), np.ones(40, bool), mid, band) is None  # the trap
+    for k in range(3, 8):
+        w0, batch, _ = window(k, drift)
+        sync.add("b", batch)
+        sync.run(w0 + 2 * S)
+    late = [rec for _, rec in edges if rec.method == "svm" and rec.window_start >= start + 6 * S]
+    assert len(late) == 5 and all(abs(rec.drift_ppb - drift) < 2_000 for rec in late), late
+    assert sync.stats["clock_windows_refit"] >= 1 and sync.stats["clock_windows_crossed"] == 0
+
+
 def test_theil_sen_slope_matches_scipy_and_shrugs_off_an_outlier():
     from scipy.stats import theilslopes
 
