@@ -175,7 +175,8 @@ def run(idle_s: float, load_s: float, seed: int, dump: str | None) -> None:
         for h in hosts:
             s = stats.get(h, {}).get("stats", {})
             print(f"  {h}: clock windows {s.get('clock_windows')}, sparse {s.get('clock_windows_sparse')}, "
-                  f"crossed {s.get('clock_windows_crossed')}, stepped {s.get('clock_windows_stepped')}, "
+                  f"crossed {s.get('clock_windows_crossed')}, refit {s.get('clock_windows_refit')}, "
+                  f"stepped {s.get('clock_windows_stepped')}, "
                   f"clock steps {s.get('clock_steps', 0)}")
         if dump:
             Path(dump).write_text(json.dumps(dumped))
