@@ -27,7 +27,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from hostprobe import transport
+from hostprobe import transport, verbs
 from hostprobe.client import Control, ServiceClient
 from hostprobe.clock import Clock
 from hostprobe.clocksync import ClockSync
@@ -36,7 +36,7 @@ from hostprobe.counters import NicCounters
 from hostprobe.netlink import LinkMonitor
 from hostprobe.prober import LocalNic, Prober
 from hostprobe.report import Reporter
-from hostprobe.responder import make_responders
+from hostprobe.responder import Responder, make_responders
 from hostprobe.tstamp import StampedSocket
 from nms import __version__
 from nms.records import GenericPoint
@@ -83,13 +83,26 @@ class Agent:
         self.stats: defaultdict[str, int] = defaultdict(int)
         self.session = random.getrandbits(63) or 1
         self.clock = Clock(cfg.lab_clock, cfg.host)
-        self.transport = transport.choose(cfg.probe.transport)
         key = cfg.probe.key.get_secret_value().encode()
+        addresses = {nic.name: nic.address or nic_address(nic.name) for nic in cfg.nics}
+        self.verbs_devices = transport.open_devices(cfg.probe.transport, list(addresses.values()), self.stats)
+        self.transport = "verbs" if self.verbs_devices else "udp"
         self.nics: list[LocalNic] = []
-        for nic in cfg.nics:
-            address = nic.address or nic_address(nic.name)
-            self.nics.append(LocalNic(nic.name, address, open_sports(address, cfg.probe.sports, cfg.probe.sport_base)))
+        qpns: dict[str, int] = {}  # NIC -> its RDMA UD responder QP, registered for the peers to probe
+        verbs_responders = []
+        rng = random.Random()
+        for name, address in addresses.items():
+            socks = open_sports(address, cfg.probe.sports, cfg.probe.sport_base)
+            dev = self.verbs_devices.get(address)
+            if dev is None:
+                self.nics.append(LocalNic(name, address, socks))
+                continue
+            self.nics.append(LocalNic(name, address, socks, dev.prober,
+                                      verbs.open_ports(dev.prober, address, cfg.probe.sports, rng)))
+            verbs_responders.append(Responder(dev.responder, key, self.session, self.clock, self.stats))
+            qpns[name] = dev.responder.qpn
         self.responders = make_responders(self.nics, cfg.probe.port, key, self.session, self.clock, self.stats)
+        self.responders += verbs_responders
         self.buffer_dir = Path(cfg.report.buffer_dir)
         self.buffer_dir.mkdir(parents=True, exist_ok=True)
         self.client = ServiceClient(cfg.service, cfg.host)
@@ -108,7 +121,9 @@ class Agent:
         self.link_state = {n.name: self.counters.sample(n.name, 0).oper_status for n in self.nics}
         self.inbox: queue.Queue = queue.Queue()
         info = {"session": f"{self.session:016x}", "version": __version__, "transport": self.transport,
-                "probe_port": cfg.probe.port, "nics": [{"name": n.name, "address": n.address} for n in self.nics]}
+                "probe_port": cfg.probe.port,
+                "nics": [{"name": n.name, "address": n.address, **({"qpn": qpns[n.name]} if n.name in qpns else {})}
+                         for n in self.nics]}
         self.control = Control(self.client, info, cfg.peers.refresh, self.buffer_dir, self.inbox)
         self.running = True
         self.started = time.monotonic()
@@ -117,12 +132,19 @@ class Agent:
     def run(self) -> None:
         ep = select.epoll()
         handlers = {}
+        pollers = []  # RDMA completion queues: polled every pass (pyverbs of rdma-core <= 50 has no CQ event fd)
         for r in self.responders:
-            handlers[r.fileno()] = (r.on_readable, r.on_errqueue)
+            if isinstance(r.sock, verbs.Endpoint):
+                pollers += [r.on_errqueue, r.on_readable]
+            else:
+                handlers[r.fileno()] = (r.on_readable, r.on_errqueue)
         for nic in self.nics:
-            for sock in nic.sockets:
+            for sock in [*nic.sockets, *nic.verbs_ports]:  # RoCE source ports: their traceroute sockets
                 handlers[sock.fileno()] = (lambda s=sock: self.prober.on_readable(s),
                                            lambda s=sock: self.prober.on_errqueue(s))
+            if nic.verbs is not None:
+                pollers += [lambda q=nic.verbs: self.prober.on_errqueue(q), lambda q=nic.verbs: self.prober.on_readable(q)]
+        max_wait = BATCH if pollers else float("inf")
         handlers[self.links.fileno()] = (self._on_links, lambda: None)
         for fd in handlers:
             ep.register(fd, select.EPOLLIN)
@@ -153,12 +175,14 @@ class Agent:
                 time.sleep(max(0.0, min(BATCH - (now - last_poll), next_down - now)))
             last_poll = time.monotonic()
             self.stats["loop_passes"] += 1
-            for fd, ev in ep.poll(max(0.0, wake - last_poll)):
+            for fd, ev in ep.poll(max(0.0, min(wake - last_poll, max_wait))):
                 readable, errqueue = handlers[fd]
                 if ev & select.EPOLLERR:
                     errqueue()
                 if ev & select.EPOLLIN:
                     readable()
+            for poll in pollers:
+                poll()
             now = time.monotonic()
             if stop_at is None:
                 self.prober.send_due(now)
@@ -173,6 +197,8 @@ class Agent:
                 next_slow = now + SLOW
                 if self.clock.check_step():
                     self.stats["clock_steps"] += 1
+                for dev in self.verbs_devices.values():
+                    dev.clock.tick(now)  # the NIC clock's mapping to realtime, every CALIBRATE_EVERY
                 if self.prober.close_windows():
                     self.reporter.wake()  # the windows go out now, not at the next report tick
                 if now >= next_clock:
@@ -283,7 +309,10 @@ class Agent:
         self.reporter.stop()
         self.prober.close()
         for r in self.responders:
-            r.close()
+            if not isinstance(r.sock, verbs.Endpoint):
+                r.close()
+        for dev in self.verbs_devices.values():  # its endpoints too
+            dev.close()
         self.links.close()
 
 

@@ -23,6 +23,7 @@ from itertools import count
 from hostprobe import tstamp, wire
 from hostprobe.stats import Exchange, judge_pair, window_stats
 from hostprobe.trace import TraceJob, Tracer, hops_text, int_to_ip
+from hostprobe.verbs import ROCE_V2_PORT
 from nms.records import PathEvent, ProbePath, ProbeWindow
 
 log = logging.getLogger(__name__)
@@ -35,15 +36,26 @@ RETRACE_UNREACHED = 15.0  # seconds: peers whose traces missed a hop or the peer
 
 
 class LocalNic:
-    def __init__(self, name: str, address: str, sockets: list[tstamp.StampedSocket]):
+    """A local NIC: its UDP source-port sockets and, with an RDMA device, its RoCE v2 source ports
+    (hostprobe.verbs.VerbsPort, all on one prober QP, `verbs`)."""
+
+    def __init__(self, name: str, address: str, sockets: list[tstamp.StampedSocket], verbs=None,
+                 verbs_ports: list | None = None):
         self.name, self.address, self.sockets = name, address, sockets
+        self.verbs, self.verbs_ports = verbs, verbs_ports or []
 
 
 class Target:
     """One (local NIC, peer NIC) pair and the paths between them."""
 
-    def __init__(self, nic: LocalNic, host: str, nic_name: str, addr: str):
+    def __init__(self, nic: LocalNic, host: str, nic_name: str, addr: str, port: int, qpn: int | None = None):
         self.nic, self.host, self.nic_name, self.addr = nic, host, nic_name, addr
+        # over RDMA UD (the peer's responder QP is known and we have a RoCE device): probes go to that
+        # QP from the RoCE source ports, and paths are the RoCE 5-tuples (dport 4791)
+        self.verbs = qpn is not None and bool(nic.verbs_ports)
+        self.sockets = nic.verbs_ports if self.verbs else nic.sockets
+        self.dest = (addr, qpn) if self.verbs else (addr, port)
+        self.wire_port = ROCE_V2_PORT if self.verbs else port
         self.paths: dict[str, PathState] = {}  # probed, by path id
         self.retired: list[PathState] = []  # no longer probed; kept until their windows close
         self.jobs: list[TraceJob] = []  # the current trace round
@@ -91,7 +103,7 @@ class Prober:
         self.schedule: list[tuple[float, int, int, PathState]] = []
         self._tie = count()
         self._seq = random.getrandbits(31)
-        self.tracer = Tracer(key, session, self.port, settings.max_hops, settings.trace_rate, self.next_seq)
+        self.tracer = Tracer(key, session, settings.max_hops, settings.trace_rate, self.next_seq)
         self.retired_targets: list[Target] = []  # peers no longer listed, until their windows close
         self.clock_sync = None  # hostprobe.clocksync.ClockSync: gets each closed window's exchanges
         self.closed_before = 0  # local clock ns: every window starting before it has closed
@@ -102,23 +114,25 @@ class Prober:
 
     # -- peers and paths ---------------------------------------------------------------------------
     def set_peers(self, peers: list[dict]) -> None:
-        """Peers as the service lists them: [{host, nics: [{name, address}]}]. Local NIC i probes the
-        peer's NIC i (rails), or its first NIC when it has fewer."""
-        wanted: dict[tuple[str, str, str], tuple[LocalNic, str, str, str]] = {}
+        """Peers as the service lists them: [{host, nics: [{name, address, qpn?}]}]. Local NIC i probes
+        the peer's NIC i (rails), or its first NIC when it has fewer; over RDMA UD when the peer NIC has
+        a responder QP (qpn) and ours an RDMA device, else over UDP."""
+        wanted: dict[tuple[str, str, str], Target] = {}
         for peer in peers:
             if peer["host"] == self.host or not peer.get("nics"):
                 continue
             for i, nic in enumerate(self.nics):
                 pnic = peer["nics"][i] if i < len(peer["nics"]) else peer["nics"][0]
-                wanted[(nic.name, peer["host"], pnic["name"])] = (nic, peer["host"], pnic["name"], pnic["address"])
+                wanted[(nic.name, peer["host"], pnic["name"])] = Target(nic, peer["host"], pnic["name"],
+                                                                        pnic["address"], self.port, pnic.get("qpn"))
         for key in list(self.targets):
-            if key not in wanted or self.targets[key].addr != wanted[key][3]:
+            if key not in wanted or self.targets[key].dest != wanted[key].dest:
                 self._drop_target(self.targets.pop(key))
         new = []
-        for key, (nic, host, pnic, addr) in wanted.items():
+        for key, target in wanted.items():
             if key not in self.targets:
-                self.targets[key] = Target(nic, host, pnic, addr)
-                new.append(self.targets[key])
+                self.targets[key] = target
+                new.append(target)
         if new:
             log.info("probing %d new peer NICs (%d in all)", len(new), len(self.targets))
             self.trace(new)
@@ -136,7 +150,7 @@ class Prober:
         for target in targets if targets is not None else list(self.targets.values()):
             if target.tracing:
                 continue
-            target.jobs = [TraceJob(sock, target) for sock in target.nic.sockets]
+            target.jobs = [TraceJob(sock, target) for sock in target.sockets]
             target.tracing = len(target.jobs)
             target.traced_at = now
             for job in target.jobs:
@@ -178,7 +192,7 @@ class Prober:
             first = jobs[0]
             self.emit("probe_paths", ProbePath(
                 src_host=self.host, src_nic=target.nic.name, dst_host=target.host, dst_nic=target.nic_name,
-                path_id=pid, ts=now_ns, src_addr=target.nic.address, dst_addr=target.addr, dport=self.port,
+                path_id=pid, ts=now_ns, src_addr=target.nic.address, dst_addr=target.addr, dport=target.wire_port,
                 sports=",".join(str(sp) for sp in sorted(j.sport for j in jobs)), probed_sport=path.sock.port,
                 fwd_hops=hops_text(first.fwd), rev_hops=hops_text(first.rev),
                 fwd_complete=first.fwd_done and not first.unreachable, rev_complete=first.rev_done))
@@ -216,7 +230,7 @@ class Prober:
 
     def _send_pair(self, path: PathState, now: float) -> None:
         window = self.clock.now() // WINDOW_NS * WINDOW_NS
-        dest = (path.target.addr, self.port)
+        dest, tag = path.target.dest, path.sock.reply_tag
         bucket = path.windows.get(window)
         if bucket is None:
             bucket = path.windows[window] = []
@@ -225,7 +239,7 @@ class Prober:
         for second in (False, True):
             seq = self.next_seq()
             ex = Exchange(seq, path, window, now, second, epoch)
-            pkt = wire.encode(self.key, wire.PROBE, self.session, seq, flags=wire.SECOND if second else 0)
+            pkt = wire.encode(self.key, wire.PROBE, self.session, seq, flags=wire.SECOND if second else 0, ta=tag)
             if path.sock.send(pkt, dest, token=ex):
                 self.inflight[seq] = ex
                 self.sent_order.append((now, seq))
@@ -248,7 +262,7 @@ class Prober:
         # kernel RX stamps (CLOCK_REALTIME) as monotonic times: a path's silence is measured from when
         # its last reply arrived, not from when this (batched) pass got to it
         mono_of_real = now - time.time_ns() / 1e9
-        for msg, anc, _addr in wire.receive(sock.sock, key, stats):
+        for msg, raw, _addr in sock.receive(key, stats):
             if msg.session != session:
                 stats["rx_stale"] += 1  # an answer to an earlier run of this agent
                 continue
@@ -259,7 +273,6 @@ class Prober:
                     if not self.tracer.on_reply(msg.seq, now):
                         stats["rx_stale"] += 1
                     continue
-                raw = tstamp.software_stamp(anc)
                 if not raw:
                     stats["rx_stamp_missing"] += 1
                 ex.t4 = clock.host(raw) if raw else clock.now()
@@ -290,9 +303,7 @@ class Prober:
                 stats["rx_unexpected"] += 1
 
     def on_errqueue(self, sock: tstamp.StampedSocket) -> None:
-        stamps, errors = tstamp.drain_errqueue(sock.sock)
-        if not stamps and not errors:
-            tstamp.clear_error(sock.sock)
+        stamps, errors = sock.drain_errqueue()
         pending, host = sock.pending, self.clock.host
         for key, stamp in stamps:
             ex = pending.pop(key, None)  # None: the lab's second stamp of the same packet
@@ -372,8 +383,8 @@ class Prober:
         while order and order[0][0] < limit:
             inflight.pop(order.popleft()[1], None)
         for nic in self.nics:
-            for sock in nic.sockets:
-                if len(sock.pending) > 8192:
+            for sock in [*nic.sockets, *([nic.verbs] if nic.verbs else [])]:
+                if len(sock.pending) > 8192:  # stamps that never came
                     for k in [k for k in sock.pending if k < sock.next_key - 4096]:
                         del sock.pending[k]
 
@@ -445,5 +456,5 @@ class Prober:
 
     def close(self) -> None:
         for nic in self.nics:
-            for sock in nic.sockets:
+            for sock in [*nic.sockets, *nic.verbs_ports]:
                 sock.close()

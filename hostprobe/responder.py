@@ -19,8 +19,8 @@ log = logging.getLogger(__name__)
 
 
 class Responder:
-    def __init__(self, addr: str, port: int, key: bytes, session: int, clock, stats: dict):
-        self.sock = tstamp.StampedSocket(addr, port)
+    def __init__(self, sock, key: bytes, session: int, clock, stats: dict):
+        self.sock = sock  # a tstamp.StampedSocket, or a hostprobe.verbs.Endpoint
         self.key, self.session, self.clock, self.stats = key, session, clock, stats
         self.echoes: dict[tuple[str, int], tuple[int, int, int]] = {}  # dest -> (session, seq, ttl)
 
@@ -28,9 +28,9 @@ class Responder:
         return self.sock.fileno()
 
     def on_readable(self) -> None:
-        sock, key, clock, stats = self.sock.sock, self.key, self.clock, self.stats
-        # an error an ICMP left on the socket (e.g. an ECHO expired) is skipped by wire.receive
-        for msg, anc, addr in wire.receive(sock, key, stats):
+        key, clock, stats = self.key, self.clock, self.stats
+        # an error an ICMP left on the socket (e.g. an ECHO expired) is skipped by receive
+        for msg, raw, addr in self.sock.receive(key, stats):
             if msg.type != wire.PROBE:
                 stats["rx_unexpected"] += 1
                 continue
@@ -38,7 +38,6 @@ class Responder:
             if msg.flags & wire.TRACE:
                 self._answer_trace(msg, addr)
                 continue
-            raw = tstamp.software_stamp(anc)
             if not raw:
                 stats["rx_stamp_missing"] += 1
             t2 = clock.host(raw) if raw else 0
@@ -61,9 +60,7 @@ class Responder:
     def on_errqueue(self) -> None:
         followups: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
         pending = self.sock.pending
-        stamps, errors = tstamp.drain_errqueue(self.sock.sock)
-        if not stamps and not errors:
-            tstamp.clear_error(self.sock.sock)
+        stamps, errors = self.sock.drain_errqueue()
         host = self.clock.host
         for key, stamp in stamps:
             token = pending.pop(key, None)  # None: the lab's second stamp of a packet
@@ -106,7 +103,7 @@ def make_responders(nics, port: int, key: bytes, session: int, clock, stats: dic
     out = []
     for nic in nics:
         try:
-            out.append(Responder(nic.address, port, key, session, clock, stats))
+            out.append(Responder(tstamp.StampedSocket(nic.address, port), key, session, clock, stats))
         except OSError as e:
             for r in out:
                 r.close()

@@ -8,6 +8,11 @@ Reverse: the peer sends an ECHO with IP TTL k back along the reply's 5-tuple (it
 our source port) and reports, in a HOP message, the router whose time-exceeded it received; the
 ECHO that reaches us ends the trace. So each probed path is known hop by hop in both directions.
 
+Over RDMA UD (hostprobe.verbs) the 5-tuple is our RoCE source port to the peer's port 4791: the
+forward trace sends the same kernel UDP packets there, but the peer's NIC consumes them silently.
+Such a trace ends at the first of two silent TTLs in a row (the peer, one hop past the last
+router), and there is no reverse trace.
+
 One TTL is outstanding per job, so an ICMP error is matched by (socket, destination) even when a
 router quotes too little of the probe to read its sequence number. Jobs run concurrently, paced
 by a token bucket (routers rate-limit ICMP generation).
@@ -76,8 +81,8 @@ class TraceJob:
 class Tracer:
     """Runs trace jobs inside the agent's event loop (no thread, no blocking)."""
 
-    def __init__(self, key: bytes, session: int, port: int, max_hops: int, rate: float, next_seq):
-        self.key, self.session, self.port, self.max_hops = key, session, port, max_hops
+    def __init__(self, key: bytes, session: int, max_hops: int, rate: float, next_seq):
+        self.key, self.session, self.max_hops = key, session, max_hops
         self.rate, self.last_refill = rate, 0.0
         self.tokens = self.burst = max(1.0, rate * BURST_S)
         self.next_seq = next_seq  # shared with the prober: one sequence space per session
@@ -104,6 +109,9 @@ class Tracer:
             self._forget(job)
             if job.tries >= STEP_TRIES:
                 job._record(None)  # silent hop
+                if job.target.verbs and job.ttl >= 2 and job.fwd[-2:] == [None, None]:
+                    del job.fwd[job.ttl - 2:]  # the peer's NIC took the last two: it is one past the last router
+                    job.fwd_done = True
                 self._advance(job, now)
             else:
                 self._send(job, now)
@@ -116,7 +124,7 @@ class Tracer:
         self.tokens -= 1
         job.tries += 1
         job.seq = self.next_seq()
-        dest = (job.target.addr, self.port)
+        dest = (job.target.addr, job.target.wire_port)
         if job.phase == "fwd":
             pkt = wire.encode(self.key, wire.PROBE, self.session, job.seq, flags=wire.TRACE)
             job.sock.send(pkt, dest, ttl=job.ttl)
@@ -135,10 +143,10 @@ class Tracer:
 
     def _advance(self, job: TraceJob, now: float) -> None:
         """Next TTL, next phase, or finished."""
-        if job.phase == "fwd" and job.fwd_done and not job.unreachable:
+        if job.phase == "fwd" and job.fwd_done and not job.unreachable and not job.target.verbs:
             job.phase, job.ttl = "rev", 1
         elif job.phase == "fwd" and (job.fwd_done or job.unreachable or job.ttl >= self.max_hops):
-            job.finished = True  # nobody answers at the far end: a reverse trace would go unanswered
+            job.finished = True  # nobody answers at the far end (or RDMA UD): no reverse trace
         elif job.phase == "rev" and (job.rev_done or job.ttl >= self.max_hops):
             job.finished = True
         else:

@@ -1,14 +1,19 @@
-"""Which probe transport to use: UDP (always available) or RDMA UD through pyverbs (optional).
+"""Which probe transport each NIC uses: RDMA UD through pyverbs where it can, UDP always.
 
-pyverbs is not a dependency: it is imported at run time and, when an RDMA device is present, the
-agent notes it. This build carries only the detection; UD probing itself is not implemented, so
-the agent probes over UDP either way and says why, once. `transport: verbs` in the config is
-refused with the reason.
+pyverbs is not a dependency: it is imported at run time. `probe.transport`:
+- `udp`: UDP only;
+- `auto` (default): every NIC whose IPv4 address is an active RoCE v2 GID of an RDMA device also
+  probes over RDMA UD (hostprobe.verbs); the others, or all when pyverbs or devices are missing,
+  probe over UDP, and the agent says why, once;
+- `verbs`: like auto, but a NIC without a usable RDMA device is an error at start.
+UDP responders run in every case, so peers probing over UDP always get answers.
 """
 
 from __future__ import annotations
 
 import logging
+
+from hostprobe import verbs
 
 log = logging.getLogger(__name__)
 
@@ -27,21 +32,36 @@ def detect_verbs() -> tuple[list[str], str]:
         return [], f"pyverbs failed to load: {e}"
     try:
         devices = [d.name.decode() if isinstance(d.name, bytes) else str(d.name) for d in device.get_device_list()]
-    except Exception as e:
+    except Exception as e:  # pyverbs raises when the kernel has no RDMA device at all
         return [], f"pyverbs cannot list RDMA devices: {e}"
     return devices, "" if devices else "no RDMA device found"
 
 
-def choose(wanted: str) -> str:
-    """'udp' (the only transport implemented), after checking what `wanted` asks for."""
+def open_devices(wanted: str, addresses: list[str], stats: dict) -> dict[str, verbs.VerbsDevice]:
+    """The RDMA device of each NIC address that has one (none for `udp`); raises TransportError when
+    `verbs` is wanted and a NIC has none."""
     if wanted == "udp":
-        return "udp"
+        return {}
     devices, why = detect_verbs()
-    if wanted == "verbs":
-        raise TransportError(f"probe.transport is verbs but {why or 'UD probing is not implemented in this build'}")
+    found: dict[str, verbs.VerbsDevice] = {}
+    problems: list[str] = []
     if devices:
-        log.warning("RDMA devices %s found, but UD probing is not implemented in this build: probing over UDP",
-                    ", ".join(devices))
+        pv = verbs.load_pyverbs()
+        for address in addresses:
+            try:
+                found[address] = verbs.VerbsDevice(address, stats, pv)
+            except (verbs.VerbsError, pv.PyverbsError) as e:
+                problems.append(f"{address}: {e}")
     else:
-        log.info("RDMA UD probes unavailable (%s): probing over UDP", why)
-    return "udp"
+        problems.append(why)
+    if problems and wanted == "verbs":
+        for dev in found.values():
+            dev.close()
+        raise TransportError(f"probe.transport is verbs but {'; '.join(problems)}")
+    if found:
+        log.info("RDMA UD probes from %s", ", ".join(f"{a} ({d.name} port {d.port} GID {d.gid_index})"
+                                                     for a, d in found.items()))
+    if problems:
+        log.info("RDMA UD probes unavailable (%s): probing over UDP%s", "; ".join(problems),
+                 " from the other NICs" if found else "")
+    return found

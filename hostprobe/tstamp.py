@@ -17,7 +17,10 @@ from __future__ import annotations
 import errno
 import socket
 import struct
+from collections.abc import Iterator
 from typing import NamedTuple
+
+from hostprobe import wire
 
 SO_TIMESTAMPING = 37
 SOF_TX_SOFTWARE = 1 << 1
@@ -143,9 +146,11 @@ def ttl_cmsg(ttl: int) -> tuple[int, int, bytes]:
 
 
 class StampedSocket:
-    """A UDP socket with kernel stamps, and the bookkeeping to match TX stamps to sends by OPT_ID."""
+    """A UDP socket with kernel stamps, and the bookkeeping to match TX stamps to sends by OPT_ID.
+    (hostprobe.verbs.Endpoint and VerbsPort offer the same send/receive/drain_errqueue.)"""
 
     __slots__ = ("sock", "addr", "port", "next_key", "pending")
+    reply_tag = 0  # what PROBEs ask of the reply's path (verbs: a flow label); nothing over UDP
 
     def __init__(self, addr: str, port: int):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -184,6 +189,34 @@ class StampedSocket:
                 self.next_key += 1
             return True
         return False
+
+    def receive(self, key: bytes, stats: dict, batch: int = 256) -> Iterator[tuple[wire.Message, int, tuple]]:
+        """(message, kernel RX stamp ns or 0, sender) for each of up to `batch` datagrams of ours
+        waiting. Foreign, forged and other-version packets are counted in `stats` (rx_<kind>) and
+        skipped; an error an ICMP left on the socket (TRANSIENT) is skipped too: the queue is read on."""
+        recvmsg, decode, bad = self.sock.recvmsg, wire.decode, wire.BadPacket
+        for _ in range(batch):
+            try:
+                data, anc, _flags, addr = recvmsg(2048, CMSG_SPACE)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                if e.errno in TRANSIENT:
+                    continue
+                raise
+            try:
+                msg = decode(key, data)
+            except bad as e:
+                stats[f"rx_{e.kind}"] += 1
+                continue
+            yield msg, software_stamp(anc), addr
+
+    def drain_errqueue(self) -> tuple[list[tuple[int, int]], list[ErrQueueEntry]]:
+        """TX stamps and ICMP errors waiting (drain_errqueue); a bare socket error is cleared."""
+        stamps, errors = drain_errqueue(self.sock)
+        if not stamps and not errors:
+            clear_error(self.sock)
+        return stamps, errors
 
     def fileno(self) -> int:
         return self.sock.fileno()

@@ -15,7 +15,8 @@
     16     8     rsession: the responder's session id (0 in PROBE)
     24     4     seq: the prober's exchange number
     28     8     ta (signed ns): REPLY: t2, the responder's kernel RX stamp of the probe (0 = none);
-                 HOP: the IPv4 address of the router that answered, as an integer
+                 HOP: the IPv4 address of the router that answered, as an integer;
+                 PROBE over RDMA UD: the flow label the answers are to be sent with (hostprobe.verbs)
     36     12*n  FOLLOWUP: n x (seq u32, t3 i64): the responder's kernel TX stamps of its replies
     end-16 16    keyed BLAKE2b-128(probe key, everything before) (RFC 7693's keyed mode is a MAC; four
                  times cheaper than HMAC-SHA256 in Python, which was a tenth of the agent's CPU)
@@ -31,10 +32,7 @@ import functools
 import hashlib
 import hmac
 import struct
-from collections.abc import Iterator
 from typing import NamedTuple
-
-from hostprobe import tstamp
 
 MAGIC = b"NP"
 VERSION = 2  # 2: BLAKE2b MAC (1 was HMAC-SHA256)
@@ -115,25 +113,3 @@ def peek(data: bytes) -> tuple[int, int, int, int] | None:
         return None
     _, _, type_, _, aux, _, session, _, seq, _ = HEADER.unpack_from(data)
     return type_, aux, session, seq
-
-
-def receive(sock, key: bytes, stats: dict, batch: int = 256) -> Iterator[tuple[Message, list, tuple]]:
-    """Read up to `batch` datagrams waiting on `sock` (a non-blocking socket with kernel stamps):
-    (message, ancillary data, sender) for each one of ours. Foreign, forged and other-version
-    packets are counted in `stats` (rx_<kind>) and skipped; an error an ICMP left on the socket
-    (tstamp.TRANSIENT) is skipped too: the queue is read on."""
-    for _ in range(batch):
-        try:
-            data, anc, _flags, addr = sock.recvmsg(2048, tstamp.CMSG_SPACE)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as e:
-            if e.errno in tstamp.TRANSIENT:
-                continue
-            raise
-        try:
-            msg = decode(key, data)
-        except BadPacket as e:
-            stats[f"rx_{e.kind}"] += 1
-            continue
-        yield msg, anc, addr

@@ -52,7 +52,7 @@ class Bed:
         self.service.send_signal(signal.SIGTERM)
         self.service.wait(20)
 
-    def start_agent(self, host: str):
+    def start_agent(self, host: str, env: dict | None = None):
         conf = {"host": host, "service": {"url": self.url, "token": AGENT},
                 "nics": [{"name": "lo", "address": HOSTS[host]}],
                 "probe": {"key": KEY, "port": self.probe_port, "sports": 4},
@@ -62,7 +62,8 @@ class Bed:
         (self.tmp / f"{host}.yaml").write_text(yaml.safe_dump(conf))
         log = open(self.tmp / f"{host}.log", "ab")
         self.agents[host] = subprocess.Popen([sys.executable, "-m", "hostprobe.agent", "--config",
-                                              str(self.tmp / f"{host}.yaml")], stdout=log, stderr=subprocess.STDOUT)
+                                              str(self.tmp / f"{host}.yaml")], stdout=log, stderr=subprocess.STDOUT,
+                                             env=env)
 
     def status(self, host: str) -> dict:
         return json.loads((self.tmp / host / "status.json").read_text())

@@ -70,12 +70,15 @@ def test_agent_refuses_a_bad_config_with_exit_status_2(tmp_path):
     assert proc.returncode == 2 and "service" in proc.stderr and "Field required" in proc.stderr
 
 
-def test_transport_falls_back_to_udp_and_verbs_is_refused():
+def test_transport_falls_back_to_udp_and_verbs_is_refused(monkeypatch):
+    monkeypatch.delenv("NMS_FAKE_VERBS", raising=False)  # the real pyverbs, if any: no RDMA device here
     devices, why = transport.detect_verbs()
-    assert devices == [] and why  # no RDMA here (nor pyverbs)
-    assert transport.choose("auto") == "udp" and transport.choose("udp") == "udp"
-    with pytest.raises(transport.TransportError, match="verbs"):
-        transport.choose("verbs")
+    assert devices == [] and why
+    stats: dict = {}
+    assert transport.open_devices("auto", ["127.0.0.1"], stats) == {}
+    assert transport.open_devices("udp", ["127.0.0.1"], stats) == {}
+    with pytest.raises(transport.TransportError, match="verbs but"):
+        transport.open_devices("verbs", ["127.0.0.1"], stats)
 
 
 def test_sysfs_counters_of_loopback():

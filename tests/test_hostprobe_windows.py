@@ -33,7 +33,7 @@ def bed():
     clock, emitted = Clock(), []
     settings = ProbeSettings(key="window-test-key-0123456789", timeout="0.25s", down_after="0.9s")
     prober = Prober("h1", [], settings, b"k" * 16, 1, clock, {}, lambda kind, r: emitted.append((kind, r)))
-    target = Target(LocalNic("eth0", "10.0.0.1", []), "h2", "eth0", "10.0.0.2")
+    target = Target(LocalNic("eth0", "10.0.0.1", []), "h2", "eth0", "10.0.0.2", 33434)
     path = PathState(target, Sock(), "p1")
     target.paths["p1"] = path
     prober.targets[target.key] = target

@@ -69,6 +69,7 @@ class NicInfo(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=64)
     address: str = Field(min_length=1, max_length=64)
+    qpn: int | None = Field(None, ge=2, le=0xFFFFFF, description="the NIC's RDMA UD responder QP (transport verbs)")
 
 
 class AgentInfo(BaseModel):
@@ -118,18 +119,33 @@ class AgentRegistry:
         out = []
         for name in self.plan.get(host, []):
             h = self.hosts[name]
+            agent = self.agents.get(name)
+            qpns = self._qpns(agent)
             out.append({"host": name, "same_leaf": bool(self.leaves[host] & self.leaves[name]),
-                        "nics": [{"name": n.name, "address": n.address} for n in h.nics],
-                        "agent": name in self.agents})
+                        "nics": [{"name": n.name, "address": n.address,
+                                  **({"qpn": qpns[(n.name, n.address)]} if (n.name, n.address) in qpns else {})}
+                                 for n in h.nics],
+                        "agent": agent is not None})
         return out
 
-    def register(self, host: str, body: dict, token_name: str) -> AgentInfo:
+    @staticmethod
+    def _qpns(agent: AgentInfo | None) -> dict[tuple[str, str], int]:
+        """(NIC, address) -> RDMA UD responder QP the agent registered: its peers probe those NICs over
+        RDMA UD (hostprobe.verbs), the others over UDP."""
+        return {(n.name, n.address): n.qpn for n in agent.nics if n.qpn} if agent else {}
+
+    def probed_by(self, host: str) -> list[str]:
+        return sorted(h for h, peers in self.plan.items() if host in peers)
+
+    def register(self, host: str, body: dict, token_name: str) -> bool:
+        """Record the agent; True when what its peers need to probe it (its RDMA UD QPs) changed."""
         now = self.clock()
         info = AgentInfo(host=host, session=body["session"], version=body.get("version", ""),
                          transport=body.get("transport", "udp"), nics=body.get("nics", []),
                          registered_ns=now, last_seen_ns=now, token=token_name, peers=len(self.plan.get(host, [])))
+        before = self._qpns(self.agents.get(host))
         self.agents[host] = info
-        return info
+        return self._qpns(info) != before
 
     def seen(self, host: str) -> None:
         if host in self.agents:

@@ -137,11 +137,13 @@ def _known(reg: AgentRegistry, host: str) -> None:
 
 
 @router.post("/{host}/register", response_model=Registered, responses=UNKNOWN, summary="An agent announces itself")
-def register(host: HostName, body: Registration, request: Request,
-             who: Principal = Depends(access("ingest"))) -> Registered:
+async def register(host: HostName, body: Registration, request: Request,
+                   who: Principal = Depends(access("ingest"))) -> Registered:
     reg = registry(request)
     _known(reg, host)
-    reg.register(host, body.model_dump(), who.name)
+    if reg.register(host, body.model_dump(), who.name):
+        # its RDMA UD QPs are new: the hosts probing it fetch their peer lists now, not at the next refresh
+        await reg.issue(reg.probed_by(host), "refresh_peers", {}, "service")
     return Registered(host=host, generation=reg.generation, peers=reg.peers(host), instance=reg.instance,
                       command_wait_max=reg.settings.command_wait_max)
 
