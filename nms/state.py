@@ -268,6 +268,13 @@ class StateStore:
         with self._transaction() as db:
             yield IncidentWriter(db)
 
+    def prune_incidents(self, before_ns: int) -> int:
+        """Delete incidents resolved before `before_ns`, with their events; returns how many."""
+        with self._transaction() as db:
+            old = "SELECT id FROM incidents WHERE state = 'resolved' AND resolved_ns < ?"
+            db.execute(f"DELETE FROM incident_events WHERE incident_id IN ({old})", (before_ns,))
+            return db.execute("DELETE FROM incidents WHERE state = 'resolved' AND resolved_ns < ?", (before_ns,)).rowcount
+
     def get_incident(self, incident_id: int) -> Incident | None:
         with self._lock:
             row = self._db.execute("SELECT body FROM incidents WHERE id = ?", (incident_id,)).fetchone()

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from hostprobe import verbs, wire
+from hostprobe.prober import LocalNic, Target
+from hostprobe.trace import STEP_TIMEOUT, STEP_TRIES, TraceJob, Tracer
 from tests.test_cli_service import _free_port
 from tests.test_hostprobe_agent import HOSTS, Bed
 
@@ -230,3 +232,44 @@ def test_loss_on_one_roce_source_port_downs_exactly_that_path(vbed):
             break
     else:
         pytest.fail("the path did not come back up after the loss stopped")
+
+
+# -- tracing a RoCE 5-tuple --------------------------------------------------------------------------
+class _TraceSock:
+    """Records what the tracer sends (as VerbsPort.send would put it on the kernel socket)."""
+
+    def __init__(self, port: int):
+        self.port, self.addr, self.sent = port, "10.0.0.1", []
+
+    def send(self, payload, dest, token=None, ttl=None):
+        self.sent.append((dest, ttl))
+        return True
+
+
+def _icmp(router: str, dest: tuple, kind: int = 11):
+    return type("Entry", (), {"dest": dest, "offender": router, "icmp_type": kind, "data": b""})()
+
+
+def test_a_roce_trace_ends_after_two_silent_ttls_and_has_no_reverse_phase():
+    sock = _TraceSock(0xC123)
+    nic = LocalNic("eth0", "10.0.0.1", [], verbs=object(), verbs_ports=[sock])
+    target = Target(nic, "h2", "eth0", "10.0.0.2", 33434, qpn=0x1234)
+    assert target.verbs and target.dest == ("10.0.0.2", 0x1234) and target.wire_port == verbs.ROCE_V2_PORT
+    seq = iter(range(1, 10**6))
+    tracer = Tracer(b"k" * 16, 1, 8, 1e6, lambda: next(seq))
+    job = TraceJob(sock, target)
+    tracer.add(job)
+    now = 100.0
+    tracer.tick(now)
+    assert sock.sent[-1] == (("10.0.0.2", verbs.ROCE_V2_PORT), 1)  # the RoCE 5-tuple, TTL 1
+    for router in ("10.1.0.1", "10.2.0.1"):  # leaf and spine answer
+        assert tracer.on_icmp(sock.port, _icmp(router, ("10.0.0.2", verbs.ROCE_V2_PORT)), now)
+    # TTL 3 reaches the far leaf... which answers too; TTL 4 reaches the peer's NIC: silence, and TTL 5
+    assert tracer.on_icmp(sock.port, _icmp("10.3.0.1", ("10.0.0.2", verbs.ROCE_V2_PORT)), now)
+    while not job.finished:
+        now += STEP_TIMEOUT + 0.01
+        tracer.tick(now)
+        assert now < 200
+    assert job.fwd == ["10.1.0.1", "10.2.0.1", "10.3.0.1"] and job.fwd_done and job.rev == []
+    assert [ttl for _, ttl in sock.sent] == [1, 2, 3] + [4] * STEP_TRIES + [5] * STEP_TRIES  # no reverse phase
+    assert tracer.take_done() == [job]

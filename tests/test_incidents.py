@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 
 import pytest
 
@@ -84,6 +85,50 @@ def test_open_update_resolve(state):
     assert [e.event for e in m.events(inc.id)] == ["opened", "updated", "resolved"]
     history = m.events(inc.id)
     assert history[0].id < history[1].id < history[2].id and history[2].incident.state == "resolved"
+
+
+def test_retention_deletes_incidents_resolved_before_the_cutoff_with_their_events(state):
+    m = IncidentManager(state, resolve_after=1)
+    [old] = m.apply([finding(element="leaf1:swp1--spine1:swp1")], T0)
+    [old_resolved] = m.apply([], T0 + W)
+    [recent] = m.apply([finding(element="leaf2:swp1--spine1:swp2")], T0 + 5 * W)
+    [_] = m.apply([], T0 + 6 * W)  # resolved at T0 + 6 W
+    [still_open] = m.apply([finding(element="leaf3:swp1--spine1:swp3")], T0 + 7 * W)  # opened long ago, open
+    assert state.prune_incidents(T0 + 3 * W) == 1
+    assert m.get(old.incident.id) is None and m.events(old.incident.id) == []
+    assert m.get(recent.incident.id).state == "resolved" and len(m.events(recent.incident.id)) == 2
+    assert m.get(still_open.incident.id).state == "open"
+    assert state.prune_incidents(T0 + 100 * W) == 1  # the recent one; an open incident is never pruned
+    assert [i.id for i in m.list()] == [still_open.incident.id] and old_resolved.event == "resolved"
+
+
+def test_the_service_prunes_old_incidents_on_schedule(tmp_path):
+    from nms.app.service import Service
+    from tests.helpers import make_config
+
+    cfg = make_config(tmp_path, correlator={"incident_retention": "1h"}, scheduler={"retention_interval": "0.2s"})
+    service = Service(cfg)
+    now = time.time_ns()
+    hours_ago = now - 3 * 3600 * 10**9
+    m = service.incidents
+    [old] = m.apply([finding(element="leaf1:swp1--spine1:swp1")], hours_ago - W)
+    for i in range(cfg.thresholds.resolve_after_clean_windows):  # resolved about 3 h ago
+        m.apply([], hours_ago + i * W)
+    [new] = m.apply([finding(element="leaf2:swp1--spine1:swp2")], now)
+    assert m.get(old.incident.id).state == "resolved"
+
+    async def run():
+        await service.start()
+        await asyncio.sleep(0.8)
+        await service.stop()
+
+    asyncio.run(run())
+    reopened = StateStore(cfg.data_dir / "state.sqlite")
+    assert reopened.get_incident(old.incident.id) is None and reopened.get_incident(new.incident.id).state == "open"
+    reopened.close()
+    runs = service.metrics.registry.get_sample_value("nms_scheduler_job_runs_total",
+                                                     {"job": "incident-retention", "result": "ok"})
+    assert runs and runs >= 1
 
 
 def test_what_counts_as_an_update(state):

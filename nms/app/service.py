@@ -76,6 +76,9 @@ class Service:
         if retention:
             self.scheduler.add_job(self._prune, "interval", seconds=self.config.scheduler.retention_interval,
                                    id="store-retention", args=[retention])
+        if self.config.correlator.incident_retention:
+            self.scheduler.add_job(self._prune_incidents, "interval", seconds=self.config.scheduler.retention_interval,
+                                   id="incident-retention", args=[self.config.correlator.incident_retention])
         if self.config.polling.enabled:
             self.poller.schedule(self.scheduler)
         if self.config.clock.enabled:
@@ -103,6 +106,12 @@ class Service:
         deleted = await self._threaded("store-retention", self.store.prune, time.time_ns() - int(retention_s * 1e9))
         if deleted is not None:
             log.info("retention: deleted %d rows older than %.0f s", deleted, retention_s)
+
+    async def _prune_incidents(self, retention_s: float) -> None:
+        deleted = await self._threaded("incident-retention", self.state.prune_incidents,
+                                       time.time_ns() - int(retention_s * 1e9))
+        if deleted:
+            log.info("incident retention: deleted %d incidents resolved more than %.0f s ago", deleted, retention_s)
 
     async def solve_clock(self) -> None:
         """The clock job: solve the finished slots (nms.app.clock) in a worker thread."""

@@ -221,6 +221,9 @@ class CorrelatorConfig(Strict):
     loss_floor_pct: float = Field(0.1, ge=0, le=100)  # loss this low is background, not a fault
     imbalance_ratio: float = Field(2.0, gt=1)  # parallel uplinks: hot / cold utilization that counts
     imbalance_min_utilization: float = Field(0.5, gt=0, le=1)  # ... and the hot one carries at least this
+    # resolved incidents (with their events) older than this are deleted, checked every
+    # scheduler.retention_interval; 0 keeps them forever
+    incident_retention: Annotated[float, BeforeValidator(parse_duration), Field(ge=0)] = 365 * 86400.0
 
 
 class NotificationSink(Strict):
