@@ -194,11 +194,16 @@ def directed_findings(loss: list[Pick], inflation: list[Pick], index: FabricInde
             alts = [a for a in alts if a != did ^ 1]
             other_rates = view.direction_rates(did ^ 1)
             other_errors = other_rates.get("errors_ps", 0.0) > 0
-            if errors != other_errors:  # error counters (a NIC's, a port's) say which way
+            hot, other_hot = view.congested(rates), view.congested(other_rates)
+            if kind != "congestion" and errors != other_errors:  # error counters (a NIC's, a port's) say which way
                 if other_errors:
                     direction, evidence["rates"] = index.dname(did ^ 1), other_rates
                 errors = True
                 evidence["direction_by"] = "error counters"
+            elif kind == "congestion" and hot != other_hot:  # the switch port's load says which way
+                if other_hot:
+                    direction, evidence["rates"] = index.dname(did ^ 1), other_rates
+                evidence["direction_by"] = "utilization"
             else:
                 direction = None
         if alts:

@@ -236,6 +236,18 @@ def test_host_nic_errors_give_an_access_link_its_direction():
     assert f.evidence["rates"]["errors_ps"] == 12.0 and "corruption" in f.summary
 
 
+def test_utilization_gives_a_congested_access_link_its_direction():
+    run = Run(switch_every=1)
+    directed = run.s.access("host2")[1]  # leaf1 -> host2: the switch port towards the host is busy
+    run.s.queue_us[directed] = 400
+    run.s.util[directed] = 0.97
+    last = run.steps(4)[-1]
+    assert kinds(last) == {("congestion", link_of(directed))}
+    f = last[0]
+    assert f.direction == directed and f.evidence["direction_by"] == "utilization", f.evidence
+    assert f.evidence["rates"]["utilization"] >= 0.9 and directed in f.summary
+
+
 def test_corrupting_link_with_error_counters():
     run = Run(switch_every=1)
     directed = run.s.down_link(1, 2)  # spine1 -> leaf2, errors counted at leaf2's input
