@@ -12,7 +12,9 @@ import threading
 import time
 from email.utils import formatdate
 
+import pytest
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 
 from nms.app.api import create_app
 from nms.app.notify.dispatcher import retry_after_s
@@ -290,3 +292,44 @@ async def test_attempt_cut_by_shutdown_stays_pending_and_resumes(make, rx):
     await second.start()
     [d] = await until(lambda: second.deliveries(state="delivered"))
     assert d.attempts == 1 and len(rx.at("/hook")) == 2  # at least once: the receiver dedups on delivery_id
+
+
+THIRD_PARTY = """
+from nms.app.notify.base import Sink
+
+
+class ChatOpsSink(Sink):
+    kind = "chatops"
+
+    def render(self, event, delivery_id, now_ns):
+        inc = event.incident
+        return self.post({"room": self.config.options["room"], "text": f"[{event.event}] {inc.summary}",
+                          "delivery_id": delivery_id})
+"""
+
+
+async def test_a_third_party_notifier_is_found_by_its_entry_point(make, rx, tmp_path, monkeypatch):
+    """A package that declares an `nms.notifiers` entry point is configured by its kind, with its
+    own options (a real dist-info on sys.path: what `pip install` leaves behind)."""
+    (tmp_path / "nms_chatops.py").write_text(THIRD_PARTY)
+    info = tmp_path / "nms_chatops-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: nms-chatops\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[nms.notifiers]\nchatops = nms_chatops:ChatOpsSink\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sink = {"name": "ops", "kind": "chatops", "url": rx.url("/chat"), "options": {"room": "noc-fabric"}}
+    notifier = make(notifications([sink]))
+    await notifier.start()
+    notifier.submit(event("opened"))
+    [d] = await until(lambda: notifier.deliveries(state="delivered"))
+    [req] = rx.at("/chat")
+    assert req.json() == {"room": "noc-fabric", "text": f"[opened] {incident().summary}", "delivery_id": d.id}
+
+
+def test_an_unknown_notifier_kind_names_the_field_and_what_is_installed():
+    with pytest.raises(ValidationError) as e:
+        notifications([{"name": "x", "kind": "teams", "url": "http://127.0.0.1:9/x"}])
+    text = str(e.value)
+    assert "sinks.0.kind" in text and "no notifier of kind 'teams'" in text and "pagerduty" in text
+    with pytest.raises(ValidationError, match="options are for third-party notifiers"):
+        notifications([{"name": "x", "kind": "webhook", "url": "http://127.0.0.1:9/x", "options": {"a": 1}}])

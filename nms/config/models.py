@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -226,11 +227,15 @@ class CorrelatorConfig(Strict):
     incident_retention: Annotated[float, BeforeValidator(parse_duration), Field(ge=0)] = 365 * 86400.0
 
 
+BUILTIN_NOTIFIERS = ("webhook", "pagerduty", "slack", "alertmanager", "servicenow")
+
+
 class NotificationSink(Strict):
-    """One destination of incident events. `kind` picks the payload (an `nms.notifiers` entry point)."""
+    """One destination of incident events. `kind` picks the payload: a notifier of the
+    `nms.notifiers` entry-point group, built in or a third party's."""
 
     name: Name
-    kind: Literal["webhook", "pagerduty", "slack", "alertmanager", "servicenow"]
+    kind: Name
     url: HttpUrl = Field(repr=False)  # may carry a credential (Slack's path, a query token): not in repr
     secret: SecretStr | None = None  # webhook: HMAC-SHA256 key; pagerduty: routing key; servicenow: password
     username: str | None = None  # servicenow basic auth
@@ -238,9 +243,20 @@ class NotificationSink(Strict):
     kinds: list[str] = []  # only these fault kinds (all when empty)
     timeout: Seconds = 5.0
     verify_tls: bool = True
+    options: dict[str, str | int | float | bool] = {}  # a third-party notifier's own settings
+
+    @field_validator("kind")
+    @classmethod
+    def _installed(cls, v: str) -> str:
+        installed = {ep.name for ep in entry_points(group="nms.notifiers")} | set(BUILTIN_NOTIFIERS)
+        if v not in installed:
+            raise ValueError(f"no notifier of kind {v!r} is installed (installed: {', '.join(sorted(installed))})")
+        return v
 
     @model_validator(mode="after")
     def _needs(self) -> NotificationSink:
+        if self.options and self.kind in BUILTIN_NOTIFIERS:
+            raise ValueError(f"sink {self.name!r}: options are for third-party notifiers; {self.kind} takes none")
         if self.kind == "pagerduty" and self.secret is None:
             raise ValueError(f"sink {self.name!r}: pagerduty needs secret (the Events v2 routing key)")
         if self.kind == "servicenow" and (self.username is None) != (self.secret is None):
