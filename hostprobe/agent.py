@@ -132,7 +132,7 @@ class Agent:
     def run(self) -> None:
         ep = select.epoll()
         handlers = {}
-        pollers = []  # RDMA completion queues: polled every pass (pyverbs of rdma-core <= 50 has no CQ event fd)
+        pollers = []  # RDMA completion queues: polled every pass (Debian 12's pyverbs has no completion channel fd)
         for r in self.responders:
             if isinstance(r.sock, verbs.Endpoint):
                 pollers += [r.on_errqueue, r.on_readable]

@@ -259,8 +259,8 @@ class Prober:
     def on_readable(self, sock: tstamp.StampedSocket) -> None:
         key, clock, stats, inflight, session = self.key, self.clock, self.stats, self.inflight, self.session
         now = time.monotonic()
-        # kernel RX stamps (CLOCK_REALTIME) as monotonic times: a path's silence is measured from when
-        # its last reply arrived, not from when this (batched) pass got to it
+        # RX stamps (CLOCK_REALTIME: the kernel's, or the NIC's mapped to it) as monotonic times: a path's
+        # silence is measured from when its last reply arrived, not from when this (batched) pass got to it
         mono_of_real = now - time.time_ns() / 1e9
         for msg, raw, _addr in sock.receive(key, stats):
             if msg.session != session:

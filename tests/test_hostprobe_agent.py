@@ -65,6 +65,21 @@ class Bed:
                                               str(self.tmp / f"{host}.yaml")], stdout=log, stderr=subprocess.STDOUT,
                                              env=env)
 
+    def start_all(self, wait: float = 20.0) -> None:
+        """The service, then an agent per host; returns once every agent has both peers' paths up."""
+        self.serve()
+        self.t0 = time.time_ns()
+        for host in HOSTS:
+            self.start_agent(host)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                if all(self.status(h)["stats"].get("paths_up") == 2 for h in HOSTS):
+                    return
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.2)
+
     def status(self, host: str) -> dict:
         return json.loads((self.tmp / host / "status.json").read_text())
 
@@ -88,18 +103,7 @@ class Bed:
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
     b = Bed(tmp_path_factory.mktemp("agents"))
-    b.serve()
-    b.t0 = time.time_ns()
-    for host in HOSTS:
-        b.start_agent(host)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            if all(b.status(h)["stats"].get("paths_up") == 2 for h in HOSTS):
-                break
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.2)
+    b.start_all()
     yield b
     b.close()
 

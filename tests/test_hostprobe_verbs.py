@@ -172,18 +172,7 @@ def vbed(tmp_path_factory):
                "fake_h2": {"ipv4": HOSTS["h2"], "wire_port": _free_port(), "offset_ns": -3_000_000_000,
                            "drift_ppm": -45.0}}
     b = VerbsBed(tmp, devices)
-    b.serve()
-    b.t0 = time.time_ns()
-    for host in HOSTS:
-        b.start_agent(host)
-    deadline = time.monotonic() + 25
-    while time.monotonic() < deadline:
-        try:
-            if all(b.status(h)["stats"].get("paths_up") == 2 for h in HOSTS):
-                break
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.2)
+    b.start_all(wait=25)
     time.sleep(3.5)
     yield b
     b.close()

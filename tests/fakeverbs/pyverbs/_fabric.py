@@ -80,6 +80,20 @@ def rdma_error(msg: str, code: int = -1):
 
 
 # -- pyverbs.base look-alikes ------------------------------------------------------------------------
+def c_field(name: str, mask: int | None = None, grh: bool = False) -> property:
+    """A C struct member as pyverbs exposes it: kept in `_<name>`, cut to the member's width on
+    assignment (`mask`); `grh`: an ibv_ah_attr GRH member, which reads None unless is_global."""
+    slot = "_" + name
+
+    def get(self):
+        return None if grh and not self.is_global else getattr(self, slot)
+
+    def put(self, val):
+        setattr(self, slot, val & mask if mask is not None else val)
+
+    return property(get, put)
+
+
 class PyverbsObject:
     """pyverbs.base.PyverbsObject: every pyverbs object has set_log_level."""
 

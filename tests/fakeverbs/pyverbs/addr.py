@@ -65,37 +65,10 @@ class GlobalRoute(_fabric.PyverbsObject):
     def dgid(self, val):
         self._dgid = _gid_str_to_raw(val)
 
-    @property
-    def flow_label(self):
-        return self._flow_label
-
-    @flow_label.setter
-    def flow_label(self, val):
-        self._flow_label = val & 0xFFFFFFFF
-
-    @property
-    def sgid_index(self):
-        return self._sgid_index
-
-    @sgid_index.setter
-    def sgid_index(self, val):
-        self._sgid_index = val & 0xFF
-
-    @property
-    def hop_limit(self):
-        return self._hop_limit
-
-    @hop_limit.setter
-    def hop_limit(self, val):
-        self._hop_limit = val & 0xFF
-
-    @property
-    def traffic_class(self):
-        return self._traffic_class
-
-    @traffic_class.setter
-    def traffic_class(self, val):
-        self._traffic_class = val & 0xFF
+    flow_label = _fabric.c_field('flow_label', 0xFFFFFFFF)
+    sgid_index = _fabric.c_field('sgid_index', 0xFF)
+    hop_limit = _fabric.c_field('hop_limit', 0xFF)
+    traffic_class = _fabric.c_field('traffic_class', 0xFF)
 
     def __str__(self):
         f = '{:22}: {:<20}\n'
@@ -131,41 +104,10 @@ class AHAttr(_fabric.PyverbsObject):
         if self.is_global:
             self._dgid = _gid_str_to_raw(val)
 
-    @property
-    def flow_label(self):
-        if self.is_global:
-            return self._flow_label
-
-    @flow_label.setter
-    def flow_label(self, val):
-        self._flow_label = val & 0xFFFFFFFF
-
-    @property
-    def sgid_index(self):
-        if self.is_global:
-            return self._sgid_index
-
-    @sgid_index.setter
-    def sgid_index(self, val):
-        self._sgid_index = val & 0xFF
-
-    @property
-    def hop_limit(self):
-        if self.is_global:
-            return self._hop_limit
-
-    @hop_limit.setter
-    def hop_limit(self, val):
-        self._hop_limit = val & 0xFF
-
-    @property
-    def traffic_class(self):
-        if self.is_global:
-            return self._traffic_class
-
-    @traffic_class.setter
-    def traffic_class(self, val):
-        self._traffic_class = val & 0xFF
+    flow_label = _fabric.c_field('flow_label', 0xFFFFFFFF, grh=True)
+    sgid_index = _fabric.c_field('sgid_index', 0xFF, grh=True)
+    hop_limit = _fabric.c_field('hop_limit', 0xFF, grh=True)
+    traffic_class = _fabric.c_field('traffic_class', 0xFF, grh=True)
 
     def __str__(self):
         f = '  {:22}: {:<20}\n'

@@ -117,13 +117,7 @@ class CqInitAttrEx(_fabric.PyverbsObject):
 
     cq_context = property(None, _set_cq_context)
 
-    @property
-    def parent_domain(self):
-        return self._parent_domain
-
-    @parent_domain.setter
-    def parent_domain(self, val):
-        self._parent_domain = val
+    parent_domain = _fabric.c_field('parent_domain')
 
     @property
     def comp_channel(self):

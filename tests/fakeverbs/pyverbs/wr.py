@@ -22,29 +22,9 @@ class SGE(_fabric.PyverbsCM):
         mr, off = found
         return bytes(mr._data[off:off + length])
 
-    @property
-    def addr(self):
-        return self._addr
-
-    @addr.setter
-    def addr(self, val):
-        self._addr = val & 0xFFFFFFFFFFFFFFFF
-
-    @property
-    def length(self):
-        return self._length
-
-    @length.setter
-    def length(self, val):
-        self._length = val & 0xFFFFFFFF
-
-    @property
-    def lkey(self):
-        return self._lkey
-
-    @lkey.setter
-    def lkey(self, val):
-        self._lkey = val & 0xFFFFFFFF
+    addr = _fabric.c_field('addr', 0xFFFFFFFFFFFFFFFF)
+    length = _fabric.c_field('length', 0xFFFFFFFF)
+    lkey = _fabric.c_field('lkey', 0xFFFFFFFF)
 
     def __str__(self):
         f = '{:22}: {:<20}\n'
@@ -84,21 +64,8 @@ class RecvWR(_fabric.PyverbsCM):
             raise TypeError("Argument 'val' has incorrect type")
         self._next = val
 
-    @property
-    def wr_id(self):
-        return self._wr_id
-
-    @wr_id.setter
-    def wr_id(self, val):
-        self._wr_id = val & 0xFFFFFFFFFFFFFFFF
-
-    @property
-    def num_sge(self):
-        return self._num_sge
-
-    @num_sge.setter
-    def num_sge(self, val):
-        self._num_sge = val
+    wr_id = _fabric.c_field('wr_id', 0xFFFFFFFFFFFFFFFF)
+    num_sge = _fabric.c_field('num_sge')
 
 
 class SendWR(_fabric.PyverbsCM):
@@ -139,45 +106,11 @@ class SendWR(_fabric.PyverbsCM):
             raise TypeError("Argument 'val' has incorrect type")
         self._next = val
 
-    @property
-    def wr_id(self):
-        return self._wr_id
-
-    @wr_id.setter
-    def wr_id(self, val):
-        self._wr_id = val & 0xFFFFFFFFFFFFFFFF
-
-    @property
-    def num_sge(self):
-        return self._num_sge
-
-    @num_sge.setter
-    def num_sge(self, val):
-        self._num_sge = val
-
-    @property
-    def imm_data(self):
-        return self._imm_data
-
-    @imm_data.setter
-    def imm_data(self, val):
-        self._imm_data = val & 0xFFFFFFFF
-
-    @property
-    def opcode(self):
-        return self._opcode
-
-    @opcode.setter
-    def opcode(self, val):
-        self._opcode = val
-
-    @property
-    def send_flags(self):
-        return self._send_flags
-
-    @send_flags.setter
-    def send_flags(self, val):
-        self._send_flags = val
+    wr_id = _fabric.c_field('wr_id', 0xFFFFFFFFFFFFFFFF)
+    num_sge = _fabric.c_field('num_sge')
+    imm_data = _fabric.c_field('imm_data', 0xFFFFFFFF)
+    opcode = _fabric.c_field('opcode')
+    send_flags = _fabric.c_field('send_flags')
 
     def _set_sg_list(self, val):
         """Real pyverbs: a setter-only property pointing the WR's scatter list at one SGE."""
