@@ -66,6 +66,57 @@ def test_service_schedules_retention(tmp_path):
     assert text and text >= 1
 
 
+def test_concurrent_batches_are_written_together_with_their_own_results(tmp_path):
+    """Group commit: batches that wait while a write runs are written in one statement, and each
+    caller still gets its own accepted count and rejections (with its own indices)."""
+    store = EmbeddedStore(tmp_path / "t.duckdb")
+    store.write([Point("g", {"w": "seed"}, {"x": 1.0, "s": "a"}, T0)])  # x is a float, s a string
+    start = threading.Barrier(12)
+    results: dict[int, object] = {}
+
+    def writer(n: int) -> None:
+        start.wait()
+        for r in range(10):
+            batch = [Point("g", {"w": str(n)}, {"x": float(r), "s": "ok"}, T0 + r * 100 + j) for j in range(20)]
+            batch[n] = Point("g", {"w": str(n)}, {"x": "not a float"}, T0 + r * 100 + n)  # a type conflict at n
+            results[(n, r)] = store.write(batch)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for (n, r), res in results.items():
+        assert res.accepted == 19 and [i for i, _ in res.rejected] == [n], (n, r, res)
+        assert "type conflict" in res.rejected[0][1]
+    stats = store.stats()
+    assert stats["write_calls"] == 121 and stats["points_written"] == 1 + 120 * 19
+    assert stats["group_writes"] < 121  # some of the 12 concurrent writers' batches went in together
+    series = store.query(Query(measurement="g", start=T0, end=T0 + 10**6))
+    assert sorted(len(s.values) for s in series) == [1] + [190] * 12
+    store.close()
+
+
+def test_a_failed_group_write_fails_every_caller_in_it(tmp_path):
+    store = EmbeddedStore(tmp_path / "t.duckdb")
+    store.write([Point("g", {}, {"x": 1.0}, T0)])
+    store._con.execute(f"DROP TABLE {store._tables['g'].table}")  # the write statement will fail
+    errors = []
+
+    def writer(n: int) -> None:
+        try:
+            store.write([Point("g", {}, {"x": float(n)}, T0 + n)])
+        except Exception as e:
+            errors.append(type(e).__name__)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == ["StoreError"] * 6
+
+
 def test_concurrent_writers_lose_nothing(tmp_path):
     store = EmbeddedStore(tmp_path / "t.duckdb")
 
