@@ -309,9 +309,8 @@ class Agent:
         self.reporter.stop()
         self.prober.close()
         for r in self.responders:
-            if not isinstance(r.sock, verbs.Endpoint):
-                r.close()
-        for dev in self.verbs_devices.values():  # its endpoints too
+            r.close()
+        for dev in self.verbs_devices.values():  # its endpoints too (closing twice is harmless in pyverbs)
             dev.close()
         self.links.close()
 

@@ -31,7 +31,7 @@ def detect_verbs() -> tuple[list[str], str]:
     except Exception as e:  # a broken rdma-core install raises all sorts of errors on import
         return [], f"pyverbs failed to load: {e}"
     try:
-        devices = [d.name.decode() if isinstance(d.name, bytes) else str(d.name) for d in device.get_device_list()]
+        devices = verbs.device_names(device)
     except Exception as e:  # pyverbs raises when the kernel has no RDMA device at all
         return [], f"pyverbs cannot list RDMA devices: {e}"
     return devices, "" if devices else "no RDMA device found"

@@ -29,6 +29,8 @@ from collections import OrderedDict, deque
 from collections.abc import Iterator
 from types import SimpleNamespace
 
+import numpy as np
+
 from hostprobe import tstamp, wire
 
 log = logging.getLogger(__name__)
@@ -81,6 +83,11 @@ def _ipv4_of_grh(grh: bytes) -> str | None:
         return ".".join(str(b) for b in grh[32:36])
     sgid = ipaddress.IPv6Address(bytes(grh[8:24]))
     return str(sgid.ipv4_mapped) if sgid.ipv4_mapped else None
+
+
+def device_names(device_module) -> list[str]:
+    """Names of the RDMA devices (pyverbs gives bytes); pyverbs raises when the kernel has none."""
+    return [d.name.decode() if isinstance(d.name, bytes) else str(d.name) for d in device_module.get_device_list()]
 
 
 def load_pyverbs() -> SimpleNamespace:
@@ -158,16 +165,12 @@ class HcaClock:
         self.samples.append((cycles, real))
         self.ref_cycles, ref_real = cycles, real
         if real - self.samples[0][1] >= CALIBRATION_MIN_SPAN_NS:  # a shorter span gives a noise-dominated rate
-            xs = [self._delta(c) for c, _ in self.samples]
-            ys = [r - ref_real for _, r in self.samples]
-            n = len(xs)
-            mx, my = sum(xs) / n, sum(ys) / n
-            sxx = sum((x - mx) ** 2 for x in xs)
-            if sxx > 0:
-                self.rate = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-                self.ref_ns = int(ref_real + (my - self.rate * mx))  # the line's value at ref_cycles
-                return
-        self.rate, self.ref_ns = self.nominal, real
+            # relative to the newest sample, so the line's intercept is its value at ref_cycles
+            rate, at_ref = np.polyfit([self._delta(c) for c, _ in self.samples],
+                                      [r - ref_real for _, r in self.samples], 1)
+            self.rate, self.ref_ns = float(rate), ref_real + int(at_ref)
+        else:
+            self.rate, self.ref_ns = self.nominal, real
 
     def tick(self, now_mono: float) -> None:
         if now_mono >= self.next_at:
@@ -186,7 +189,7 @@ class VerbsDevice:
         E = pv.E
         want = mapped_gid(ipv4)
         try:
-            names = [d.name.decode() if isinstance(d.name, bytes) else str(d.name) for d in pv.device.get_device_list()]
+            names = device_names(pv.device)
         except pv.PyverbsError as e:
             raise VerbsError(f"cannot list RDMA devices: {e}") from None
         for name in names:
