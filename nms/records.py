@@ -15,9 +15,9 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from nms.store.base import INT64_MAX, Point
+from nms.store.base import INT64_MAX, MAX_TIMESTAMP_NS, UINT64_MAX, FieldType, Point, declare_fields
 
-U64_MAX = (1 << 64) - 1
+U64_MAX = UINT64_MAX
 
 
 def _to_ns(value: Any) -> Any:
@@ -39,7 +39,7 @@ def _to_ns(value: Any) -> Any:
     return value
 
 
-TimestampNs = Annotated[int, BeforeValidator(_to_ns), Field(ge=0, le=INT64_MAX)]
+TimestampNs = Annotated[int, BeforeValidator(_to_ns), Field(ge=0, le=MAX_TIMESTAMP_NS)]
 Counter = Annotated[int, Field(ge=0, le=U64_MAX)]
 Ident = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\\]+$")]
 OperStatus = Literal["up", "down", "testing", "unknown", "dormant", "notPresent", "lowerLayerDown"]
@@ -50,9 +50,21 @@ class Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
+def _stored_type(prop: dict[str, Any]) -> FieldType:
+    """The store type of one attribute, from its JSON schema: a Counter (integer up to 2^64-1) is
+    unsigned, whatever value it holds."""
+    options = [o for o in prop.get("anyOf", [prop]) if o.get("type") != "null"]
+    [option] = options  # one type per attribute: a union of two would make the stored type value-dependent
+    kind = option.get("type", "string" if "enum" in option or "const" in option else None)
+    if kind == "integer":
+        return "unsigned" if option.get("maximum", 0) > INT64_MAX else "integer"
+    return {"number": "float", "boolean": "boolean", "string": "string"}[kind]
+
+
 class TelemetryRecord(Record):
     """A record stored as one point: `measurement`, the attributes named in `tag_keys` as tags,
-    the other non-null attributes as fields, `time_attr` as the timestamp."""
+    the other non-null attributes as fields, `time_attr` as the timestamp. Each field's stored type
+    is declared to the store from the attribute's type (nms.store.base.declare_fields)."""
 
     measurement: ClassVar[str]
     tag_keys: ClassVar[tuple[str, ...]]
@@ -64,15 +76,14 @@ class TelemetryRecord(Record):
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
         cls._value_keys = tuple(k for k in cls.model_fields if k not in cls.tag_keys and k != cls.time_attr)
+        if "measurement" in cls.__dict__:
+            props = cls.model_json_schema()["properties"]
+            declare_fields(cls.measurement, {k: _stored_type(props[k]) for k in cls._value_keys})
 
     def to_point(self) -> Point:
         data = self.__dict__
         tags = {k: data[k] for k in self.tag_keys if data[k] is not None}
         fields = {k: v for k in self._value_keys if (v := data[k]) is not None}
-        for key, value in fields.items():
-            # InfluxDB has no unsigned integers: counters past 2^63 are kept as floats.
-            if value.__class__ is int and value > INT64_MAX:
-                fields[key] = float(value)
         return Point(self.measurement, tags, fields, data[self.time_attr])
 
 

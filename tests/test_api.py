@@ -34,6 +34,8 @@ ENDPOINTS = [
     ("GET", "/telemetry/latest?measurement=port_counters", None, "read"),
     ("POST", "/jobs", {"id": "j1", "hosts": ["h1"], "start": T0}, "ingest"),
     ("GET", "/jobs", None, "read"),
+    ("GET", "/store", None, "read"),
+    ("POST", "/store/quarantine/replay", None, "admin"),
 ]
 
 
@@ -74,6 +76,17 @@ def test_partial_batch_keeps_good_items(client):
     q = client.post("/telemetry/query", json={"measurement": "port_counters", "start": T0, "end": T0 + 10,
                                               "fields": ["in_octets"]}, headers=auth("read")).json()
     assert q["series"][0]["values"] == [[T0, 10], [T0 + 2, 12]]
+
+
+def test_counters_past_2_63_come_back_exact(client):
+    items = [{**SAMPLE, "ts": T0 + i, "in_octets": v} for i, v in enumerate([2**64 - 1, 2**63, 12345])]
+    assert client.post("/ingest/port_samples", json={"items": items}, headers=auth("ingest")).json()["accepted"] == 3
+    q = client.post("/telemetry/query", headers=auth("read"), json={
+        "measurement": "port_counters", "start": T0, "end": T0 + 10, "fields": ["in_octets"]})
+    assert '"values":[[1700000000000000000,18446744073709551615],[1700000000000000001,9223372036854775808],' \
+           '[1700000000000000002,12345]]' in q.text  # as text: no float on the way
+    state = client.get("/store", headers=auth("read")).json()
+    assert state["backend"] == "embedded" and state["quarantined"] == [] and state["health"]["ok"]
 
 
 def test_store_level_rejection_is_reported_per_item(client):

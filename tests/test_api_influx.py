@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import uuid
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from nms.app.api import create_app
+from nms.app.cli import store as store_cli
 from nms.app.service import Service
 from tests.helpers import auth, make_config
 
@@ -67,3 +69,59 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_the_issue_through_the_api_counter_past_2_63_then_an_ordinary_one(influxd, tmp_path):
+    """POST /ingest/port_samples with in_octets 2^64-1 among ordinary values, then 12345: both
+    stored and read back exactly through /telemetry/query; /store shows an empty quarantine."""
+    service = _service(tmp_path, influxd.url)
+    with TestClient(create_app(service)) as client:
+        first = [{"device": "leaf1", "port": "swp1", "ts": T0 + i, "in_octets": v}
+                 for i, v in enumerate([18446744073709551615, 5, 2**63])]
+        r = client.post("/ingest/port_samples", json={"items": first}, headers=auth("ingest"))
+        assert r.json() == {"accepted": 3, "rejected": []}
+        r = client.post("/ingest/port_samples", headers=auth("ingest"),
+                        json={"items": [{"device": "leaf1", "port": "swp1", "ts": T0 + 10, "in_octets": 12345}]})
+        assert r.json() == {"accepted": 1, "rejected": []}
+        assert service.store.flush(timeout=10)
+        q = client.post("/telemetry/query", headers=auth("read"), json={
+            "measurement": "port_counters", "start": T0, "end": T0 + 20, "fields": ["in_octets"]})
+        # Compared as text: a JSON number past 2^53 must not have gone through a float anywhere.
+        assert '"values":[[1700000000000000000,18446744073709551615],[1700000000000000001,5],' \
+               '[1700000000000000002,9223372036854775808],[1700000000000000010,12345]]' in q.text
+        state = client.get("/store", headers=auth("read")).json()
+        assert state["backend"] == "influxdb" and state["quarantined"] == []
+        assert state["health"]["quarantine"]["points"] == 0 and state["stats"]["points_written"] == 4
+        assert client.post("/store/quarantine/replay", headers=auth("read")).status_code == 403
+        assert client.post("/store/quarantine/replay", headers=auth("admin")).json() == {"replayed": 0}
+
+
+def test_points_influxdb_refuses_are_quarantined_and_shown(influxd, tmp_path):
+    """A field another writer made a float in this shard: the service's points of it are quarantined
+    (the rest land), /store and /metrics and `nms store status` show them, replay sends them again."""
+    service = _service(tmp_path, influxd.url)
+    db = service.store.cfg.database
+    with TestClient(create_app(service)) as client:
+        influxd.query(f'CREATE DATABASE "{db}"', db=db)
+        r = httpx.post(f"{influxd.url}/write", params={"db": db},
+                       content=f"port_counters,device=old,port=p in_octets=1.5 {T0 - 1}".encode())
+        assert r.status_code == 204
+        items = [{"device": "leaf1", "port": "swp1", "ts": T0 + i, "in_octets": i, "out_octets": i} for i in range(4)]
+        items += [{"device": "leaf1", "port": "swp2", "ts": T0 + i, "out_octets": i} for i in range(4)]
+        assert client.post("/ingest/port_samples", json={"items": items}, headers=auth("ingest")).json()["accepted"] == 8
+        assert service.store.flush(timeout=10)
+        state = client.get("/store", params={"limit": 2}, headers=auth("read")).json()
+        assert state["stats"]["quarantine_points"] == 4 and state["stats"]["points_written"] == 4
+        assert len(state["quarantined"]) == 2
+        assert "field 'in_octets' of measurement 'port_counters' is integer but InfluxDB stores it as float" \
+            in state["quarantined"][0]["reason"]
+        metrics = client.get("/metrics", headers=auth("read")).text
+        assert 'nms_store_quarantine_points{backend="influxdb"} 4.0' in metrics
+        with store_cli.console.capture() as shown:
+            store_cli._print(state)
+        assert "quarantine: 4 points" in shown.get() and "nms store replay" in shown.get()
+
+        # Still refused: the points come back to the quarantine, none is lost.
+        assert client.post("/store/quarantine/replay", headers=auth("admin")).json() == {"replayed": 4}
+        assert service.store.drain(10)
+        assert client.get("/store", headers=auth("read")).json()["stats"]["quarantine_points"] == 4

@@ -104,6 +104,10 @@ def test_cli_against_running_service(server, tmp_path):
     version = nms("version", "--url", url, url=url)
     assert version.returncode == 0 and "store embedded" in version.stdout
 
+    store = nms("store", "status", url=url)
+    assert store.returncode == 0 and "store embedded: ok" in store.stdout and "measurements" in store.stdout
+    assert nms("store", "replay", token=READ_TOKEN, url=url).returncode == 1  # admin only
+
 
 def test_cli_errors_are_clear_and_nonzero(server):
     url = server["url"]

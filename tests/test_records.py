@@ -6,6 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from nms.records import Job, PortSample, ProbeWindow
+from nms.store.base import declared_fields
 
 T0 = 1_700_000_000 * 10**9
 
@@ -17,10 +18,12 @@ def test_port_sample_to_point_tags_fields_and_time():
     assert p.fields == {"in_octets": 5, "oper_status": "up"}  # None fields are left out
 
 
-def test_counters_beyond_int64_become_floats_not_errors():
+def test_counters_keep_every_bit_up_to_2_64_minus_1():
     big = (1 << 64) - 1
     p = PortSample(device="d", port="p", ts=T0, in_octets=big).to_point()
-    assert p.fields["in_octets"] == float(big)
+    assert p.fields["in_octets"] == big and type(p.fields["in_octets"]) is int
+    assert declared_fields("port_counters")["in_octets"] == "unsigned"
+    assert declared_fields("port_counters")["mtu"] == "integer"
     with pytest.raises(ValidationError):
         PortSample(device="d", port="p", ts=T0, in_octets=big + 1)
 

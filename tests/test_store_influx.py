@@ -431,7 +431,7 @@ def test_outage_loses_nothing_and_duplicates_nothing(own_influxd, tmp_path):
 
 class FlakyProxy:
     """An HTTP proxy in front of influxd whose /write answers can be made to fail:
-    mode "503" (server error), "slow" (forwards, then answers after the client gave up), "400"."""
+    mode "503" (server error), "slow" (forwards, then answers after the client gave up)."""
 
     def __init__(self, target: str) -> None:
         self.mode = "pass"
@@ -457,9 +457,6 @@ class FlakyProxy:
                 mode = proxy.mode if self.path.startswith("/write") else "pass"
                 if mode == "503":
                     return self._answer(503, b'{"error":"overloaded"}')
-                if mode == "400":
-                    return self._answer(400, b'{"error":"partial write: field type conflict: input field '
-                                             b'\\"v\\" is type float, already exists as type integer dropped=3"}')
                 keep = {k: v for k, v in self.headers.items()
                         if k.lower() in ("content-type", "content-encoding", "authorization")}
                 r = upstream.request(self.command, self.path, content=body, headers=keep)
@@ -508,21 +505,6 @@ def test_server_errors_and_timeouts_lose_and_duplicate_nothing(flaky, influxd, t
         written = writer.finish()
     assert_exactly_once(store, influxd, written)
     store.close()
-
-
-def test_refused_points_are_counted_not_retried(flaky, tmp_path):
-    store = make_store(flaky.url, tmp_path)
-    try:
-        assert store.flush(5)
-        flaky.mode = "400"
-        store.write([Point("dr", {}, {"v": float(i)}, T0 + i) for i in range(10)])
-        assert store.flush(5)
-        stats = store.stats()
-        assert stats["points_dropped"] == 3 and stats["points_written"] == 7
-        assert stats["spool_segments"] == 0 and stats["write_errors"] == 1
-        assert store.health()["dropped_by_reason"] == {"field type conflict": 3}
-    finally:
-        store.close()
 
 
 def test_store_starts_while_influxd_is_down_and_creates_the_database_later(own_influxd, tmp_path):

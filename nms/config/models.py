@@ -86,6 +86,8 @@ class InfluxStoreConfig(Strict):
     gzip: bool = True
     spool_dir: Path | None = None  # default: <data_dir>/spool
     spool_max_bytes: ByteSize = 1 << 30
+    # Points InfluxDB refused for good (type conflict, beyond retention), kept in the spool directory.
+    quarantine_max_bytes: ByteSize = 256 << 20
     verify_tls: bool = True
 
     @model_validator(mode="after")

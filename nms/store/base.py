@@ -5,6 +5,11 @@ string tags (identifiers), typed fields (numbers, booleans, strings) and a nanos
 A series is a measurement plus one tag set. Writing a point whose series and timestamp already
 exist merges its fields into the stored point (InfluxDB semantics), so replaying a batch never
 duplicates data.
+
+Field types: a field's stored type is fixed by its first write, for ever. Fields of the record
+types are *declared* (nms.records declares them through `declare_fields`), so their type never
+depends on a value: an unsigned 64-bit counter stays an integer at 2^64-1, a float field given an
+integer stores a float. Undeclared fields (generic points) take the type of their first value.
 """
 
 from __future__ import annotations
@@ -13,13 +18,18 @@ import math
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 FieldValue = Union[bool, int, float, str]
+FieldType = Literal["float", "integer", "unsigned", "boolean", "string"]
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+UINT64_MAX = (1 << 64) - 1
+# InfluxDB refuses math.MaxInt64 itself as a timestamp ("time outside range"): one below is the last.
+MAX_TIMESTAMP_NS = INT64_MAX - 1
 MAX_NAME_LEN = 256
 MAX_STRING_FIELD = 64 * 1024  # InfluxDB's limit for a string field
 # Names and tag values cannot end in a backslash or hold one before ',', ' ' or '=':
@@ -125,8 +135,59 @@ def _check_name(kind: str, name: object) -> str | None:
     return None
 
 
+_DECLARED: dict[str, dict[str, FieldType]] = {}
+
+
+def declare_fields(measurement: str, types: Mapping[str, FieldType]) -> None:
+    """Fix the stored types of a measurement's fields (the record types do this on definition)."""
+    bad = {k: t for k, t in types.items() if t not in _CHECKS}
+    if bad:
+        raise ValueError(f"unknown field types for {measurement!r}: {bad}")
+    _DECLARED.setdefault(measurement, {}).update(types)
+
+
+def declared_fields(measurement: str) -> Mapping[str, FieldType]:
+    """Declared field -> type of a measurement (empty when none are declared)."""
+    return _DECLARED.get(measurement, {})
+
+
+def _check_float(key: str, value: object) -> str | None:
+    if value.__class__ is not float:
+        return f"field {key!r} is declared float, got {type(value).__name__}"
+    if not math.isfinite(value):
+        return f"field {key!r}: NaN and infinity cannot be stored"
+    return None
+
+
+def _check_int(key: str, value: object, low: int, high: int, declared: str) -> str | None:
+    if value.__class__ is not int:
+        return f"field {key!r} is declared {declared}, got {type(value).__name__}"
+    if not low <= value <= high:
+        return f"field {key!r}: {value} is outside the {declared} 64-bit range"
+    return None
+
+
+_CHECKS = {
+    "float": _check_float,
+    "integer": lambda k, v: _check_int(k, v, INT64_MIN, INT64_MAX, "integer"),
+    "unsigned": lambda k, v: _check_int(k, v, 0, UINT64_MAX, "unsigned"),
+    "boolean": lambda k, v: None if v.__class__ is bool else f"field {k!r} is declared boolean, got {type(v).__name__}",
+    "string": lambda k, v: (f"field {k!r} is declared string, got {type(v).__name__}" if v.__class__ is not str
+                            else _check_string(k, v)),
+}
+
+
+def _check_string(key: str, value: str) -> str | None:
+    if len(value) > MAX_STRING_FIELD // 4 and len(value.encode()) > MAX_STRING_FIELD:
+        return f"field {key!r}: string longer than 64 KiB"
+    return None
+
+
 def validate_point(p: Point) -> str | None:
-    """Return why a point cannot be stored, or None. Shared by all backends."""
+    """Return why a point cannot be stored, or None. Shared by all backends.
+
+    A declared float field given an integer is converted to a float in place (the declared type
+    wins), so that an integer-valued rate can never turn a float field into an integer one."""
     if (err := _check_name("measurement", p.measurement)) is not None:
         return err
     if p.measurement.startswith("_"):
@@ -135,8 +196,8 @@ def validate_point(p: Point) -> str | None:
         return f"measurement {p.measurement!r} starts with '#' (a comment in line protocol)"
     if '\\"' in p.measurement:  # InfluxDB 1.x stores it under two different names
         return f"measurement {p.measurement!r} has a backslash before '\"' (not storable in InfluxDB)"
-    if not isinstance(p.ts, int) or isinstance(p.ts, bool) or not (0 <= p.ts <= INT64_MAX):
-        return "timestamp must be an integer number of nanoseconds since the epoch (>= 0)"
+    if not isinstance(p.ts, int) or isinstance(p.ts, bool) or not (0 <= p.ts <= MAX_TIMESTAMP_NS):
+        return f"timestamp must be an integer number of nanoseconds since the epoch, 0 to {MAX_TIMESTAMP_NS}"
     for key, value in p.tags.items():
         if (err := _check_name("tag key", key)) is not None:
             return err
@@ -148,6 +209,7 @@ def validate_point(p: Point) -> str | None:
             return err
     if not p.fields:
         return "a point needs at least one field"
+    declared = _DECLARED.get(p.measurement, {})
     for key, value in p.fields.items():
         if (err := _check_name("field key", key)) is not None:
             return err
@@ -155,6 +217,12 @@ def validate_point(p: Point) -> str | None:
             return "field key 'time' is reserved"
         if key in p.tags:
             return f"{key!r} is both a tag and a field"
+        if (typ := declared.get(key)) is not None:
+            if typ == "float" and value.__class__ is int:
+                p.fields[key] = value = float(value)
+            if (err := _CHECKS[typ](key, value)) is not None:
+                return err
+            continue
         if isinstance(value, bool):
             continue
         if isinstance(value, int):
@@ -164,8 +232,8 @@ def validate_point(p: Point) -> str | None:
             if not math.isfinite(value):
                 return f"field {key!r}: NaN and infinity cannot be stored"
         elif isinstance(value, str):
-            if len(value.encode()) > MAX_STRING_FIELD:
-                return f"field {key!r}: string longer than 64 KiB"
+            if (err := _check_string(key, value)) is not None:
+                return err
         else:
             return f"field {key!r}: unsupported type {type(value).__name__}"
     return None
@@ -174,8 +242,16 @@ def validate_point(p: Point) -> str | None:
 _TYPE_NAMES = {bool: "boolean", int: "integer", float: "float", str: "string"}
 
 
-def field_type(value: FieldValue) -> str:
-    """The store-level type name of a field value: float, integer, boolean or string."""
+def type_conflict(measurement: str, key: str, got: str, stored: str, store: str = "the store") -> str:
+    """The one wording of a field type conflict, whichever store found it."""
+    return f"field {key!r} of measurement {measurement!r} is {got} but {store} stores it as {stored} (type conflict)"
+
+
+def field_type(measurement: str, key: str, value: FieldValue) -> FieldType:
+    """The stored type of a (valid) field: its declared type, else the type of its value."""
+    declared = _DECLARED.get(measurement)
+    if declared is not None and (typ := declared.get(key)) is not None:
+        return typ
     return _TYPE_NAMES[value.__class__]
 
 
@@ -214,4 +290,13 @@ class TimeSeriesStore(ABC):
 
     def prune(self, older_than_ns: int) -> int:
         """Delete data older than the given time; return rows deleted (backends with own retention: 0)."""
+        return 0
+
+    def quarantined(self, limit: int = 100) -> list[dict]:
+        """The newest points the backend refused for good after accepting them ({ts, reason, line}).
+        Backends that judge every point at write() (the embedded store) have none."""
+        return []
+
+    def replay_quarantine(self) -> int:
+        """Send the quarantined points again (after the operator fixed the cause); return how many."""
         return 0

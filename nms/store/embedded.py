@@ -11,6 +11,11 @@ their reports in bursts (every agent's windows close at the same moments), so th
 wait while one write runs are written together by the next writer, each caller still getting its
 own result (or the error). Merging keeps the sequential outcome: later points win, the first
 type seen of a field wins.
+
+Declared fields (nms.store.base.declare_fields) get their declared column type: counters are
+UBIGINT, exact up to 2^64-1. A column an earlier version created with another type (a counter as
+BIGINT, or as DOUBLE after a value past 2^63) is converted to the declared type the first time its
+measurement is used.
 """
 
 from __future__ import annotations
@@ -29,9 +34,11 @@ from nms.store.base import (
     Point,
     Query,
     Series,
+    type_conflict,
     StoreError,
     TimeSeriesStore,
     WriteResult,
+    declared_fields,
     field_type,
     validate_point,
 )
@@ -41,8 +48,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_SQL_TYPES = {"float": "DOUBLE", "integer": "BIGINT", "boolean": "BOOLEAN", "string": "VARCHAR"}
-_ARROW_TYPES = {"float": pa.float64(), "integer": pa.int64(), "boolean": pa.bool_(), "string": pa.string()}
+_SQL_TYPES = {"float": "DOUBLE", "integer": "BIGINT", "unsigned": "UBIGINT", "boolean": "BOOLEAN",
+              "string": "VARCHAR"}
+_ARROW_TYPES = {"float": pa.float64(), "integer": pa.int64(), "unsigned": pa.uint64(), "boolean": pa.bool_(),
+                "string": pa.string()}
+# Column conversions to a declared type: (stored, declared) -> SQL expression of the old column {c}.
+# A DOUBLE that held a counter past 2^63 may have rounded up to 2^64: that is 2^64-1.
+_CONVERSIONS = {
+    ("integer", "unsigned"): "TRY_CAST({c} AS UBIGINT)",
+    ("float", "unsigned"): ("CASE WHEN {c} >= 18446744073709551615.0 THEN 18446744073709551615::UBIGINT "
+                            "ELSE TRY_CAST(round({c}) AS UBIGINT) END"),
+    ("integer", "float"): "CAST({c} AS DOUBLE)",
+    ("float", "integer"): "TRY_CAST(round({c}) AS BIGINT)",
+}
 _AGG_SQL = {"mean": "avg", "min": "min", "max": "max", "sum": "sum", "count": "count",
             "first": "arg_min({c}, time)", "last": "arg_max({c}, time)"}
 
@@ -59,7 +77,8 @@ class _Table:
         self.table = table
         self.tag_cols: dict[str, str] = {}  # tag key -> column
         self.field_cols: dict[str, str] = {}  # field key -> column
-        self.field_types: dict[str, str] = {}  # field key -> float/integer/boolean/string
+        self.field_types: dict[str, str] = {}  # field key -> float/integer/unsigned/boolean/string
+        self.reconciled = False  # columns checked against the declared types
 
 
 class _Pending:
@@ -114,7 +133,41 @@ class EmbeddedStore(TimeSeriesStore):
                 f'CREATE TABLE {entry.table} (time BIGINT NOT NULL, sk UBIGINT NOT NULL, PRIMARY KEY (sk, time))')
             self._con.execute("INSERT INTO _measurements VALUES (?, ?)", [measurement, entry.table])
             self._tables[measurement] = entry
+        self._reconcile(measurement, entry)
         return entry
+
+    def _known(self, measurement: str) -> _Table | None:
+        """The catalog entry of an existing measurement, its columns of the declared types."""
+        entry = self._tables.get(measurement)
+        if entry is not None:
+            self._reconcile(measurement, entry)
+        return entry
+
+    def _reconcile(self, measurement: str, entry: _Table) -> None:
+        """Convert columns stored with another type than the one now declared (once per open)."""
+        if entry.reconciled:
+            return
+        entry.reconciled = True
+        for key, declared in declared_fields(measurement).items():
+            stored = entry.field_types.get(key)
+            if stored is None or stored == declared:
+                continue
+            conversion = _CONVERSIONS.get((stored, declared))
+            if conversion is None:
+                log.error("field %r of %r is stored as %s but declared %s: its writes are refused until the "
+                          "column is dropped", key, measurement, stored, declared)
+                continue
+            col = entry.field_cols[key]
+            lost = self._con.execute(
+                f"SELECT count(*) FROM {entry.table} WHERE {col} IS NOT NULL AND ({conversion.format(c=col)}) IS NULL"
+            ).fetchone()[0]
+            self._con.execute(f"ALTER TABLE {entry.table} ALTER {col} TYPE {_SQL_TYPES[declared]} "
+                              f"USING ({conversion.format(c=col)})")
+            self._con.execute("UPDATE _columns SET type = ? WHERE tbl = ? AND kind = 'f' AND key = ?",
+                              [declared, entry.table, key])
+            entry.field_types[key] = declared
+            log.warning("field %r of %r converted from %s to its declared type %s%s", key, measurement, stored,
+                        declared, f" ({lost} values out of range became null)" if lost else "")
 
     def _add_column(self, entry: _Table, kind: str, key: str, typ: str) -> str:
         col = f"c{len(entry.tag_cols) + len(entry.field_cols)}"
@@ -179,11 +232,11 @@ class EmbeddedStore(TimeSeriesStore):
         known_types = entry.field_types
         for result, i, p in items:
             conflict = None
-            types = {key: field_type(value) for key, value in p.fields.items()}
+            types = {key: field_type(measurement, key, value) for key, value in p.fields.items()}
             for key, typ in types.items():
                 known = known_types.get(key) or batch_types.get(key)
                 if known is not None and known != typ:
-                    conflict = f"field {key!r} is {typ} but the measurement stores it as {known} (type conflict)"
+                    conflict = type_conflict(measurement, key, typ, known)
                     break
             if conflict:
                 result.rejected.append((i, conflict))
@@ -256,7 +309,7 @@ class EmbeddedStore(TimeSeriesStore):
 
     def query(self, q: Query) -> list[Series]:
         with self._lock:
-            entry = self._tables.get(q.measurement)
+            entry = self._known(q.measurement)
             if entry is None:
                 return []
             where = self._where(entry, q.tags)
@@ -307,7 +360,7 @@ class EmbeddedStore(TimeSeriesStore):
     def latest(self, measurement: str, tags: dict[str, list[str]] | None = None,
                fields: list[str] | None = None) -> list[Series]:
         with self._lock:
-            entry = self._tables.get(measurement)
+            entry = self._known(measurement)
             if entry is None:
                 return []
             where = self._where(entry, tags or {})

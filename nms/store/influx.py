@@ -10,6 +10,16 @@ sender thread does all network writes, which keeps ordering simple:
   a lost acknowledgement cannot duplicate data.
 The bytes not yet in InfluxDB (spool + buffer + batch in flight) never exceed spool_max_bytes:
 beyond that write() raises StoreUnavailable and keeps nothing of the batch.
+
+A batch InfluxDB refuses for good (HTTP 400: a field type conflict, a point beyond retention)
+never takes the rest down with it: the points the server names (or, failing that, the ones found
+by re-sending halves, which is harmless since a re-sent point overwrites itself) go to the
+quarantine with the server's reason, and the others are stored.
+
+Declared unsigned fields (counters) are written as unsigned integers where the server has them
+(found at start by a write it must refuse either way, so nothing is written), else as the signed
+integer with the same 64 bits; reads turn them back into the exact counter through the declared
+types (nms.store.base.declared_fields).
 """
 
 from __future__ import annotations
@@ -30,14 +40,20 @@ from nms.store.base import (
     Point,
     Query,
     Series,
+    type_conflict,
     StoreError,
     StoreUnavailable,
     TimeSeriesStore,
+    INT64_MAX,
+    INT64_MIN,
+    UINT64_MAX,
     WriteResult,
+    declared_fields,
     field_type,
     validate_point,
 )
-from nms.store.lineprotocol import encode_point
+from nms.store.lineprotocol import encode_point, parse_line, split_batch, unsigned_from_signed
+from nms.store.quarantine import Quarantine
 from nms.store.spool import Spool
 
 if TYPE_CHECKING:
@@ -48,10 +64,18 @@ log = logging.getLogger(__name__)
 _RETRY_MIN, _RETRY_MAX = 0.1, 2.0  # seconds between attempts while InfluxDB is unreachable
 _MAX_BATCH_BYTES = 4 << 20  # well under influxd's default max-body-size (25 MB)
 _RETRYABLE_4XX = {401, 403, 404, 429}  # auth fixed, database created, rate limit lifted: retry
-_DROPPED_RE = re.compile(r"dropped=(\d+)")
+_CONFLICT_RE = re.compile(r'input field "(.*)" on measurement "(.*)" is type (\w+), already exists as type (\w+)')
+_ISOLATE_REQUESTS = 64  # re-sends allowed to find the refused points of one batch
+# Parses on every server, but its timestamp is out of range everywhere: nothing is written. A
+# server without unsigned integers stops at the value ("invalid number") before the time.
+_UNSIGNED_PROBE = b"nms_capability_probe unsigned=1u 9223372036854775807\n"
 
 # Outcomes of one POST /write.
-_OK, _RETRY, _DROPPED = "ok", "retry", "dropped"
+_OK, _RETRY, _SETTLED = "ok", "retry", "settled"
+
+
+class _Retry(Exception):
+    """InfluxDB became unavailable while a refused batch was being sorted out."""
 
 
 def _ident(name: str) -> str:
@@ -67,6 +91,20 @@ def _literal(value: str) -> str:
 def _parse_int(text: str) -> int | float:
     # influxd writes the float -0.0 as "-0"; keep the sign (integer fields never produce "-0").
     return -0.0 if text == "-0" else int(text)
+
+
+def _to_int(value: int | float) -> int:
+    # An int past the 64-bit range can only be a float column (influxd writes whole floats below
+    # 1e21 without an exponent).
+    if value.__class__ is int and INT64_MIN <= value <= INT64_MAX:
+        return value
+    return min(max(int(round(value)), INT64_MIN), INT64_MAX)
+
+
+def _to_unsigned(value: int | float) -> int:
+    if value.__class__ is int and value < 0:
+        return unsigned_from_signed(value)
+    return min(int(round(value)), UINT64_MAX)  # a float column: 2^64-1 was rounded up to 2^64
 
 
 def _redact(text: str) -> str:
@@ -88,6 +126,9 @@ class InfluxStore(TimeSeriesStore):
         self.cfg = config
         self._url = _redact(config.url)  # for messages and logs
         self._spool = Spool(config.spool_dir or Path(data_dir) / "spool", config.spool_max_bytes)
+        self._quarantine = Quarantine(self._spool.directory, config.quarantine_max_bytes)
+        self._capabilities_file = self._spool.directory / "capabilities.json"
+        self._unsigned: bool | None = self._load_capabilities().get("unsigned")
         headers, auth = {}, None
         url = httpx.URL(config.url)
         if config.token is not None:
@@ -128,6 +169,7 @@ class InfluxStore(TimeSeriesStore):
         self._types_lock = threading.Lock()
         self._types: dict[str, dict[str, str]] = {}
         self._types_loaded: set[str] = set()
+        self._capabilities_due = 0.0  # checked once per start: the server may have been upgraded
 
         # Sender state (only the sender thread changes these).
         self._up = True
@@ -151,36 +193,44 @@ class InfluxStore(TimeSeriesStore):
         if self._closed:
             raise StoreUnavailable("the InfluxDB store is closed")
         result = WriteResult()
-        valid: list[tuple[int, Point, bytes]] = []
+        valid: list[tuple[int, Point]] = []
         for i, p in enumerate(points):
             reason = validate_point(p)
             if reason is not None:
                 result.rejected.append((i, reason))
             else:
-                valid.append((i, p, encode_point(p).encode()))
+                valid.append((i, p))
         fields_seen: dict[str, set[str]] = {}
-        for _, p, _ in valid:
+        for _, p in valid:
             fields_seen.setdefault(p.measurement, set()).update(p.fields)
         self._load_types(fields_seen)
 
         with self._types_lock:
-            new: dict[tuple[str, str], str] = {}
+            new: dict[tuple[str, str], str] = {}  # (measurement, field) -> the server type this batch gives it
+            u_fields: dict[str, frozenset[str]] = {}
             lines: list[bytes] = []
             size = 0
-            for i, p, line in valid:
-                known = self._types.get(p.measurement, {})
+            for i, p in valid:
+                m = p.measurement
+                known = self._types.get(m, {})
+                declared = declared_fields(m)
                 conflict = None
                 for key, value in p.fields.items():
-                    have = new.get((p.measurement, key)) or known.get(key)
-                    if have is not None and have != field_type(value):
-                        conflict = (f"field {key!r} of measurement {p.measurement!r} has type {have}, "
-                                    f"got type {field_type(value)}")
+                    # A declared field's type never depends on what the server has: InfluxDB
+                    # judges it, and what it refuses is quarantined (not a 422 to the sender).
+                    have = new.get((m, key)) or known.get(key)
+                    if key not in declared and have is not None and have != field_type(m, key, value):
+                        conflict = type_conflict(m, key, field_type(m, key, value), have)
                         break
                 if conflict is not None:
                     result.rejected.append((i, conflict))
                     continue
+                if (u := u_fields.get(m)) is None:
+                    u = u_fields[m] = self._unsigned_fields(m, known, declared)
                 for key, value in p.fields.items():
-                    new.setdefault((p.measurement, key), field_type(value))
+                    typ = field_type(m, key, value)
+                    new.setdefault((m, key), typ if typ != "unsigned" or key in u else "integer")
+                line = encode_point(p, u).encode()
                 lines.append(line)
                 size += len(line) + 1
             with self._cond:
@@ -204,10 +254,46 @@ class InfluxStore(TimeSeriesStore):
         result.rejected.sort()
         return result
 
+    def _unsigned_fields(self, measurement: str, known: dict[str, str], declared) -> frozenset[str]:
+        """Declared unsigned fields to write as `u`: where the server has them unsigned, or has
+        not got them yet and takes unsigned integers. The others keep the signed encoding."""
+        return frozenset(k for k, t in declared.items() if t == "unsigned"
+                         and (known.get(k) == "unsigned" or (k not in known and self._unsigned)))
+
+    def _load_capabilities(self) -> dict:
+        try:
+            return json.loads(self._capabilities_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _detect_unsigned(self) -> None:
+        """Does the server take unsigned integers? Kept on disk, so that a restart while InfluxDB
+        is down encodes counters as the last start found."""
+        if not self._db_ready:
+            self._ensure_database_once()
+        try:
+            r = self._http.post("/write", params=self._write_params, content=_UNSIGNED_PROBE)
+        except httpx.HTTPError:
+            return
+        if r.status_code not in (200, 204, 400):
+            return  # auth, missing database, server error: try again with the next write
+        unsigned = not (r.status_code == 400 and "invalid number" in _error_text(r))
+        if unsigned != self._unsigned:
+            log.info("InfluxDB at %s %s unsigned integers: counters are written %s", self._url,
+                     "takes" if unsigned else "has no", "as unsigned" if unsigned else "in the signed encoding")
+        self._unsigned = unsigned
+        try:
+            self._capabilities_file.write_text(json.dumps({"unsigned": unsigned}))
+        except OSError as e:
+            log.warning("cannot keep %s: %s", self._capabilities_file, e)
+
     def _load_types(self, fields_by_measurement: dict[str, set[str]]) -> None:
         """Refresh the type cache for measurements never loaded or with fields we do not know."""
         if not self._up:  # do not make writers wait on an unreachable server
             return
+        if time.monotonic() >= self._capabilities_due:
+            self._detect_unsigned()
+            self._capabilities_due = time.monotonic() + (60.0 if self._unsigned is None else float("inf"))
         for measurement, fields in fields_by_measurement.items():
             known = self._types.get(measurement, {})
             if measurement in self._types_loaded and all(k in known for k in fields):
@@ -372,7 +458,9 @@ class InfluxStore(TimeSeriesStore):
             # Keep new data moving (behind the spool) while a long backlog drains.
             self._drain_buffer(force=due)
 
-    def _post(self, body: bytes, points: int) -> str:
+    def _send(self, body: bytes) -> tuple[int | None, str]:
+        """POST one /write body: (HTTP status or None when unreachable, server message). Marks
+        the server down when the answer means "retry later"."""
         headers = {"Content-Type": "text/plain; charset=utf-8"}
         if self.cfg.gzip:
             body = gzip.compress(body, compresslevel=3)
@@ -383,36 +471,111 @@ class InfluxStore(TimeSeriesStore):
         except httpx.HTTPError as e:
             self._counts["write_errors"] += 1
             self._mark_down(_redact(f"write failed: {type(e).__name__}: {e}"))
-            return _RETRY
+            return None, str(e)
         if r.is_success:
-            self._counts["points_written"] += points
             self._db_ready = True
             self._mark_up()
-            return _OK
+            return r.status_code, ""
         self._counts["write_errors"] += 1
         message = _error_text(r)
         if r.status_code >= 500 or r.status_code in _RETRYABLE_4XX:
             self._mark_down(f"write answered HTTP {r.status_code}: {message}")
-            return _RETRY
-        # Not retryable (bad data). On a partial write influxd stored the other points.
-        self._mark_up()
-        if "partial write" in message:
-            m = _DROPPED_RE.search(message)
-            # Lines that failed to parse are not included in dropped=N.
-            dropped = min(points, (int(m.group(1)) if m else 0) + message.count("unable to parse"))
         else:
-            dropped = points
-        self._counts["points_written"] += points - dropped
-        self._count_dropped(self._drop_reason(r.status_code, message), dropped)
-        log.warning("InfluxDB refused %d of %d points (HTTP %d): %s", dropped, points, r.status_code, message)
-        return _DROPPED
+            self._mark_up()
+        return r.status_code, message
 
     @staticmethod
-    def _drop_reason(status: int, message: str) -> str:
-        for reason in ("field type conflict", "unable to parse", "beyond retention policy", "max-values-per-tag"):
-            if reason in message:
-                return reason
-        return f"HTTP {status}"
+    def _must_retry(status: int | None) -> bool:
+        return status is None or status >= 500 or status in _RETRYABLE_4XX
+
+    def _post(self, body: bytes, points: int) -> str:
+        status, message = self._send(body)
+        if self._must_retry(status):
+            return _RETRY
+        if status < 300:
+            self._counts["points_written"] += points
+            return _OK
+        # Refused for good (bad data). Sort out which points, keep them, store the others.
+        lines = split_batch(body)
+        try:
+            quarantined = self._isolate(lines, message)
+        except _Retry:
+            return _RETRY
+        self._counts["points_written"] += len(lines) - quarantined
+        return _SETTLED
+
+    def _isolate(self, lines: list[bytes], message: str) -> int:
+        """Quarantine the points of a refused batch that InfluxDB refuses and make sure the others
+        are stored; returns how many were quarantined. Raises _Retry if the server goes away."""
+        quarantined, budget = 0, _ISOLATE_REQUESTS
+        work = [(lines, message)]
+        while work:
+            lines, message = work.pop()
+            named, reason = self._named_by(lines, message)
+            if named:
+                quarantined += self._to_quarantine(named, reason)
+                named_set = set(named)
+                parts = [rest] if (rest := [line for line in lines if line not in named_set]) else []
+            elif len(lines) == 1:
+                quarantined += self._to_quarantine(lines, message)
+                continue
+            elif budget <= 0:
+                quarantined += self._to_quarantine(
+                    lines, f"{message} (not isolated: some of these {len(lines)} points may be stored)")
+                continue
+            else:
+                parts = [lines[:len(lines) // 2], lines[len(lines) // 2:]]
+            for part in parts:  # a re-sent point overwrites itself: re-sending stored ones is harmless
+                budget -= 1
+                status, answer = self._send(b"\n".join(part) + b"\n")
+                if self._must_retry(status):
+                    raise _Retry
+                if status >= 300:
+                    work.append((part, answer))
+        return quarantined
+
+    def _named_by(self, lines: list[bytes], message: str) -> tuple[list[bytes], str]:
+        """The lines an InfluxDB error names: a field type conflict names a measurement, a field
+        and its two types; a parse error quotes the line. ([], message) when it names none."""
+        if m := _CONFLICT_RE.search(message):
+            field, measurement, got, have = m.groups()
+            with self._types_lock:  # what the server has decides later writes
+                self._types.setdefault(measurement, {})[field] = have
+            named = []
+            for line in lines:
+                _, line_measurement, types = parse_line(line.decode())
+                if line_measurement == measurement and types.get(field) == got:
+                    named.append(line)
+            return named, type_conflict(measurement, field, got, have, "InfluxDB")
+        if "unable to parse" in message:
+            return [line for line in lines if f"unable to parse '{line.decode()}'" in message], message
+        return [], message
+
+    def _to_quarantine(self, lines: list[bytes], reason: str) -> int:
+        try:
+            self._quarantine.add(lines, reason)
+        except OSError as e:
+            self._count_dropped("quarantine not writable", len(lines))
+            log.error("InfluxDB refused %d points (%s) and they could not be quarantined (%s): dropped",
+                      len(lines), reason, e)
+            return len(lines)
+        log.warning("InfluxDB refused %d points: %s; kept in %s", len(lines), reason, self._quarantine.path)
+        return len(lines)
+
+    def replay_quarantine(self) -> int:
+        """Queue every quarantined point again (behind the spool); returns how many. Points the
+        server still refuses come back to the quarantine with the new reason."""
+        def into_spool(lines: list[bytes]) -> None:
+            for i in range(0, len(lines), self.cfg.batch_size):
+                chunk = lines[i:i + self.cfg.batch_size]
+                self._spool.push(b"".join(line + b"\n" for line in chunk), len(chunk))
+        n = self._quarantine.drain(into_spool)
+        with self._cond:
+            self._cond.notify_all()
+        return n
+
+    def quarantined(self, limit: int = 100) -> list[dict]:
+        return self._quarantine.entries(limit)
 
     def _count_dropped(self, reason: str, n: int) -> None:
         self._counts["points_dropped"] += n
@@ -488,9 +651,10 @@ class InfluxStore(TimeSeriesStore):
         columns = {c for s in raw for c in s["columns"][1:]}
         if not columns <= types.keys():
             types = self._refresh_types(measurement)
+        declared = declared_fields(measurement)
         result = []
         for s in raw:
-            casts = [int] + [self._caster(types.get(c), agg) for c in s["columns"][1:]]
+            casts = [int] + [self._caster(declared.get(c) or types.get(c), agg) for c in s["columns"][1:]]
             values = [[None if v is None else cast(v) for cast, v in zip(casts, row)] for row in s["values"]]
             # GROUP BY * reports every tag key of the measurement; absent tags come as "".
             tags = {k: v for k, v in (s.get("tags") or {}).items() if v != ""}
@@ -499,11 +663,17 @@ class InfluxStore(TimeSeriesStore):
 
     @staticmethod
     def _caster(ftype: str | None, agg: str | None):
+        """Turn a JSON value back into its field's type: the declared one where there is one, so a
+        counter comes back exact whether the server holds it unsigned or signed-encoded (or as the
+        float an earlier version wrote after a value past 2^63)."""
         if agg == "mean":
             return float
         if agg == "count":
             return int
-        return {"float": float, "integer": int}.get(ftype or "", lambda v: v)
+        if ftype == "unsigned":
+            # A sum of signed-encoded counters is a plain sum: only single values are turned back.
+            return int if agg == "sum" else _to_unsigned
+        return {"float": float, "integer": _to_int}.get(ftype or "", lambda v: v)
 
     def _ensure_database_once(self) -> None:
         try:
@@ -524,7 +694,7 @@ class InfluxStore(TimeSeriesStore):
         if not r.is_success:
             raise StoreError(f"InfluxDB refused the query (HTTP {r.status_code}): {_error_text(r)}")
         merged: dict[tuple, dict] = {}
-        for chunk in r.text.splitlines():
+        for chunk in r.text.split("\n"):  # not splitlines(): U+0085 stands unescaped inside JSON strings
             if not chunk.strip():
                 continue
             doc = json.loads(chunk, parse_int=_parse_int)
@@ -558,6 +728,9 @@ class InfluxStore(TimeSeriesStore):
             "buffered_points": buffered,
             "write_errors": self._counts["write_errors"],
             "write_requests": self._counts["write_requests"],
+            "points_quarantined": self._quarantine.added,
+            "quarantine_points": self._quarantine.points,
+            "quarantine_bytes": self._quarantine.bytes,
         }
 
     def health(self) -> dict[str, object]:
@@ -572,4 +745,8 @@ class InfluxStore(TimeSeriesStore):
             "spool_segments": len(self._spool),
             "last_error": self._last_error,
             "dropped_by_reason": dict(self._dropped_by_reason),
+            "unsigned_integers": self._unsigned,
+            "quarantine": {"points": self._quarantine.points, "bytes": self._quarantine.bytes,
+                           "dropped": self._quarantine.dropped, "last_reason": self._quarantine.last_reason,
+                           "path": str(self._quarantine.path)},
         }

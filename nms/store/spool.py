@@ -23,6 +23,8 @@ from nms.store.base import StoreError, StoreUnavailable
 log = logging.getLogger(__name__)
 
 _SEGMENT = re.compile(r"^(\d{20})-(\d+)\.lp$")
+# Files the InfluxDB backend keeps beside the segments (besides quarantine.*: nms/store/quarantine.py).
+_NEIGHBOURS = {".lock", "capabilities.json"}
 
 
 class SpoolFull(StoreUnavailable):
@@ -65,7 +67,7 @@ class Spool:
                 path.unlink(missing_ok=True)
             elif m := _SEGMENT.match(path.name):
                 found.append(Segment(int(m.group(1)), int(m.group(2)), path.stat().st_size, path))
-            elif path.name != ".lock":
+            elif path.name not in _NEIGHBOURS and not path.name.startswith("quarantine."):
                 log.warning("spool %s: ignoring unexpected file %s", self.directory, path.name)
         for seg in sorted(found, key=lambda s: s.seq):
             self._append(seg)

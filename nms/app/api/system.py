@@ -1,13 +1,16 @@
-"""Liveness, version and the service's own Prometheus metrics."""
+"""Liveness, version, the telemetry store's state (and its quarantine) and the service's own
+Prometheus metrics."""
 
 from __future__ import annotations
 
 import platform
 import time
 
-from fastapi import APIRouter, Depends, Request, Response
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from nms import __version__
 from nms.app.auth import AUTH_RESPONSES, require
@@ -40,6 +43,37 @@ def version(request: Request) -> Version:
     service = request.app.state.service
     return Version(version=__version__, python=platform.python_version(), store_backend=service.store.name,
                    uptime_s=round(time.time() - service.started_at, 3))
+
+
+class QuarantinedPoint(BaseModel):
+    ts: int = Field(description="when it was quarantined, ns since the epoch")
+    reason: str
+    line: str
+
+
+class StoreState(BaseModel):
+    backend: str
+    health: dict[str, Any]
+    stats: dict[str, float]
+    quarantined: list[QuarantinedPoint]
+
+
+class Replayed(BaseModel):
+    replayed: int
+
+
+@router.get("/store", response_model=StoreState, dependencies=[Depends(require("read"))],
+            responses=AUTH_RESPONSES, summary="The telemetry store's health, counters and newest quarantined points")
+def store_state(request: Request, limit: int = Query(20, ge=0, le=1000, description="quarantined points shown")):
+    store = request.app.state.service.store
+    return StoreState(backend=store.name, health=store.health(), stats=store.stats(),
+                      quarantined=store.quarantined(limit) if limit else [])
+
+
+@router.post("/store/quarantine/replay", response_model=Replayed, dependencies=[Depends(require("admin"))],
+             responses=AUTH_RESPONSES, summary="Send the quarantined points again (after fixing their cause)")
+def replay_quarantine(request: Request) -> Replayed:
+    return Replayed(replayed=request.app.state.service.store.replay_quarantine())
 
 
 @router.get("/metrics", dependencies=[Depends(require("read"))], response_class=Response,

@@ -21,6 +21,7 @@ from nms.app.cli.clock import clock as clock_cmd
 from nms.app.cli.fabric import collect_app, devices as devices_cmd, topology as topology_cmd
 from nms.app.cli.incidents import incidents_app
 from nms.app.cli.jobs import jobs_app
+from nms.app.cli.store import store_app
 from nms.config import ConfigError, load_config
 from nms.config.models import parse_duration
 from nms.lab.cli import app as lab_app
@@ -36,6 +37,7 @@ app.add_typer(jobs_app, name="jobs")
 app.add_typer(agents_app, name="agents")
 app.add_typer(incidents_app, name="incidents")
 app.add_typer(collect_app, name="collect")
+app.add_typer(store_app, name="store")
 app.command("topology")(topology_cmd)
 app.command("devices")(devices_cmd)
 app.command("clock")(clock_cmd)
