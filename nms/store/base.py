@@ -187,7 +187,8 @@ def validate_point(p: Point) -> str | None:
     """Return why a point cannot be stored, or None. Shared by all backends.
 
     A declared float field given an integer is converted to a float in place (the declared type
-    wins), so that an integer-valued rate can never turn a float field into an integer one."""
+    wins), so that an integer-valued rate can never turn a float field into an integer one; -0.0
+    becomes 0.0 in place."""
     if (err := _check_name("measurement", p.measurement)) is not None:
         return err
     if p.measurement.startswith("_"):
@@ -222,6 +223,8 @@ def validate_point(p: Point) -> str | None:
                 p.fields[key] = value = float(value)
             if (err := _CHECKS[typ](key, value)) is not None:
                 return err
+            if value.__class__ is float and value == 0.0:
+                p.fields[key] = 0.0  # -0.0: see below
             continue
         if isinstance(value, bool):
             continue
@@ -231,6 +234,8 @@ def validate_point(p: Point) -> str | None:
         elif isinstance(value, float):
             if not math.isfinite(value):
                 return f"field {key!r}: NaN and infinity cannot be stored"
+            if value == 0.0:  # -0.0 is stored as 0.0: DuckDB cannot overwrite a zero with the other one
+                p.fields[key] = 0.0
         elif isinstance(value, str):
             if (err := _check_string(key, value)) is not None:
                 return err

@@ -34,12 +34,12 @@ from nms.store.base import (
     Point,
     Query,
     Series,
-    type_conflict,
     StoreError,
     TimeSeriesStore,
     WriteResult,
     declared_fields,
     field_type,
+    type_conflict,
     validate_point,
 )
 

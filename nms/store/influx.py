@@ -37,19 +37,19 @@ from typing import TYPE_CHECKING
 import httpx
 
 from nms.store.base import (
+    INT64_MAX,
+    INT64_MIN,
     Point,
     Query,
     Series,
-    type_conflict,
     StoreError,
     StoreUnavailable,
     TimeSeriesStore,
-    INT64_MAX,
-    INT64_MIN,
     UINT64_MAX,
     WriteResult,
     declared_fields,
     field_type,
+    type_conflict,
     validate_point,
 )
 from nms.store.lineprotocol import encode_point, parse_line, split_batch, unsigned_from_signed
