@@ -69,7 +69,8 @@ class PollResult:
     started_ns: int
     duration_s: float = 0.0
     records: list[Any] = field(default_factory=list)
-    counter_bits: Mapping[str, int] = field(default_factory=dict)  # widths of the PortSample counters
+    # widths of the PortSample counters (a sample's own counter_bits overrides them for its octets and packets)
+    counter_bits: Mapping[str, int] = field(default_factory=dict)
     values: int = 0  # objects read from the device (for throughput numbers)
     # True when this poll read the device's interface addresses: its InterfaceAddress records are then
     # the complete current set (possibly empty). Addresses are read only now and then (see the
@@ -95,7 +96,8 @@ class PollResult:
 
 class Collector(ABC):
     name: ClassVar[str]
-    # widths of PortSample counters this protocol delivers (a counter not named is 64-bit)
+    # widths of PortSample counters this protocol delivers (a counter not named is 64-bit); where the width
+    # of the octet and packet counters varies by device or port, each sample says it (counter_bits)
     counter_bits: ClassVar[Mapping[str, int]] = {}
 
     @classmethod

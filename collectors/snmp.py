@@ -6,6 +6,10 @@ the interface columns (ifXTable HC counters, ifHighSpeed, ifTable status/errors/
 one of the LLDP-MIB local port and remote tables, and the configured extra objects. One pysnmp
 engine serves every device; at most `polling.max_concurrency` devices are polled at once.
 
+A device without ifXTable, or with interfaces it leaves out, gets the ifTable's 32-bit counters,
+ifSpeed and ifDescr instead (collectors/snmp_ifmib.py): a second walk on the poll that finds the
+gap, and from then on those columns are part of the device's one interface walk.
+
 Interface addresses (InterfaceAddress: IPv4 address, port, prefix length; the correlator turns
 traceroute hops into devices and ports with them) come from IP-MIB ipAddrTable, or from the newer
 ipAddressTable when a device's ipAddrTable is empty. Addresses rarely change, so they are walked
@@ -27,40 +31,15 @@ import time
 from typing import Any
 
 from collectors.base import Collector, CollectorBadResponse, CollectorConfigError, PollResult
-from collectors.snmp_walk import EnginePool, Oid, SnmpTarget, dotted, oid
+from collectors.snmp_ifmib import IF_COLUMNS, IF_TABLE_COLUMNS, is_port, needs_if_table, port_names, port_sample
+from collectors.snmp_walk import EnginePool, Oid, SnmpTarget, as_text, dotted, oid, row_int, table_rows
 from nms.config.models import SnmpSettings, SwitchConfig
-from nms.records import U64_MAX, DeviceFacts, GenericPoint, InterfaceAddress, LldpNeighbor, PortSample
+from nms.records import DeviceFacts, GenericPoint, InterfaceAddress, LldpNeighbor, PortSample
 
 log = logging.getLogger(__name__)
 
 SYS_DESCR, SYS_OBJECT_ID, SYS_UPTIME, SYS_NAME = (oid(f"1.3.6.1.2.1.1.{i}.0") for i in (1, 2, 3, 5))
 LLDP_LOC_CHASSIS_SUBTYPE, LLDP_LOC_CHASSIS_ID = oid("1.0.8802.1.1.2.1.3.1.0"), oid("1.0.8802.1.1.2.1.3.2.0")
-
-IFX = "1.3.6.1.2.1.31.1.1.1"
-IF = "1.3.6.1.2.1.2.2.1"
-# column -> (PortSample attribute or helper name, how to read the value)
-IF_COLUMNS: dict[Oid, str] = {
-    oid(f"{IFX}.1"): "name",
-    oid(f"{IFX}.6"): "in_octets",
-    oid(f"{IFX}.7"): "in_ucast",
-    oid(f"{IFX}.8"): "in_mcast",
-    oid(f"{IFX}.9"): "in_bcast",
-    oid(f"{IFX}.10"): "out_octets",
-    oid(f"{IFX}.11"): "out_ucast",
-    oid(f"{IFX}.12"): "out_mcast",
-    oid(f"{IFX}.13"): "out_bcast",
-    oid(f"{IFX}.15"): "high_speed",
-    oid(f"{IFX}.19"): "discontinuity_ticks",
-    oid(f"{IF}.4"): "mtu",
-    oid(f"{IF}.8"): "oper",
-    oid(f"{IF}.9"): "last_change_ticks",
-    oid(f"{IF}.13"): "in_discards",
-    oid(f"{IF}.14"): "in_errors",
-    oid(f"{IF}.19"): "out_discards",
-    oid(f"{IF}.20"): "out_errors",
-}
-TEXT_FIELDS = {"name"}
-OPER_STATUS = {1: "up", 2: "down", 3: "testing", 4: "unknown", 5: "dormant", 6: "notPresent", 7: "lowerLayerDown"}
 
 LLDP_LOC_PORT = "1.0.8802.1.1.2.1.3.7.1"  # index: lldpLocPortNum
 LLDP_REM = "1.0.8802.1.1.2.1.4.1.1"  # index: lldpRemTimeMark.lldpRemLocalPortNum.lldpRemIndex
@@ -90,17 +69,7 @@ IP_ADDRESS_COLUMNS: dict[Oid, str] = {oid(f"{IP_ADDRESS}.3"): "if_index", oid(f"
 IP_ADDRESS_PREFIX_ORIGIN = oid("1.3.6.1.2.1.4.32.1.5")
 INET_IPV4, ADDRESS_UNICAST = 1, 1
 ADDRESS_REFRESH_S = 300.0
-
-
-def _text(value: Any) -> str:
-    raw = bytes(value.asOctets())
-    try:
-        text = raw.decode()
-        if text.isprintable():
-            return text
-    except UnicodeDecodeError:
-        pass
-    return raw.hex(":")
+U32_BITS = (1 << 32) * 8  # what a 32-bit octet counter holds, in bits
 
 
 def _fields(value: Any) -> dict[str, int | str]:
@@ -108,7 +77,7 @@ def _fields(value: Any) -> dict[str, int | str]:
     One field key keeps one type (InfluxDB refuses a key whose type changes within a measurement);
     a Counter64 past 2^63 goes to `text` rather than become an inexact float."""
     if hasattr(value, "asOctets"):
-        return {"text": _text(value)[:4096]}
+        return {"text": as_text(value)[:4096]}
     if hasattr(value, "asTuple"):
         return {"text": dotted(value.asTuple())}
     number = int(value)
@@ -117,7 +86,8 @@ def _fields(value: Any) -> dict[str, int | str]:
 
 class SnmpCollector(Collector):
     name = "snmp"
-    # ifTable errors/discards are Counter32; the octet and packet counters come from ifXTable (64-bit)
+    # ifTable errors/discards are Counter32; the octet and packet counters come from ifXTable (64-bit),
+    # or from the ifTable (32-bit) where a sample says so (PortSample.counter_bits)
     counter_bits = {"in_errors": 32, "out_errors": 32, "in_discards": 32, "out_discards": 32}
 
     def __init__(self, max_concurrency: int = 64, mib_dirs: list[str] | None = None,
@@ -131,6 +101,7 @@ class SnmpCollector(Collector):
         self._semaphore: asyncio.Semaphore | None = None
         self._targets: dict[str, tuple[SnmpSettings, str, SnmpTarget]] = {}
         self._extras: dict[str, tuple[list[tuple[str, Oid]], list[tuple[str, Oid]]]] = {}
+        self._if_table: set[str] = set()  # devices whose interface walk includes the ifTable fallback columns
 
     @classmethod
     def from_config(cls, config: Any) -> SnmpCollector:
@@ -148,6 +119,7 @@ class SnmpCollector(Collector):
             self._targets[device.name] = (settings, device.mgmt_address, target)
             self._extras.pop(device.name, None)
             self._addresses_due.pop(device.name, None)
+            self._if_table.discard(device.name)
             return target
         return cached[2]
 
@@ -183,16 +155,17 @@ class SnmpCollector(Collector):
                                    *(o for _, o in scalars)])
         uptime = int(system[SYS_UPTIME]) if SYS_UPTIME in system else None
         ts = time.time_ns()
-        table = await target.walk(list(IF_COLUMNS), s.max_repetitions)
-        rows = _rows(table, IF_COLUMNS)
-        samples = [sample for index, row in sorted(rows.items())
-                   if (sample := _port_sample(device.name, index, row, ts, uptime, s.interfaces)) is not None]
+        rows, fell_back = await self._interface_rows(device.name, target)
+        names = port_names(rows)
+        samples = [port_sample(device.name, index, row, names[index[0]], ts, uptime)
+                   for index, row in sorted(rows.items()) if is_port(index, row)
+                   and (not s.interfaces or any(fnmatch.fnmatchcase(names[index[0]], p) for p in s.interfaces))]
+        if fell_back:
+            _log_fallback(device.name, samples, s.interval)
         records: list[Any] = list(samples)
-        names = {index[0]: row["name"] for index, row in rows.items() if len(index) == 1 and row.get("name")}
         walk_addresses = self._addresses_wanted(device.name, uptime)
         if walk_addresses:
-            ports = {index[0]: _port_name(index, row) for index, row in rows.items() if len(index) == 1}
-            records += await self._addresses(device.name, target, ports)
+            records += await self._addresses(device.name, target, names)
         if s.lldp:
             lldp = await target.walk(list(LLDP_COLUMNS), s.max_repetitions)
             records += _neighbors(device.name, lldp, names, time.time_ns())
@@ -208,11 +181,11 @@ class SnmpCollector(Collector):
         if LLDP_LOC_CHASSIS_ID in system:
             value = system[LLDP_LOC_CHASSIS_ID]
             chassis = (bytes(value.asOctets()).hex(":") if int(system.get(LLDP_LOC_CHASSIS_SUBTYPE, 0)) == CHASSIS_IS_MAC
-                       else _text(value))
+                       else as_text(value))
         records.append(DeviceFacts(
             device=device.name, ts=ts, uptime_ticks=uptime, interfaces=len(rows),
-            sys_name=_text(system[SYS_NAME])[:255] if SYS_NAME in system else None,
-            sys_descr=_text(system[SYS_DESCR])[:1024] if SYS_DESCR in system else None,
+            sys_name=as_text(system[SYS_NAME])[:255] if SYS_NAME in system else None,
+            sys_descr=as_text(system[SYS_DESCR])[:1024] if SYS_DESCR in system else None,
             sys_object_id=dotted(system[SYS_OBJECT_ID].asTuple()) if SYS_OBJECT_ID in system else None,
             lldp_chassis_id=chassis))
         # only a poll that completes counts: one cut off by its deadline walks the addresses again
@@ -223,6 +196,21 @@ class SnmpCollector(Collector):
         return PollResult(device=device.name, collector=self.name, started_ns=started_ns,
                           duration_s=time.perf_counter() - t0, records=records, counter_bits=self.counter_bits,
                           values=target.values, addresses_walked=walk_addresses)
+
+    async def _interface_rows(self, device: str, target: SnmpTarget) -> tuple[dict[Oid, dict[str, Any]], bool]:
+        """IF-MIB rows by ifIndex, with the ifTable fallback columns when the device needs them; and
+        whether this poll found out that it does."""
+        repetitions = target.settings.max_repetitions
+        columns = {**IF_COLUMNS, **IF_TABLE_COLUMNS} if device in self._if_table else IF_COLUMNS
+        rows = table_rows(await target.walk(list(columns), repetitions), columns)
+        if device in self._if_table or not needs_if_table(rows):
+            return rows, False
+        more = table_rows(await target.walk(list(IF_TABLE_COLUMNS), repetitions), IF_TABLE_COLUMNS)
+        for index, row in more.items():
+            if index in rows:
+                rows[index].update(row)
+        self._if_table.add(device)  # from now on in the one interface walk
+        return rows, True
 
     def _addresses_wanted(self, device: str, uptime: int | None) -> bool:
         due = self._addresses_due.get(device)
@@ -256,86 +244,51 @@ class SnmpCollector(Collector):
         self._semaphore = None
         self._addresses_due.clear()
         self._uptimes.clear()
+        self._if_table.clear()
 
 
-def _rows(table: dict[Oid, dict[Oid, Any]], columns: dict[Oid, str]) -> dict[Oid, dict[str, Any]]:
-    rows: dict[Oid, dict[str, Any]] = {}
-    for column, values in table.items():
-        field = columns[column]
-        for index, value in values.items():
-            rows.setdefault(index, {})[field] = value
-    return rows
-
-
-def _num(row: dict[str, Any], key: str) -> int | None:
-    value = row.get(key)
-    return None if value is None else int(value)
-
-
-def _sum(row: dict[str, Any], *keys: str) -> int | None:
-    parts = [_num(row, k) for k in keys]
-    if parts[0] is None:
-        return None
-    return sum(p for p in parts if p is not None) & U64_MAX
-
-
-def _port_name(index: Oid, row: dict[str, Any]) -> str:
-    """A port's name in every record: its ifName, or `if<ifIndex>` when it has none."""
-    name = _text(row["name"]) if "name" in row else ""
-    return (name if name and name.isprintable() else f"if{index[0]}")[:128]
-
-
-def _port_sample(device: str, index: Oid, row: dict[str, Any], ts: int, uptime: int | None,
-                 patterns: list[str]) -> PortSample | None:
-    if len(index) != 1 or "oper" not in row and "in_octets" not in row:
-        return None
-    name = _port_name(index, row)
-    if patterns and not any(fnmatch.fnmatchcase(name, p) for p in patterns):
-        return None
-    high_speed = _num(row, "high_speed")
-    mtu = _num(row, "mtu")
-    return PortSample(
-        device=device, port=name, ts=ts,
-        in_octets=_num(row, "in_octets"), out_octets=_num(row, "out_octets"),
-        in_pkts=_sum(row, "in_ucast", "in_mcast", "in_bcast"),
-        out_pkts=_sum(row, "out_ucast", "out_mcast", "out_bcast"),
-        in_errors=_num(row, "in_errors"), out_errors=_num(row, "out_errors"),
-        in_discards=_num(row, "in_discards"), out_discards=_num(row, "out_discards"),
-        oper_status=OPER_STATUS.get(_num(row, "oper"), "unknown") if "oper" in row else None,
-        speed_bps=high_speed * 10**6 if high_speed is not None else None,
-        mtu=mtu if mtu is not None and 0 <= mtu <= 1 << 20 else None,
-        uptime_ticks=uptime, discontinuity_ticks=_num(row, "discontinuity_ticks"),
-        last_change_ticks=_num(row, "last_change_ticks"))
+def _log_fallback(device: str, samples: list[PortSample], interval_s: float) -> None:
+    """Said once per device. A 32-bit octet counter wraps every 2^32 x 8 / speed seconds (34 s at
+    1 Gbit/s): over a longer poll interval it can wrap more than once unseen, and the rate is low."""
+    fast = [x.port for x in samples if x.counter_bits == 32 and x.speed_bps and U32_BITS / x.speed_bps < interval_s]
+    if fast:
+        more = f" and {len(fast) - 10} more" if len(fast) > 10 else ""
+        log.warning("%s has no ifXTable for some interfaces: their 32-bit octet counters can wrap more than once in "
+                    "the %g s poll interval at line rate, making the rates of busy ports too low: %s%s",
+                    device, interval_s, ", ".join(fast[:10]), more)
+    else:
+        log.info("%s has no ifXTable for some interfaces: reading their ifTable counters (32-bit), ifSpeed and "
+                 "ifDescr", device)
 
 
 def _neighbors(device: str, table: dict[Oid, dict[Oid, Any]], if_names: dict[int, str], ts: int) -> list[LldpNeighbor]:
-    rows = _rows(table, LLDP_COLUMNS)
+    rows = table_rows(table, LLDP_COLUMNS)
     local: dict[int, str] = {}
     for index, row in rows.items():
         if len(index) == 1 and "loc_port_id" in row:
-            port_id = _text(row["loc_port_id"])
-            if _num(row, "loc_port_subtype") in PORT_ID_IS_NAME and port_id:
+            port_id = as_text(row["loc_port_id"])
+            if row_int(row, "loc_port_subtype") in PORT_ID_IS_NAME and port_id:
                 local[index[0]] = port_id
     out = []
     for index, row in sorted(rows.items()):
         if len(index) != 3 or "sys_name" not in row and "port_id" not in row:
             continue
         port_num = index[1]
-        port = local.get(port_num) or (_text(if_names[port_num]) if port_num in if_names else f"lldp{port_num}")
-        port_id = _text(row["port_id"]) if "port_id" in row else None
-        port_desc = _text(row["port_desc"]) if "port_desc" in row else None
-        remote_port = port_id if _num(row, "port_subtype") in PORT_ID_IS_NAME else (port_desc or port_id)
+        port = local.get(port_num) or if_names.get(port_num) or f"lldp{port_num}"
+        port_id = as_text(row["port_id"]) if "port_id" in row else None
+        port_desc = as_text(row["port_desc"]) if "port_desc" in row else None
+        remote_port = port_id if row_int(row, "port_subtype") in PORT_ID_IS_NAME else (port_desc or port_id)
         chassis = None
         if "chassis_id" in row:
-            chassis = (bytes(row["chassis_id"].asOctets()).hex(":") if _num(row, "chassis_subtype") == CHASSIS_IS_MAC
-                       else _text(row["chassis_id"]))
+            chassis = (bytes(row["chassis_id"].asOctets()).hex(":") if row_int(row, "chassis_subtype") == CHASSIS_IS_MAC
+                       else as_text(row["chassis_id"]))
         out.append(LldpNeighbor(
             device=device, port=port[:128], ts=ts,
-            remote_name=_text(row["sys_name"])[:255] if "sys_name" in row else None,
+            remote_name=as_text(row["sys_name"])[:255] if "sys_name" in row else None,
             remote_port=remote_port[:255] if remote_port else None,
             remote_port_desc=port_desc[:255] if port_desc else None,
             remote_chassis_id=chassis[:255] if chassis else None,
-            remote_description=_text(row["sys_desc"])[:1024] if "sys_desc" in row else None))
+            remote_description=as_text(row["sys_desc"])[:1024] if "sys_desc" in row else None))
     return out
 
 
@@ -363,7 +316,7 @@ def _ipv4(octets: Oid) -> str | None:
 def _ip_addr_table(table: dict[Oid, dict[Oid, Any]]) -> list[Address]:
     """ipAddrTable rows -> addresses (index: the address itself)."""
     out = []
-    for index, row in _rows(table, IP_ADDR_COLUMNS).items():
+    for index, row in table_rows(table, IP_ADDR_COLUMNS).items():
         if (address := _ipv4(index)) is not None and "if_index" in row:
             out.append((address, int(row["if_index"]), _prefix_len(row.get("netmask"))))
     return out
@@ -373,10 +326,10 @@ def _ip_address_table(table: dict[Oid, dict[Oid, Any]]) -> list[Address]:
     """ipAddressTable rows -> IPv4 unicast addresses (index: type 1, length 4, the octets); the
     prefix length is the last sub-identifier of the ipAddressPrefix row pointer (zeroDotZero: unknown)."""
     out = []
-    for index, row in _rows(table, IP_ADDRESS_COLUMNS).items():
+    for index, row in table_rows(table, IP_ADDRESS_COLUMNS).items():
         if len(index) != 6 or index[:2] != (INET_IPV4, 4) or (address := _ipv4(index[2:])) is None:
             continue
-        if "if_index" not in row or _num(row, "type") not in (None, ADDRESS_UNICAST):
+        if "if_index" not in row or row_int(row, "type") not in (None, ADDRESS_UNICAST):
             continue  # broadcast / anycast entries
         prefix = row["prefix"].asTuple() if hasattr(row.get("prefix"), "asTuple") else ()
         prefix_len = (prefix[-1] if prefix[:len(IP_ADDRESS_PREFIX_ORIGIN)] == IP_ADDRESS_PREFIX_ORIGIN

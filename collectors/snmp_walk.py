@@ -1,5 +1,6 @@
 """SNMP transport for the collector: one pysnmp 7 asyncio engine, credentials, GET and a
-multi-column GETBULK table walk, with pysnmp's error indications mapped to typed CollectorErrors.
+multi-column GETBULK table walk, with pysnmp's error indications mapped to typed CollectorErrors;
+and small readers of what comes back (rows of a walked table, integers, text).
 
 Why a multi-column walk: pysnmp's `bulk_walk_cmd` walks one column per request stream; asking
 for all columns of a table in each GETBULK (the way `snmptable` does) needs several times fewer
@@ -243,6 +244,33 @@ class SnmpTarget:
             for column in finished:
                 cursor.pop(column, None)
         return result
+
+
+def table_rows(table: dict[Oid, dict[Oid, Any]], columns: dict[Oid, str]) -> dict[Oid, dict[str, Any]]:
+    """A `walk` result turned around: {index suffix: {column's name in `columns`: value}}."""
+    rows: dict[Oid, dict[str, Any]] = {}
+    for column, values in table.items():
+        field = columns[column]
+        for index, value in values.items():
+            rows.setdefault(index, {})[field] = value
+    return rows
+
+
+def row_int(row: dict[str, Any], key: str) -> int | None:
+    value = row.get(key)
+    return None if value is None else int(value)
+
+
+def as_text(value: Any) -> str:
+    """An OCTET STRING as text, or as hex (aa:bb:...) when it is not printable UTF-8."""
+    raw = bytes(value.asOctets())
+    try:
+        text = raw.decode()
+        if text.isprintable():
+            return text
+    except UnicodeDecodeError:
+        pass
+    return raw.hex(":")
 
 
 def _wrap(device: str, e: Exception) -> CollectorError:

@@ -8,7 +8,10 @@ and the host agent. The rules (docs/snmp.md explains them with examples):
   final, correctly rounded float.
 * A counter that went backwards: a 32-bit counter wrapped (once; more wraps cannot be seen, so a
   wrap must give a plausible rate), a 64-bit counter was reset (it would take ~11 years at 400G to
-  wrap): the interval is dropped for that port.
+  wrap): the interval is dropped for that port. Widths come from the collector per counter, and
+  from the sample itself for its octet and packet counters (`PortSample.counter_bits`: SNMP reads
+  32-bit ifTable counters from devices without ifXTable); a port whose width changed between the
+  two samples (new firmware added ifXTable) has its interval dropped: the counters are not the same.
 * The device restarted (sysUpTime went back, or advanced much less than the wall clock between the
   two polls, so it restarted in between), or the interface's counter discontinuity time changed:
   the interval is dropped. sysUpTime itself is a 32-bit TimeTicks value and wraps after ~497 days:
@@ -95,12 +98,20 @@ class RateResult:
     implausible: tuple[str, ...] = ()  # counters whose rate was impossible (left out)
 
 
+def counter_width(sample: PortSample, counter: str, bits: Mapping[str, int]) -> int:
+    """A counter's width: the sample's `counter_bits` for its octet and packet counters, else the
+    collector's `bits`, else 64."""
+    if sample.counter_bits is not None and counter in PortSample.traffic_counters:
+        return sample.counter_bits
+    return bits.get(counter, 64)
+
+
 def port_rates(prev: PortSample, cur: PortSample, bits: Mapping[str, int],
                max_utilization: float = DEFAULT_MAX_UTILIZATION, min_interval_ns: int = NS // 10) -> RateResult:
     """Rates of one port between two samples, or why there are none.
 
     `bits` gives each counter's width (e.g. SNMP: HC octets 64, ifInErrors 32); a counter not named
-    is taken as 64 bits."""
+    is taken as 64 bits, unless the samples' `counter_bits` says otherwise (see counter_width)."""
     if (prev.device, prev.port) != (cur.device, cur.port):
         raise ValueError("samples of different ports")
     elapsed = cur.ts - prev.ts
@@ -111,6 +122,8 @@ def port_rates(prev: PortSample, cur: PortSample, bits: Mapping[str, int],
             return RateResult(None, "device restarted (sysUpTime does not match the elapsed time)")
     if prev.discontinuity_ticks != cur.discontinuity_ticks:
         return RateResult(None, "counter discontinuity (ifCounterDiscontinuityTime changed)")
+    if any(counter_width(prev, c, bits) != counter_width(cur, c, bits) for c in PortSample.traffic_counters):
+        return RateResult(None, "counter width changed (e.g. 32-bit ifTable to 64-bit ifXTable): other counters")
     speed = cur.speed_bps if cur.speed_bps else None
     values: dict[str, float] = {}
     implausible: list[str] = []
@@ -118,7 +131,7 @@ def port_rates(prev: PortSample, cur: PortSample, bits: Mapping[str, int],
         a, b = getattr(prev, counter), getattr(cur, counter)
         if a is None or b is None:
             continue
-        width = bits.get(counter, 64)
+        width = counter_width(cur, counter, bits)
         delta = counter_delta(a, b, width)
         if delta is None:
             return RateResult(None, f"{counter} went backwards on a 64-bit counter (counters were reset)")

@@ -112,6 +112,17 @@ class PortSample(TelemetryRecord):
         None, description="ifCounterDiscontinuityTime: a change means the counters restarted (rates dropped)")
     last_change_ticks: Counter | None = Field(
         None, description="ifLastChange: a change with the same oper status means the link went away and back")
+    counter_bits: Literal[32, 64] | None = Field(
+        None, description="width of in/out_octets and in/out_pkts where it varies by device or port (SNMP: 32 "
+                          "from the ifTable of a device without ifXTable); None: as the collector declares")
+    # the counters `counter_bits` is the width of
+    traffic_counters: ClassVar[tuple[str, ...]] = ("in_octets", "out_octets", "in_pkts", "out_pkts")
+
+    @model_validator(mode="after")
+    def _fit_width(self) -> PortSample:
+        if self.counter_bits == 32 and any((getattr(self, c) or 0) >> 32 for c in self.traffic_counters):
+            raise ValueError("a counter above 2^32-1 in a sample whose counter_bits is 32")
+        return self
 
 
 class PortRates(TelemetryRecord):

@@ -23,6 +23,9 @@ COMMUNITY = "nms-test-community"
 # collector falls back to ipAddressTable), or both (a device without interface addresses)
 COMMUNITY_NO_IPADDRTABLE = "nms-test-no-ipaddrtable"
 COMMUNITY_NO_ADDRESSES = "nms-test-no-addresses"
+# ifXTable hidden: an old or out-of-band device with only the 32-bit ifTable
+COMMUNITY_NO_IFXTABLE = "nms-test-no-ifxtable"
+IF_SPEED_LO = ".1.3.6.1.2.1.2.2.1.5.1"  # ifSpeed of lo (ifIndex 1 on Linux)
 # user -> (net-snmp auth, auth key, net-snmp priv, priv key, our SnmpSettings fields)
 V3_USERS = {
     "nmssha": ("SHA", "auth-key-sha-1", "AES", "priv-key-aes-1", {"auth_protocol": "sha", "priv_protocol": "aes"}),
@@ -46,10 +49,11 @@ def available() -> bool:
 
 
 class Snmpd:
-    def __init__(self) -> None:
+    def __init__(self, extra_config: list[str] | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="nms-snmpd-"))
         self.port = free_udp_port()
         self.pid: int | None = None
+        self.extra_config = extra_config or []  # more snmpd.conf lines (e.g. `override`)
 
     def settings(self, user: str | None = None, **overrides) -> dict:
         """SnmpSettings fields for v2c (no user) or one of V3_USERS."""
@@ -67,7 +71,9 @@ class Snmpd:
                  f"rocommunity {COMMUNITY_NO_IPADDRTABLE} 127.0.0.1 -V noipaddrtable",
                  "view noaddresses included .1", "view noaddresses excluded .1.3.6.1.2.1.4.20",
                  "view noaddresses excluded .1.3.6.1.2.1.4.34",
-                 f"rocommunity {COMMUNITY_NO_ADDRESSES} 127.0.0.1 -V noaddresses"]
+                 f"rocommunity {COMMUNITY_NO_ADDRESSES} 127.0.0.1 -V noaddresses",
+                 "view noifxtable included .1", "view noifxtable excluded .1.3.6.1.2.1.31.1.1",
+                 f"rocommunity {COMMUNITY_NO_IFXTABLE} 127.0.0.1 -V noifxtable", *self.extra_config]
         for user, (auth, akey, priv, pkey, _) in V3_USERS.items():
             if priv:
                 lines += [f"createUser {user} {auth} {akey} {priv} {pkey}", f"rouser {user} priv"]

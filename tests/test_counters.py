@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from nms.counters import (ABSOLUTE_MAX_BPS, MIN_FRAME_WIRE_BITS, U32, U64, RateTracker, counter_delta,
-                          max_rate, port_rates, uptime_restarted)
+                          counter_width, max_rate, port_rates, uptime_restarted)
 from nms.linkstate import LinkStateTracker
 from nms.records import PortSample
 
@@ -47,6 +47,36 @@ def test_32_bit_wrap_is_one_wrap():
     a = sample(in_errors=U32 - 10, speed_bps=10**9)
     b = sample(ts=T0 + 10 * S, uptime=101_000, in_errors=5, speed_bps=10**9)
     assert port_rates(a, b, SNMP_BITS).rates.in_errors_ps == 1.5
+
+
+def test_32_bit_octet_counters_of_a_sample_wrap_at_2_32():
+    """An ifTable-only device's octets (PortSample.counter_bits = 32): a wrap is a wrap; the same
+    numbers from 64-bit counters are a reset."""
+    a = sample(in_octets=U32 - 1000, out_octets=U32 - 1, in_pkts=U32 - 2, speed_bps=10**8)
+    b = sample(ts=T0 + 10 * S, uptime=101_000, in_octets=500, out_octets=124, in_pkts=8, speed_bps=10**8)
+    r = port_rates(a.model_copy(update={"counter_bits": 32}), b.model_copy(update={"counter_bits": 32}),
+                   SNMP_BITS).rates
+    assert r.in_bps == 1500 * 8 / 10 and r.out_bps == 125 * 8 / 10 and r.in_utilization == 1200 / 10**8
+    assert "reset" in port_rates(a, b, SNMP_BITS).dropped
+
+
+def test_32_bit_wrap_of_a_sample_that_no_single_wrap_explains_is_dropped():
+    # 1 Gbit/s: (2^32 - 3e9 + 10) packets in 10 s is 129 M packets/s, above the 2.2 M/s the link carries
+    a = sample(in_pkts=3_000_000_000, in_octets=0, speed_bps=10**9, counter_bits=32)
+    b = sample(ts=T0 + 10 * S, uptime=101_000, in_pkts=10, in_octets=100, speed_bps=10**9, counter_bits=32)
+    res = port_rates(a, b, SNMP_BITS)
+    assert res.rates is None and "in_pkts" in res.dropped and "wrap" in res.dropped
+
+
+def test_a_changed_counter_width_drops_the_interval():
+    """ifTable counters one poll, ifXTable the next (new firmware): different counters, no delta."""
+    t = RateTracker(SNMP_BITS)
+    t.update(sample(in_octets=1000, counter_bits=32))
+    res = t.update(sample(ts=T0 + 10 * S, uptime=101_000, in_octets=2000))
+    assert res.rates is None and "width changed" in res.dropped
+    assert t.update(sample(ts=T0 + 20 * S, uptime=102_000, in_octets=3000)).rates.in_bps == 800.0
+    assert counter_width(sample(counter_bits=32), "in_errors", {}) == 64  # errors: the collector's widths
+    assert counter_width(sample(counter_bits=32), "out_pkts", {}) == 32
 
 
 def test_64_bit_counter_going_back_is_a_reset_and_drops_the_interval():
@@ -149,6 +179,22 @@ def test_single_32_bit_wrap_recovers_the_exact_increment(start, increment, dt):
         assert res.rates.in_errors_ps == expected
     else:
         assert res.rates is None or res.rates.in_errors_ps is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(start=u32, increment=st.integers(0, U32 - 1), dt=st.integers(S, 600 * S), speed=speeds)
+def test_32_bit_octets_wrap_once_to_the_exact_rate_or_none(start, increment, dt, speed):
+    """32-bit octet counters (PortSample.counter_bits = 32): a single wrap gives the exact rate when
+    that rate is possible; otherwise no rate, never a negative or absurd one."""
+    a = sample(in_octets=start, speed_bps=speed, counter_bits=32)
+    b = sample(ts=T0 + dt, uptime=100_000 + dt * 100 // S, in_octets=(start + increment) % U32, speed_bps=speed,
+               counter_bits=32)
+    res = port_rates(a, b, SNMP_BITS)
+    exact = increment * 8 * S / dt
+    if exact <= max_rate("bits", speed, 1.5):
+        assert res.rates.in_bps == exact
+    else:
+        assert res.rates is None or res.rates.in_bps is None
 
 
 @settings(max_examples=300, deadline=None)

@@ -28,6 +28,17 @@ def test_counters_keep_every_bit_up_to_2_64_minus_1():
         PortSample(device="d", port="p", ts=T0, in_octets=big + 1)
 
 
+def test_counter_bits_is_32_or_64_and_32_bit_counters_fit():
+    s = PortSample(device="d", port="p", ts=T0, in_octets=(1 << 32) - 1, in_pkts=7, counter_bits=32)
+    assert s.to_point().fields["counter_bits"] == 32 and declared_fields("port_counters")["counter_bits"] == "integer"
+    assert PortSample(device="d", port="p", ts=T0, in_octets=1 << 40, counter_bits=64).in_octets == 1 << 40
+    with pytest.raises(ValidationError, match="above 2\\^32-1"):
+        PortSample(device="d", port="p", ts=T0, out_pkts=1 << 32, counter_bits=32)
+    for bad in (16, True, "32"):
+        with pytest.raises(ValidationError):
+            PortSample.model_validate({"device": "d", "port": "p", "ts": T0, "counter_bits": bad})
+
+
 @pytest.mark.parametrize("ts,expected", [
     (T0, T0), ("2023-11-14T22:13:20Z", T0), ("2023-11-14T22:13:20.000000123+00:00", None), (str(T0), T0)])
 def test_timestamps_as_ns_or_rfc3339(ts, expected):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -17,7 +18,9 @@ import yaml
 from _snmpd import (
     COMMUNITY,
     COMMUNITY_NO_ADDRESSES,
+    COMMUNITY_NO_IFXTABLE,
     COMMUNITY_NO_IPADDRTABLE,
+    IF_SPEED_LO,
     SKIP_REASON,
     V3_USERS,
     Snmpd,
@@ -365,6 +368,126 @@ def test_address_table_parsers_on_snmpd_values():
                                  (1, 4, 10, 0, 0, 1): ObjectName("0.0")},
     }
     assert sorted(_ip_address_table(table)) == [("10.0.0.1", 7, None), ("192.0.2.2", 4, 24)]
+
+
+def test_device_without_ifxtable_reads_the_iftable(snmpd):
+    """ifXTable hidden by snmpd's view: the ifTable's 32-bit counters, ifSpeed and ifDescr instead,
+    marked 32-bit; the same agent through the full view for comparison. The second poll reads both
+    tables in its one interface walk and gives the same."""
+    blast_loopback()
+    before = kernel_stats("lo")
+    time.sleep(SNMPD_CACHE_S)
+    old_device = switch("old", snmpd.settings(community=COMMUNITY_NO_IFXTABLE))
+
+    async def run():
+        collector = SnmpCollector()
+        try:
+            old = await collector.collect_with_deadline(old_device)
+            new = await collector.collect_with_deadline(switch("new", snmpd.settings()))
+            again = await collector.collect_with_deadline(old_device)
+        finally:
+            await collector.close()
+        return old, new, again
+
+    old, new, again = asyncio.run(run())
+    after = kernel_stats("lo")
+    by_name = {s.port: s for s in new.samples}
+    # ifDescr is the kernel name on Linux, as ifName is (other engineers' interfaces come and go in
+    # this namespace: the machine's own are checked by name, the rest where both polls saw them)
+    for result in (old, again):
+        ports = {s.port for s in result.samples}
+        assert {"lo", *(n for n in os.listdir("/sys/class/net") if n.startswith("eth"))} <= ports
+        assert not any(re.fullmatch(r"if\d+", p) for p in ports), ports
+    common = [s for s in old.samples + again.samples if s.port in by_name]
+    assert {s.port for s in common} >= {"lo"} and len(common) >= len(old.samples)  # old's and again's
+    for sample in common:
+        full = by_name[sample.port]
+        assert sample.counter_bits == 32 and full.counter_bits is None
+        assert (sample.mtu, sample.oper_status) == (full.mtu, full.oper_status)
+        # ifSpeed (bit/s) = ifHighSpeed (Mbit/s) x 10^6, unknown where ifSpeed tops out (> 4.29 Gbit/s)
+        assert sample.speed_bps == (full.speed_bps if (full.speed_bps or 0) < 2**32 - 1 else None)
+    lo = next(s for s in old.samples if s.port == "lo")
+    assert lo.speed_bps == 10**7  # net-snmp's loopback speed
+    pairs = {"in_octets": "rx_bytes", "out_octets": "tx_bytes", "in_pkts": "rx_packets", "out_pkts": "tx_packets",
+             "in_errors": "rx_errors", "out_errors": "tx_errors", "in_discards": "rx_dropped"}
+    for ours, kernel in pairs.items():  # the kernel's 64-bit value modulo 2^32, within the bracket
+        value = getattr(lo, ours)
+        assert value < 2**32 and (value - before[kernel]) % 2**32 <= after[kernel] - before[kernel], \
+            (ours, before[kernel], value, after[kernel])
+    assert after["rx_bytes"] - before["rx_bytes"] < 50_000_000 and lo.in_pkts > 0
+
+
+def test_iftable_speed_at_its_maximum_means_unknown():
+    """ifSpeed 4294967295 is "faster than this, see ifHighSpeed": without ifHighSpeed the speed is
+    unknown (not 4.29 Gbit/s, which would cap the plausible rates and inflate utilization)."""
+    server = Snmpd(extra_config=[f"override {IF_SPEED_LO} unsigned 4294967295"])
+    server.start()
+    try:
+        old = asyncio.run(poll(SnmpCollector(), switch("old", server.settings(community=COMMUNITY_NO_IFXTABLE,
+                                                                             interfaces=["lo"]))))
+        new = asyncio.run(poll(SnmpCollector(), switch("new", server.settings(interfaces=["lo"]))))
+        raw = subprocess.run(["snmpget", "-v2c", "-c", COMMUNITY, "-Oqv", f"127.0.0.1:{server.port}", IF_SPEED_LO],
+                             capture_output=True, text=True, env={**os.environ, "MIBS": ""}).stdout.strip()
+    finally:
+        server.stop()
+    assert raw == "4294967295"  # the agent really says so
+    (lo_old,), (lo_new,) = old.samples, new.samples
+    assert lo_old.speed_bps is None and lo_old.counter_bits == 32 and lo_old.in_octets is not None
+    assert lo_new.speed_bps == 10**7  # ifHighSpeed, where present, wins
+
+
+def test_iftable_rates_through_the_poller(snmpd, tmp_path):
+    """Two polls of the ifTable-only view through the poller: rates from the 32-bit counters, and
+    the stored raw counters say their width."""
+    config = _config(tmp_path, [
+        switch("old", snmpd.settings(community=COMMUNITY_NO_IFXTABLE, interfaces=["lo"])),
+        switch("new", snmpd.settings(interfaces=["lo"])),
+    ])
+    store = _ListStore()
+
+    async def run():
+        poller = Poller(config, store, registry=None)
+        try:
+            await poller.poll_all()
+            blast_loopback(2000)
+            await asyncio.sleep(SNMPD_CACHE_S)
+            await poller.poll_all()
+        finally:
+            await poller.close()
+        return poller
+
+    poller = asyncio.run(run())
+    assert all(d.state == "ok" for d in poller.devices())
+    rates = {p.tags["device"]: p.fields for p in store.points if p.measurement == "port_rates"}
+    assert rates["old"]["in_bps"] > 2000 * 1200 * 8 / 10 and rates["old"]["in_utilization"] > 0  # the blast
+    counters = [p for p in store.points if p.measurement == "port_counters"]
+    assert {p.tags["device"]: p.fields.get("counter_bits") for p in counters} == {"old": 32, "new": None}
+
+
+def test_interface_names_and_32_bit_sums_from_snmp_values():
+    """Naming and the ifTable packet sums on pysnmp values of the types agents send: ifName, else
+    ifDescr (NUL-terminated by some agents), else if<ifIndex>; a shared ifDescr made unique; packet
+    sums wrapping like one 32-bit counter."""
+    from pysnmp.proto.rfc1902 import Counter32, Gauge32, Integer32, OctetString
+
+    from collectors.snmp_ifmib import needs_if_table, port_names, port_sample
+
+    rows = {(1,): {"oper": Integer32(1), "name": OctetString("swp1"), "descr": OctetString("Ethernet")},
+            (2,): {"oper": Integer32(1), "descr": OctetString(b"mgmt0\0\0")},
+            (3,): {"oper": Integer32(1), "descr": OctetString("Ethernet")},
+            (4,): {"oper": Integer32(1), "descr": OctetString("Ethernet")},
+            (5,): {"oper": Integer32(2), "name": OctetString(""), "descr": OctetString("bad\\name")},
+            (6, 1): {"oper": Integer32(1)}}  # not an ifIndex row
+    assert port_names(rows) == {1: "swp1", 2: "mgmt0", 3: "Ethernet #3", 4: "Ethernet #4", 5: "if5"}
+    assert needs_if_table(rows)
+    full = {(1,): {"oper": Integer32(1), "name": OctetString("swp1"), "in_octets": Counter32(1),
+                   "high_speed": Gauge32(100)}}
+    assert not needs_if_table(full)
+    row = {"oper": Integer32(1), "in_octets_32": Counter32(7), "in_ucast_32": Counter32(2**32 - 10),
+           "in_nucast_32": Counter32(25), "out_ucast_32": Counter32(3), "speed": Gauge32(10**9)}
+    sample = port_sample("old", (2,), row, "mgmt0", 1, None)
+    assert (sample.in_pkts, sample.out_pkts, sample.in_octets, sample.out_octets) == (15, 3, 7, None)
+    assert sample.counter_bits == 32 and sample.speed_bps == 10**9
 
 
 def test_collect_once_cli_prints_a_table_and_fails_for_a_dead_device(snmpd, tmp_path):
