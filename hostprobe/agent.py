@@ -1,4 +1,4 @@
-"""`nms-agent --config FILE`: the host probe agent.
+"""`nms-agent --config FILE`: the host probe agent (`--check`: validate the file, start nothing).
 
 One process per host. The probe loop (this module) runs on the main thread with epoll: probe
 sends on schedule, replies, follow-ups, TX stamps, ICMP errors, netlink link events. Two daemon
@@ -321,23 +321,32 @@ def main(argv: list[str] | None = None) -> int:
         description="fabric-nms host probe agent: probes peers NIC-to-NIC over every ECMP path with kernel "
                     "timestamps and reports loss, one-way delays, path events and NIC counters to the service.")
     parser.add_argument("--config", help="agent configuration file (YAML; see docs/hostprobe.md)")
+    parser.add_argument("--check", action="store_true",
+                        help="validate --config and exit, starting nothing: 0 valid (a one-line summary), "
+                             "1 invalid (every error with its field path and line)")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     args = parser.parse_args(argv)
     if args.version:
         print(f"nms-agent {__version__}")
         return 0
     if args.config is None:
+        if args.check:
+            parser.error("--check needs --config FILE")
         parser.print_help()
         return 2
     from nms.config import ConfigError
 
-    from hostprobe.config import load
+    from hostprobe.config import load, summary
 
     try:
         cfg = load(args.config)
     except ConfigError as e:
-        print(f"nms-agent: {e}", file=sys.stderr)
-        return 2
+        # --check: the lines of `nms config check` (FILE: N configuration error(s), then one per error)
+        print(str(e) if args.check else f"nms-agent: {e}", file=sys.stderr)
+        return 1 if args.check else 2
+    if args.check:
+        print(f"ok {args.config}: {summary(cfg)}")
+        return 0
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per report batch otherwise
     try:

@@ -127,6 +127,15 @@ class AgentConfig(Strict):
         return v
 
 
+def summary(cfg: AgentConfig) -> str:
+    """One line for `nms-agent --check` and `nms config check` (no secret in it)."""
+    nics = ", ".join(n.name + (f" {n.address}" if n.address else "") for n in cfg.nics)
+    p = cfg.probe
+    return (f"host {cfg.host!r}, service {cfg.service.url}, {len(cfg.nics)} NIC(s) ({nics}), probes on UDP {p.port} "
+            f"at {p.rate:g}/s x {p.sports} source ports, transport {p.transport}, "
+            f"clock sync {'on' if cfg.clock_sync.enabled else 'off'}")
+
+
 def load(path: str | Path) -> AgentConfig:
     """Load and validate; raises nms.config.ConfigError listing every problem."""
     from nms.config import load_config

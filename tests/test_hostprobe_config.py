@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import subprocess
@@ -127,3 +128,89 @@ def test_example_config_loads(tmp_path, monkeypatch):
     (tmp_path / "probe-key").write_text(KEY)
     cfg = parse_config(text.replace("/etc/nms-agent/probe-key", str(tmp_path / "probe-key")), model=AgentConfig)
     assert cfg.host == "gpu001" and cfg.nics[0].address is None and cfg.probe.sports == 32
+
+
+# --- validating a file without starting anything: `nms-agent --check`, `nms config check` ---------
+
+BAD = ("host: h1\n"
+       "service: {url: ftp://nms, token: " + TOKEN + "}\n"
+       "nics: [{name: eth0, address: '::1'}]\n"
+       "probe:\n"
+       "  key: short-secret\n"
+       "  rate: 0\n"
+       "  sportz: 3\n")
+BAD_WHERE = ["line 2: service.url", "line 3: nics[0].address", "line 5: probe.key", "line 6: probe.rate",
+             "line 7: probe.sportz"]
+
+
+def _good_file(tmp_path) -> Path:
+    (tmp_path / "key").write_text(KEY + "\n")
+    path = tmp_path / "agent.yaml"
+    # a NIC and buffer that the agent, were it started, would bind and create at once
+    path.write_text(f"{GOOD}report: {{buffer_dir: {tmp_path / 'buffer'}}}\n"
+                    .replace("{name: eth0, address: 198.19.1.1}", "{name: lo, address: 127.0.0.1}"))
+    return path
+
+
+def _run(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "AGENT_TOKEN": TOKEN, "COLUMNS": "200", **env})
+
+
+def test_agent_check_validates_without_starting(tmp_path):
+    path = _good_file(tmp_path)
+    proc = _run("hostprobe.agent", "--check", "--config", str(path))
+    assert proc.returncode == 0, proc.stderr
+    [line] = proc.stdout.splitlines()  # one line
+    assert line.startswith(f"ok {path}: host 'host1'") and "1 NIC(s) (lo 127.0.0.1)" in line, line
+    assert proc.stderr == "" and TOKEN not in proc.stdout and KEY not in proc.stdout
+    assert not (tmp_path / "buffer").exists()  # the agent's first act on start: nothing was started
+
+
+def test_agent_check_lists_every_error_with_field_and_line(tmp_path):
+    (tmp_path / "bad.yaml").write_text(BAD)
+    proc = _run("hostprobe.agent", "--check", "--config", str(tmp_path / "bad.yaml"))
+    assert proc.returncode == 1
+    lines = proc.stderr.splitlines()
+    assert lines[0] == f"{tmp_path / 'bad.yaml'}: 5 configuration error(s)", proc.stderr
+    assert [line.split(":")[0] + ":" + line.split(":")[1] for line in lines[1:]] == [f"  {w}" for w in BAD_WHERE]
+    assert proc.stdout == "" and TOKEN not in proc.stderr and "short-secret" not in proc.stderr
+    assert "--check needs --config" in _run("hostprobe.agent", "--check").stderr
+
+
+def test_nms_config_check_recognises_an_agent_file(tmp_path):
+    path = _good_file(tmp_path)
+    ok = _run("nms", "config", "check", str(path))
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith(f"ok {path} (nms-agent): host 'host1'") and len(ok.stdout.splitlines()) == 1
+    # the same lines as nms-agent --check, and the kind it was checked as
+    (tmp_path / "bad.yaml").write_text(BAD)
+    bad = _run("nms", "config", "check", str(tmp_path / "bad.yaml"))
+    agent = _run("hostprobe.agent", "--check", "--config", str(tmp_path / "bad.yaml"))
+    assert bad.returncode == 1
+    assert "5 configuration error(s) (checked as an nms-agent configuration" in bad.stderr
+    assert bad.stderr.splitlines()[1:] == agent.stderr.splitlines()[1:]
+    assert all(w in bad.stderr for w in BAD_WHERE)
+    # --kind service: checked as the service's file, which has none of these keys
+    forced = _run("nms", "config", "check", "--kind", "service", str(path))
+    assert forced.returncode == 1 and "line 2: host: Extra inputs are not permitted" in forced.stderr
+    # a service file with one stray agent key is still a service file
+    (tmp_path / "nms.yaml").write_text("site: lab\napi: {port: 8080}\nprobe: {rate: 5}\n")
+    svc = _run("nms", "config", "check", str(tmp_path / "nms.yaml"))
+    assert svc.returncode == 1 and "line 3: probe: Extra inputs" in svc.stderr and "nms-agent" not in svc.stderr
+
+
+@pytest.mark.parametrize("text, expected", [
+    (GOOD, "agent"),
+    ("host: h\nserivce: {}\nnics: []\nlog_level: info\n", "agent"),  # a typo does not make it a service file
+    ("site: x\nfabric: {}\nprobe: {}\n", "service"),
+    ("log_level: info\n", "service"),  # a key both have: the service's, as before
+    ("", "service"),
+    ("- a list\n", "service"),  # not a mapping: parse_config says so
+    ("host: [unclosed\n", "service"),  # not YAML: idem
+])
+def test_detect_model_by_top_level_keys(text, expected):
+    from nms.config import NmsConfig, detect_model
+
+    model = detect_model(text, [NmsConfig, AgentConfig])
+    assert model is {"agent": AgentConfig, "service": NmsConfig}[expected]

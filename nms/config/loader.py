@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -144,6 +144,23 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
     if isinstance(config, NmsConfig) and not config.data_dir.is_absolute():
         config = config.model_copy(update={"data_dir": (base_dir / config.data_dir).resolve()})
     return config
+
+
+def detect_model(text: str, models: Sequence[type[BaseModel]]) -> type[BaseModel]:
+    """Which of `models` a config text is for, by its top-level keys: the model with the most keys among
+    the fields no other of them has (a shared key such as log_level tells nothing). The first model on a
+    tie, for an empty file, and when the text is not a YAML mapping (parse_config then reports why)."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return models[0]
+    if not isinstance(root, yaml.MappingNode):
+        return models[0]
+    keys = {k.value for k, _ in root.value if isinstance(k, yaml.ScalarNode)}
+    fields = [set(m.model_fields) for m in models]
+    own = [f.difference(*(g for j, g in enumerate(fields) if j != i)) for i, f in enumerate(fields)]
+    scores = [len(keys & o) for o in own]
+    return models[scores.index(max(scores))]
 
 
 def load_config(path: str | Path, model: type[BaseModel] = NmsConfig) -> Any:

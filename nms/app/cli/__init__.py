@@ -7,6 +7,7 @@ import logging
 import os
 import time
 from datetime import datetime, timezone
+from enum import Enum
 from pathlib import Path
 from typing import Optional
 
@@ -22,7 +23,7 @@ from nms.app.cli.fabric import collect_app, devices as devices_cmd, topology as 
 from nms.app.cli.incidents import incidents_app
 from nms.app.cli.jobs import jobs_app
 from nms.app.cli.store import store_app
-from nms.config import ConfigError, load_config
+from nms.config import ConfigError, NmsConfig, detect_model, load_config
 from nms.config.models import parse_duration
 from nms.lab.cli import app as lab_app
 from nms.store import parse_tag_filters
@@ -45,20 +46,45 @@ console = Console(soft_wrap=True)
 
 
 
-def _load(path: Path):
+def _load(path: Path, model: type = NmsConfig, note: str = ""):
     try:
-        return load_config(path)
+        return load_config(path, model=model)
     except ConfigError as e:
-        err_console.print(f"[red]{e.source}: {len(e.issues)} configuration error(s)[/]")
+        err_console.print(f"[red]{e.source}: {len(e.issues)} configuration error(s)[/]{note}")
         for issue in e.issues:
-            err_console.print(f"  {issue}")
+            err_console.print(f"  {issue}", markup=False)
         raise typer.Exit(1) from None
 
 
+class ConfigKind(str, Enum):
+    auto = "auto"
+    service = "service"
+    agent = "agent"
+
+
 @config_app.command("check")
-def config_check(file: Path = typer.Argument(..., help="YAML configuration file")) -> None:
-    """Validate a configuration file; print every error with its field path and line."""
-    cfg = _load(file)
+def config_check(file: Path = typer.Argument(..., help="YAML configuration file"),
+                 kind: ConfigKind = typer.Option(ConfigKind.auto, "--kind", help=(
+                     "service (`nms serve`) or agent (`nms-agent`); auto: by the file's top-level keys"))) -> None:
+    """Validate a service or host agent configuration file; print every error with its field path and line."""
+    from hostprobe.config import AgentConfig, summary
+
+    models = {ConfigKind.service: NmsConfig, ConfigKind.agent: AgentConfig}
+    note = ""
+    if kind is ConfigKind.auto:
+        try:
+            text = file.read_text()
+        except OSError:
+            text = ""  # load_config reports it
+        model = detect_model(text, [NmsConfig, AgentConfig])
+        if model is AgentConfig:
+            note = " (checked as an nms-agent configuration by its top-level keys; --kind service to override)"
+    else:
+        model = models[kind]
+    cfg = _load(file, model, note)
+    if isinstance(cfg, AgentConfig):
+        console.print(f"[green]ok[/] {file} (nms-agent): {summary(cfg)}", highlight=False)
+        return
     fabric = cfg.fabric
     console.print(f"[green]ok[/] {file}: site {cfg.site!r}, store {cfg.store.backend}, "
                   f"{len(fabric.switches)} switches, {len(fabric.hosts)} hosts, {len(fabric.links)} links, "

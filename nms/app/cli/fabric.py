@@ -32,10 +32,94 @@ def _styled(value: str, styles: dict[str, str]) -> str:
 def _bps(value: float | None) -> str:
     if value is None:
         return ""
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if value >= scale:
             return f"{value / scale:.3g} {unit}b/s"
     return f"{value:.0f} b/s"
+
+
+_SI = (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3))
+
+
+def _bytes(value: int | None) -> str:
+    """A byte counter in three digits: 14.3 GB (decimal units, like the rates)."""
+    if value is None:
+        return ""
+    for unit, scale in _SI:
+        if value >= scale:
+            return f"{value / scale:.3g} {unit}B"
+    return f"{value} B"
+
+
+def _count(value: int | None) -> str:
+    """A count, exact below 100,000, else in three digits (1.23M)."""
+    if value is None:
+        return ""
+    if value < 100_000:
+        return str(value)
+    for unit, scale in _SI:
+        if value >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return str(value)
+
+
+def _total(*values: int | None) -> int | None:
+    return None if all(v is None for v in values) else sum(v or 0 for v in values)
+
+
+def _ago(ns: int | None, now_ns: int) -> str:
+    if not ns:
+        return "never"
+    s = max(0.0, (now_ns - ns) / 1e9)
+    for unit, scale in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= scale:
+            return f"{s / scale:.0f}{unit} ago"
+    return f"{s:.0f}s ago"
+
+
+def _table(*columns: str, title: str | None = None, fold: tuple[str, ...] = (), **kwargs) -> Table:
+    """A rich table whose `fold` columns (names, errors) wrap when the terminal is narrow; the others
+    (states, numbers, times) keep one line."""
+    table = Table(title=title, title_justify="left", **kwargs)
+    for name in columns:
+        table.add_column(name, overflow="fold", no_wrap=name not in fold)
+    return table
+
+
+WIDE_WRAP = 60  # --wide: columns that may wrap (names, errors) wrap at this width, not the terminal's
+
+
+def _print_table(table: Table, wide: bool) -> None:
+    """Default tables are chosen to fit 80 columns. --wide ones are never squeezed into ellipses: as wide
+    as their columns need, beyond the terminal if need be (pipe to `less -S`)."""
+    if not wide:
+        console.print(table)
+        return
+    from rich.measure import Measurement
+
+    for column in table.columns:
+        if not column.no_wrap and column.max_width is None:
+            column.max_width = WIDE_WRAP
+    needed = Measurement.get(console, console.options.update(max_width=1 << 16), table).maximum
+    if needed <= console.width:
+        console.print(table)
+    else:
+        Console(file=console.file, width=needed, soft_wrap=True, force_terminal=console.is_terminal,
+                color_system=console.color_system).print(table)
+
+
+def _error_notes(errors: list[tuple[str, str, str]]) -> None:
+    """Under a default (80-column) table, whose error column holds only the kind: each failing
+    device's whole message, wrapped at the terminal's width. (device, collector, message)"""
+    import textwrap
+
+    for device, collector, message in errors:
+        message = message.removeprefix(f"{device}: ")  # the collectors name the device first
+        console.print(textwrap.fill(f"{device} ({collector}): {message}", width=max(console.width, 40),
+                                    initial_indent="  ", subsequent_indent="    "), markup=False, highlight=False)
+
+
+WideOpt = typer.Option(False, "--wide", "-w", help="every column (the default shows those that fit 80 columns)")
 
 
 def topology(as_json: bool = typer.Option(False, "--json"), problems: bool = typer.Option(
@@ -63,29 +147,51 @@ def topology(as_json: bool = typer.Option(False, "--json"), problems: bool = typ
     console.print(f"{len(topo['links'])} cables, {len(bad)} with problems")
 
 
-def devices(as_json: bool = typer.Option(False, "--json"), url: str = UrlOpt,
-            token: Optional[str] = TokenOpt) -> None:
-    """Collector status per device: last poll, duration, errors, backoff."""
+def devices(as_json: bool = typer.Option(False, "--json", help="everything /devices returns, as JSON"),
+            wide: bool = WideOpt, url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+    """Collector status per device: state, last success, failures, error (--wide: address, poll time,
+    polls, exact times)."""
     items = ApiClient(url, token).call("GET", "/devices")
     if as_json:
         print(json.dumps(items, indent=2))
         return
-    table = Table("device", "collector", "address", "state", "last success", "took", "polls", "failures", "error")
+    now = time.time_ns()
+    if wide:
+        table = _table("device", "collector", "address", "state", "last success", "took", "polls", "failures",
+                       "error", fold=("error",))
+    else:  # the error's kind here, its message under the table
+        table = _table("device", "collector", "state", "last ok", "failures", "error")
+    errors = []
     for d in items:
-        table.add_row(d["device"], d["collector"], d["address"], _styled(d["state"], STATE_STYLE),
-                      fmt_time(d["last_success_ns"]) if d["last_success_ns"] else "never",
-                      f"{d['last_duration_s']:.2f} s" if d["last_duration_s"] is not None else "",
-                      str(d["polls"]), str(d["failures"]),
-                      f"{d['last_error_kind']}: {d['last_error']}" if d["state"] != "ok" and d["last_error"] else "")
-    console.print(table)
+        failing = d["state"] != "ok" and d["last_error"]
+        state = _styled(d["state"], STATE_STYLE)
+        if wide:
+            table.add_row(d["device"], d["collector"], d["address"], state,
+                          fmt_time(d["last_success_ns"]) if d["last_success_ns"] else "never",
+                          f"{d['last_duration_s']:.2f} s" if d["last_duration_s"] is not None else "",
+                          str(d["polls"]), str(d["failures"]),
+                          f"{d['last_error_kind']}: {d['last_error']}" if failing else "")
+        else:
+            table.add_row(d["device"], d["collector"], state, _ago(d["last_success_ns"], now),
+                          f"{d['failures']}/{d['polls']}", (d["last_error_kind"] or "") if failing else "")
+            if failing:
+                errors.append((d["device"], d["collector"], d["last_error"]))
+    _print_table(table, wide)
+    _error_notes(errors)
 
 
 @collect_app.command("snmp")
 def collect_snmp(config: Path = typer.Option(..., "--config", "-c", help="YAML configuration file"),
                  once: bool = typer.Option(True, "--once", help="one poll cycle, then exit (the only mode)"),
                  device: list[str] = typer.Option([], "--device", "-d", help="only these switches (repeatable)"),
-                 as_json: bool = typer.Option(False, "--json", help="print the records as JSON lines")) -> None:
-    """Poll the configured switches once over SNMP and print what came back (nothing is stored)."""
+                 wide: bool = WideOpt,
+                 as_json: bool = typer.Option(False, "--json", help=(
+                     "everything as one JSON object: devices (status), facts, interfaces (every counter), "
+                     "lldp, addresses"))) -> None:
+    """Poll the configured switches once over SNMP and print what came back (nothing is stored).
+
+    The default tables fit an 80-column terminal: per port the oper status, speed, bytes in/out and
+    errors/discards (in + out); --wide adds MTU, packets and each direction's raw counters."""
     from nms.app.cli import _load
     from nms.app.polling import Poller, load_collectors
 
@@ -112,42 +218,78 @@ def collect_snmp(config: Path = typer.Option(..., "--config", "-c", help="YAML c
         statuses = asyncio.run(run())
     took = time.perf_counter() - started
     if as_json:
-        for sample in poller.recent.samples.values():
-            print(sample.model_dump_json())
-        for items in poller.recent.neighbors.values():
-            for n in items:
-                print(n.model_dump_json())
+        print(json.dumps(_cycle_json(poller, statuses), indent=2))
     else:
-        _print_cycle(poller, statuses)
+        _print_cycle(poller, statuses, wide)
     failed = [s for s in statuses if s.state != "ok"]
     err_console.print(f"{len(statuses) - len(failed)}/{len(statuses)} devices ok in {took:.2f} s")
     if failed:
         raise typer.Exit(1)
 
 
-def _print_cycle(poller, statuses) -> None:
-    table = Table("device", "port", "oper", "speed", "mtu", "in octets", "out octets", "in pkts", "out pkts",
-                  "in err", "out err", "in disc", "out disc", title="interfaces", title_justify="left")
-    for (dev, port), s in sorted(poller.recent.samples.items()):
-        table.add_row(dev, port, _styled(s.oper_status or "", STATE_STYLE), _bps(s.speed_bps) if s.speed_bps else "",
-                      str(s.mtu or ""), *(str(v) if v is not None else "" for v in (
-                          s.in_octets, s.out_octets, s.in_pkts, s.out_pkts, s.in_errors, s.out_errors,
-                          s.in_discards, s.out_discards)))
-    console.print(table)
-    lldp = Table("device", "port", "neighbor", "neighbor port", title="LLDP neighbours", title_justify="left")
+def _cycle_json(poller, statuses) -> dict:
+    """One poll cycle, every field of every record (`collect ... --once --json`)."""
+    recent = poller.recent
+    dump = lambda r: r.model_dump(mode="json")  # noqa: E731
+    return {
+        "devices": [dump(d) for d in statuses],
+        "facts": [dump(f) for _, f in sorted(recent.facts.items())],
+        "interfaces": [dump(s) for _, s in sorted(recent.samples.items())],
+        "lldp": [dump(n) for _, items in sorted(recent.neighbors.items()) for n in items],
+        "addresses": [dump(a) for _, items in sorted(recent.addresses.items()) for a in items],
+    }
+
+
+def _print_cycle(poller, statuses, wide: bool = False) -> None:
+    """The tables of one poll cycle (any collector's): interfaces, LLDP neighbours, devices."""
+    samples = sorted(poller.recent.samples.items())
+    if wide:
+        table = _table("device", "port", "oper", "speed", "mtu", "in octets", "out octets", "in pkts", "out pkts",
+                       "in err", "out err", "in disc", "out disc", title="interfaces")
+        for (dev, port), s in samples:
+            table.add_row(dev, port, _styled(s.oper_status or "", STATE_STYLE), _bps(s.speed_bps or None),
+                          str(s.mtu or ""), *(str(v) if v is not None else "" for v in (
+                              s.in_octets, s.out_octets, s.in_pkts, s.out_pkts, s.in_errors, s.out_errors,
+                              s.in_discards, s.out_discards)))
+    else:
+        # what a person reads first, in 80 columns: is it up, how fast, is traffic flowing, is anything lost
+        table = _table("device", "port", "oper", "speed", "in", "out", "errors", "discards",
+                       title="interfaces (counters: bytes; errors and discards in + out)",
+                       fold=("device", "port"))
+        for (dev, port), s in samples:
+            table.add_row(dev, port, _styled(s.oper_status or "", STATE_STYLE), _bps(s.speed_bps or None),
+                          _bytes(s.in_octets), _bytes(s.out_octets), _count(_total(s.in_errors, s.out_errors)),
+                          _count(_total(s.in_discards, s.out_discards)))
+    for column in table.columns[3:]:
+        column.justify = "right"
+    _print_table(table, wide)
+    lldp = _table("device", "port", "neighbor", "neighbor port", title="LLDP neighbours",
+                  fold=("device", "port", "neighbor", "neighbor port"))
     for dev, items in sorted(poller.recent.neighbors.items()):
         for n in items:
             lldp.add_row(dev, n.port, n.remote_name or "", n.remote_port or "")
     if lldp.rows:
-        console.print(lldp)
-    status = Table("device", "address", "state", "took", "objects", "error", title="devices", title_justify="left")
+        _print_table(lldp, wide)
+    if wide:
+        status = _table("device", "address", "state", "took", "objects", "error", title="devices", fold=("error",))
+    else:  # the error's kind here, its message under the table
+        status = _table("device", "state", "took", "objects", "error", title="devices")
+    errors = []
     for d in statuses:
         facts = poller.recent.facts.get(d.device)
-        status.add_row(d.device, d.address, _styled(d.state, STATE_STYLE),
-                       f"{d.last_duration_s:.2f} s" if d.last_duration_s is not None else "",
-                       str(facts.interfaces) + " ifs" if facts and d.state == "ok" else "",
-                       f"{d.last_error_kind}: {d.last_error}" if d.last_error and d.state != "ok" else "")
-    console.print(status)
+        failing = d.last_error and d.state != "ok"
+        row = [d.device, d.address, _styled(d.state, STATE_STYLE),
+               f"{d.last_duration_s:.2f} s" if d.last_duration_s is not None else "",
+               str(facts.interfaces) + " ifs" if facts and d.state == "ok" else "",
+               f"{d.last_error_kind}: {d.last_error}" if failing else ""]
+        if not wide:
+            del row[1]
+            row[-1] = (d.last_error_kind or "") if failing else ""
+            if failing:
+                errors.append((d.device, d.collector, d.last_error))
+        status.add_row(*row)
+    _print_table(status, wide)
+    _error_notes(errors)
 
 
 class _NullStore:
