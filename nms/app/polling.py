@@ -7,6 +7,11 @@ Results become rates (nms.counters), link events and flap counts (nms.linkstate)
 and to an in-memory recent window that the API's /topology, /devices and /ports read (and that
 keeps each device's latest interface addresses for the correlator). `on_records`, when set, sees
 every poll's records plus the derived ones (PortRates, LinkEvent).
+
+A poll may report several devices: a fabric manager (UFM) is polled as one device and returns the
+records of the switches it manages. The devices a poll covers are the ones its DeviceFacts name
+(the polled device's own facts come first); each gets its facts and LLDP neighbours filed under its
+own name, and counts as reachable while the polled device's last poll succeeded.
 """
 
 from __future__ import annotations
@@ -91,6 +96,8 @@ class RecentWindow:
     # device -> its interface addresses from the latest poll that read them (collectors read them
     # only now and then, so not pruned by the window; replaced whole, an empty list included)
     addresses: dict[str, list[InterfaceAddress]] = field(default_factory=dict)
+    # polled device -> the other devices its latest poll reported (a fabric manager's switches)
+    covered: dict[str, set[str]] = field(default_factory=dict)
 
     def prune(self, now_ns: int) -> None:
         cutoff = now_ns - int(self.window_s * NS)
@@ -218,10 +225,17 @@ class Poller:
                 derived.append(event)
                 self.recent.events.append(event)
             self.recent.samples[(sample.device, sample.port)] = sample
-        if result.facts is not None:
-            self.recent.facts[result.device] = result.facts
+        facts = [r for r in records if isinstance(r, DeviceFacts)]
+        for f in facts:
+            self.recent.facts[f.device] = f
+        devices = {f.device for f in facts} | {result.device}
+        if len(devices) > 1 or result.device in self.recent.covered:
+            self.recent.covered[result.device] = devices - {result.device}
         if any(isinstance(r, LldpNeighbor) for r in records) or self._lldp_enabled(result):
-            self.recent.neighbors[result.device] = result.neighbors
+            neighbors: dict[str, list[LldpNeighbor]] = {d: [] for d in devices}
+            for n in result.neighbors:
+                neighbors.setdefault(n.device, []).append(n)
+            self.recent.neighbors.update(neighbors)
         addresses = [r for r in records if isinstance(r, InterfaceAddress)]
         if addresses or getattr(result, "addresses_walked", False):
             self.recent.addresses[result.device] = addresses
@@ -248,7 +262,7 @@ class Poller:
     def _lldp_enabled(self, result) -> bool:
         st = self.status.get((result.collector, result.device))
         settings = self.collectors[result.collector].settings(st.device) if st else None
-        return bool(getattr(settings, "lldp", False))
+        return bool(getattr(settings, "lldp", False) or getattr(settings, "links", False))
 
     # -- views ---------------------------------------------------------------------------------
 
@@ -259,7 +273,8 @@ class Poller:
         now = time.time_ns()
         reachable: dict[str, bool] = {}
         for (_, device), st in self.status.items():
-            reachable[device] = reachable.get(device, False) or st.state == "ok"
+            for d in {device} | self.recent.covered.get(device, set()):
+                reachable[d] = reachable.get(d, False) or st.state == "ok"
         fresh = {d: n for d, n in self.recent.neighbors.items() if reachable.get(d)}
         oper = {k: s.oper_status for k, s in self.recent.samples.items() if reachable.get(k[0])}
         flapping = [k for k in self.recent.samples if self.links.flapping(k[0], k[1], now)]

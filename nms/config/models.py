@@ -352,8 +352,60 @@ class SnmpSettings(Strict):
         return self
 
 
+class UfmSettings(Strict):
+    """NVIDIA UFM Enterprise REST API (collectors/ufm.py, docs/ufm.md). The device is the UFM server;
+    its polls report the switches UFM manages. Either `token` (/ufmRestV3) or username and password
+    (/ufmRest)."""
+
+    url: HttpUrl | None = None  # default https://<mgmt_address>; give it for a host name or another port
+    username: str | None = None
+    password: SecretStr | None = None
+    token: SecretStr | None = None  # an access token (UFM Settings > Access Tokens)
+    verify_tls: bool = True
+    ca_file: Path | None = None  # CA bundle for UFM's certificate (default: the system's)
+    interval: Seconds = 30.0
+    timeout: Seconds = 10.0  # per request
+    retries: int = Field(2, ge=0, le=10)  # after a timeout, a refused connection, HTTP 429 or 5xx
+    backoff: Seconds = 0.5  # before the first retry; doubles per retry
+    deadline: Seconds | None = None  # a poll still running then is cancelled (default: 0.8 x interval)
+    page_size: int = Field(1000, ge=0, le=1_000_000)  # links asked page by page (rpp); 0: in one answer
+    systems: list[str] = []  # fnmatch patterns of switch names to report (all when empty)
+    counters: bool = True  # port counters (Monitoring REST API snapshot)
+    links: bool = True  # links as LldpNeighbor records (for the topology)
+    alarms: bool = True
+    events: bool = True  # events: link down / flap evidence for the correlator, and stored
+    timezone: str = "UTC"  # the UFM server's clock, for event and alarm timestamps (they carry no zone)
+
+    @field_validator("url")
+    @classmethod
+    def _no_userinfo(cls, v: str | None) -> str | None:
+        if v is not None and "@" in v.split("//", 1)[1].split("/", 1)[0]:
+            raise ValueError("give the credentials as username/password or token, not in the URL")
+        return v
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, v: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {v!r} (an IANA name such as UTC or Europe/Berlin)") from None
+        return v
+
+    @model_validator(mode="after")
+    def _credentials(self) -> UfmSettings:
+        if self.token is not None and (self.username or self.password):
+            raise ValueError("give either token or username/password, not both")
+        if self.token is None and not (self.username and self.password):
+            raise ValueError("UFM needs a token, or a username and a password")
+        return self
+
+
 class CollectorSettings(Strict):
     snmp: SnmpSettings | None = None
+    ufm: UfmSettings | None = None
 
 
 class SwitchConfig(Strict):

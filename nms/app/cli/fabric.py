@@ -180,31 +180,47 @@ def devices(as_json: bool = typer.Option(False, "--json", help="everything /devi
     _error_notes(errors)
 
 
+JsonOpt = typer.Option(False, "--json", help=(
+    "everything as one JSON object: devices (status), facts, interfaces (every counter), lldp, addresses"))
+ConfigOpt = typer.Option(..., "--config", "-c", help="YAML configuration file")
+OnceOpt = typer.Option(True, "--once", help="one poll cycle, then exit (the only mode)")
+DeviceOpt = typer.Option([], "--device", "-d", help="only these devices (repeatable)")
+
+
 @collect_app.command("snmp")
-def collect_snmp(config: Path = typer.Option(..., "--config", "-c", help="YAML configuration file"),
-                 once: bool = typer.Option(True, "--once", help="one poll cycle, then exit (the only mode)"),
-                 device: list[str] = typer.Option([], "--device", "-d", help="only these switches (repeatable)"),
-                 wide: bool = WideOpt,
-                 as_json: bool = typer.Option(False, "--json", help=(
-                     "everything as one JSON object: devices (status), facts, interfaces (every counter), "
-                     "lldp, addresses"))) -> None:
+def collect_snmp(config: Path = ConfigOpt, once: bool = OnceOpt, device: list[str] = DeviceOpt,
+                 wide: bool = WideOpt, as_json: bool = JsonOpt) -> None:
     """Poll the configured switches once over SNMP and print what came back (nothing is stored).
 
     The default tables fit an 80-column terminal: per port the oper status, speed, bytes in/out and
     errors/discards (in + out); --wide adds MTU, packets and each direction's raw counters."""
+    _collect_once("snmp", "over SNMP", config, device, wide, as_json)
+
+
+@collect_app.command("ufm")
+def collect_ufm(config: Path = ConfigOpt, once: bool = OnceOpt, device: list[str] = DeviceOpt,
+                wide: bool = WideOpt, as_json: bool = JsonOpt) -> None:
+    """Poll the configured UFM servers once and print the switches, ports and links they report
+    (nothing is stored). Same tables as `collect snmp`; UFM's own problems (items left out) follow."""
+    _collect_once("ufm", "from UFM", config, device, wide, as_json)
+
+
+def _collect_once(name: str, how: str, config: Path, device: list[str], wide: bool, as_json: bool) -> None:
     from nms.app.cli import _load
     from nms.app.polling import Poller, load_collectors
 
     cfg = _load(config)
     logging.getLogger("nms.app.polling").setLevel(logging.ERROR)  # failures are in the table below
-    switches = [s for s in cfg.fabric.switches if s.collectors.snmp is not None and (not device or s.name in device)]
+    logging.getLogger(f"collectors.{name}").setLevel(logging.ERROR)  # so are a poll's problems
+    switches = [s for s in cfg.fabric.switches
+                if getattr(s.collectors, name) is not None and (not device or s.name in device)]
     if not switches:
-        err_console.print("[red]error:[/] no switch with collectors.snmp settings"
+        err_console.print(f"[red]error:[/] no device with collectors.{name} settings"
                           + (f" among {', '.join(device)}" if device else ""))
         raise typer.Exit(2)
     cfg = cfg.model_copy(update={"fabric": cfg.fabric.model_copy(update={"switches": switches, "links": [],
                                                                            "hosts": []})})
-    collectors = {k: v for k, v in load_collectors(cfg).items() if k == "snmp"}
+    collectors = {k: v for k, v in load_collectors(cfg).items() if k == name}
     poller = Poller(cfg, _NullStore(), registry=None, collectors=collectors)
 
     async def run():
@@ -214,13 +230,22 @@ def collect_snmp(config: Path = typer.Option(..., "--config", "-c", help="YAML c
             await poller.close()
 
     started = time.perf_counter()
-    with console.status(f"polling {len(switches)} switch(es) over SNMP..."):
+    with console.status(f"polling {len(switches)} device(s) {how}..."):
         statuses = asyncio.run(run())
     took = time.perf_counter() - started
+    problems = [str(p) for items in getattr(collectors[name], "problems", {}).values() for p in items]
     if as_json:
-        print(json.dumps(_cycle_json(poller, statuses), indent=2))
+        print(json.dumps({**_cycle_json(poller, statuses), **({"problems": problems} if problems else {})},
+                         indent=2))
     else:
         _print_cycle(poller, statuses, wide)
+        if problems:
+            import textwrap
+
+            console.print("left out of the poll (the rest was kept):")
+            for p in problems:
+                console.print(textwrap.fill(p, width=max(console.width, 40), initial_indent="  ",
+                                            subsequent_indent="    "), markup=False, highlight=False)
     failed = [s for s in statuses if s.state != "ok"]
     err_console.print(f"{len(statuses) - len(failed)}/{len(statuses)} devices ok in {took:.2f} s")
     if failed:

@@ -1,0 +1,177 @@
+"""The UFM collector: one NVIDIA UFM Enterprise server, reporting the InfiniBand switches it manages.
+
+The configured device is the UFM server (its `collectors.ufm` section); one poll reads, from UFM
+Enterprise REST API Guide v6.22.1 routes (docs/ufm.md):
+
+1. GET  app/ufm_version       -> DeviceFacts of the UFM server itself (first record: the service
+                                  files a poll's facts under the polled device by the first one)
+2. GET  resources/systems     -> DeviceFacts per switch (`systems` patterns pick which)
+3. GET  resources/ports       -> PortSample per switch port (state, speed, MTU)
+4. POST monitoring/snapshot   -> the PortSamples' counters (64-bit; data counted in 4-octet units)
+5. GET  resources/links       -> LldpNeighbor per switch end of each link (paged: page_number/rpp)
+6. GET  app/events            -> LinkEvent for link downs / flaps the samples cannot see, and a
+                                  `ufm_event` point per new event (collectors/ufm_events.py)
+7. GET  app/alarms            -> a `ufm_alarm` point per active alarm
+
+Records name switches by UFM's system name, so a switch also polled over SNMP under the same name
+is the same device. 1-3 are the poll: their failure fails it. 4-7 add to it: a bad answer there
+(HTTP error, not JSON, wrong shape) is logged and kept in `problems`, and the poll goes on; a timeout,
+a refused connection or refused credentials fail the poll whatever the route. Items of an answer
+that lack what is needed are left out and noted in `problems` (route, item, what); the rest is kept.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import time
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from collectors.base import Collector, CollectorBadResponse, CollectorConfigError, PollResult
+from collectors.ufm_events import LinkEvidence, alarm_points, event_points
+from collectors.ufm_http import UfmClient
+from collectors.ufm_model import (COUNTERS, Bad, Fabric, Problems, counter_values, device_facts, index_ports,
+                                  index_systems, neighbors, port_sample, snapshot_counters)
+from nms.config.models import SwitchConfig, UfmSettings
+from nms.records import DeviceFacts
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_OBJECTS = 1000  # ports per monitoring snapshot request
+
+
+class UfmCollector(Collector):
+    name = "ufm"
+    counter_bits: dict[str, int] = {}  # every UFM counter is 64-bit
+
+    def __init__(self, flap_count: int = 8, flap_window_s: float = 3600.0):
+        self.flap_count, self.flap_window_s = flap_count, flap_window_s
+        self._clients: dict[str, tuple[UfmSettings, str, UfmClient]] = {}
+        self._evidence: dict[str, LinkEvidence] = {}
+        self._snapshots: dict[str, tuple[int | None, int]] = {}  # device -> (UFM's snapshot time, our ts)
+        self.problems: dict[str, list[CollectorBadResponse]] = {}  # device -> what its last poll left out
+
+    @classmethod
+    def from_config(cls, config: Any) -> UfmCollector:
+        return cls(config.thresholds.flap_count, config.thresholds.flap_window)
+
+    async def _client(self, device: SwitchConfig) -> UfmClient:
+        settings = self.settings(device)
+        if settings is None:
+            raise CollectorConfigError(device.name, "has no collectors.ufm settings")
+        cached = self._clients.get(device.name)
+        if cached is not None and cached[0] is settings and cached[1] == device.mgmt_address:
+            return cached[2]
+        if cached is not None:
+            await cached[2].close()
+        client = UfmClient(device.name, device.mgmt_address, settings)
+        self._clients[device.name] = (settings, device.mgmt_address, client)
+        self._evidence[device.name] = LinkEvidence(self.flap_count, self.flap_window_s)
+        self._snapshots.pop(device.name, None)
+        return client
+
+    async def collect(self, device: SwitchConfig) -> PollResult:
+        client = await self._client(device)
+        s = client.settings
+        started_ns, t0 = time.time_ns(), time.perf_counter()
+        client.requests = 0
+        zone, problems, failed = ZoneInfo(s.timezone), Problems(), []
+        version = await client.get("/app/ufm_version")
+        route = client.route("/resources/systems")
+        fabric = index_systems(await client.get_list("/resources/systems"), route, problems,
+                               lambda name: not s.systems or any(fnmatch.fnmatchcase(name, p) for p in s.systems))
+        _all_bad(device.name, client, route, problems)
+        route = client.route("/resources/ports")
+        index_ports(fabric, await client.get_list("/resources/ports"), route, problems)
+        _all_bad(device.name, client, route, problems)
+        now = time.time_ns()
+        ts, counters = now, {}
+        if s.counters and fabric.switch_ports():
+            ts, counters = await self._optional(failed, self._counters(client, fabric, zone, now), (now, {}))
+        samples = [port_sample(ref, ts, counters.get(ref.name, {})) for ref in fabric.switch_ports()]
+        records: list[Any] = [_ufm_facts(device.name, version, now, len(samples)), *device_facts(fabric, now), *samples]
+        peers = {}
+        if s.links:
+            items = await self._optional(failed, client.get_list("/resources/links", paged=True), None)
+            if items is not None:
+                found, peers = neighbors(fabric, items, client.route("/resources/links"), problems, now)
+                records += found
+        if s.events:
+            items = await self._optional(failed, client.get_list("/app/events"), None)
+            if items is not None:
+                evidence = self._evidence[device.name]
+                fresh = evidence.new_events(items, client.route("/app/events"), problems)
+                by_end = {(x.device, x.port): x for x in samples}
+                records += evidence.link_events(fresh, fabric, peers, by_end, now, zone)
+                records += event_points(device.name, fresh, fabric, now, zone)
+        if s.alarms:
+            items = await self._optional(failed, client.get_list("/app/alarms"), None)
+            if items is not None:
+                records += alarm_points(device.name, items, client.route("/app/alarms"), problems, fabric, now)
+        self._report(device.name, client, failed, problems)
+        return PollResult(device=device.name, collector=self.name, started_ns=started_ns,
+                          duration_s=time.perf_counter() - t0, records=records, counter_bits=self.counter_bits,
+                          values=client.requests)
+
+    async def _counters(self, client: UfmClient, fabric: Fabric, zone: ZoneInfo, now: int
+                        ) -> tuple[int, dict[str, dict[str, int]]]:
+        """Counters of every reported switch port, and the sample time: now when UFM's snapshot time
+        moved since the last poll, else the time those values were first seen (so that a repeated
+        snapshot gives no rate over the wrong interval)."""
+        names = [ref.name for ref in fabric.switch_ports()]
+        route = client.route("/monitoring/snapshot")
+        values: dict[str, dict[str, int]] = {}
+        newest: int | None = None
+        for i in range(0, len(names), SNAPSHOT_OBJECTS):
+            answer = await client.post("/monitoring/snapshot", {
+                "attributes": [attribute for attribute, _ in COUNTERS.values()], "functions": ["RAW"],
+                "scope_object": "Port", "monitor_object": "Port", "objects": names[i:i + SNAPSHOT_OBJECTS]})
+            try:
+                when, ports = snapshot_counters(answer, zone)
+            except Bad as e:
+                raise CollectorBadResponse(client.device, f"{client.base}: POST {route}: {e}") from None
+            newest = when if newest is None or (when or 0) > newest else newest
+            values.update({name: counter_values(attrs) for name, attrs in ports.items()})
+        previous = self._snapshots.get(client.device)
+        ts = previous[1] if previous is not None and newest is not None and previous[0] == newest else now
+        self._snapshots[client.device] = (newest, ts)
+        return ts, values
+
+    @staticmethod
+    async def _optional(failed: list[CollectorBadResponse], pending, default):
+        """A route that adds to the poll: its bad answer is noted, not fatal (timeouts, refused
+        connections and credentials still are)."""
+        try:
+            return await pending
+        except CollectorBadResponse as e:
+            failed.append(e)
+            return default
+
+    def _report(self, device: str, client: UfmClient, failed: list[CollectorBadResponse], problems: Problems) -> None:
+        found = failed + [CollectorBadResponse(device, f"{client.base}: GET {m}") for m in problems.messages()]
+        for e in found:
+            log.warning("%s (kept the rest of the poll)", e)
+        self.problems[device] = found
+
+    async def close(self) -> None:
+        for _, _, client in self._clients.values():
+            await client.close()
+        self._clients.clear()
+        self._evidence.clear()
+        self._snapshots.clear()
+
+
+def _all_bad(device: str, client: UfmClient, route: str, problems: Problems) -> None:
+    """An answer none of whose items can be used fails the poll (nothing to report is not 'ok')."""
+    notes, total = problems.by_route.get(route, []), problems.totals.get(route, 0)
+    if total and len(notes) == total:
+        raise CollectorBadResponse(device, f"{client.base}: GET {route}: none of its {total} items is usable: "
+                                           f"{notes[0]}")
+
+
+def _ufm_facts(device: str, version: Any, ts: int, ports: int) -> DeviceFacts:
+    release = version.get("ufm_release_version") if isinstance(version, dict) else None
+    descr = "NVIDIA UFM Enterprise" + (f" {release}" if isinstance(release, str) else "")
+    return DeviceFacts(device=device, ts=ts, sys_name=device[:255], interfaces=ports, sys_descr=descr)
+

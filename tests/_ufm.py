@@ -1,0 +1,309 @@
+"""A stand-in NVIDIA UFM Enterprise server for the UFM collector's tests: a real HTTP server on
+127.0.0.1 serving a small InfiniBand fat tree (2 spines, 2 leaves, 4 GPU hosts, NDR).
+
+No real UFM ran these tests. Routes, JSON shapes, field names and authentication follow the NVIDIA
+UFM Enterprise REST API Guide v6.22.1 (see tests/test_ufm_collector.py for the sections and for
+which shapes the guide shows and which come from elsewhere).
+
+Knobs for failure tests: `faults[route]` is a list of actions taken, one per request, before the
+route answers normally again ("500", "hang", "not json", or a callable returning the body to send);
+`requests` records (method, path, query, Authorization header) of every request.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+import threading
+import time
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+from urllib.parse import parse_qs, urlsplit
+
+USERNAME, PASSWORD = "admin", "ufm-stand-in-password"
+TOKEN = "Zb3qGk1xW9sTqfPk7LmN0aYc4RvE2d"  # UFM access tokens are opaque strings
+
+# (name, system GUID, management IP, role)
+SWITCHES = [("spine-1", "fc6a1c0300a0b000", "10.10.0.11", "core"),
+            ("spine-2", "fc6a1c0300a0c000", "10.10.0.12", "core"),
+            ("leaf-1", "fc6a1c0300a0d000", "10.10.0.21", "tor"), ("leaf-2", "fc6a1c0300a0e000", "10.10.0.22", "tor")]
+HOSTS = [("gpu-01", "b8599f0300f01000"), ("gpu-02", "b8599f0300f02000"), ("gpu-03", "b8599f0300f03000"),
+         ("gpu-04", "b8599f0300f04000")]
+GUID = {name: guid for name, guid, *_ in SWITCHES} | dict(HOSTS)
+SWITCH_NAMES = {name for name, *_ in SWITCHES}
+# cables: (switch, label, far system, far label); NDR labels 1/N/1 are port number 2N - 1
+CABLES = [("leaf-1", "1/1/1", "spine-1", "1/1/1"), ("leaf-1", "1/2/1", "spine-2", "1/1/1"),
+          ("leaf-2", "1/1/1", "spine-1", "1/2/1"), ("leaf-2", "1/2/1", "spine-2", "1/2/1"),
+          ("leaf-1", "1/3/1", "gpu-01", "1"), ("leaf-1", "1/4/1", "gpu-02", "1"),
+          ("leaf-2", "1/3/1", "gpu-03", "1"), ("leaf-2", "1/4/1", "gpu-04", "1")]
+# unconnected switch ports: (switch, label, physical state)
+SPARE = [("spine-1", "1/3/1", "Polling"), ("leaf-2", "1/5/1", "Disabled")]
+AN_GUID = "fc6a1c0300a0d0a0"  # leaf-1's SHARP aggregation node
+ATTRIBUTES = ["Infiniband_MBIn", "Infiniband_MBOut", "Infiniband_PckIn", "Infiniband_PckOut", "Infiniband_RcvErrors",
+              "Infiniband_XmtDiscards"]
+
+
+def number(label: str) -> int:
+    return 2 * int(label.split("/")[1]) - 1 if "/" in label else int(label)
+
+
+def port_name(system: str, label: str) -> str:
+    return f"{GUID[system]}_{number(label)}"
+
+
+def ufm_time(seconds_ago: float) -> str:
+    """UFM's event / alarm time format (server clock, here UTC), e.g. '2024-05-28 08:23:10'."""
+    return datetime.fromtimestamp(time.time() - seconds_ago, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _switch_port(system: str, label: str, peer: tuple[str, str] | None, physical: str = "LinkUp") -> dict:
+    up = peer is not None
+    peer_system, peer_label = peer or ("N/A", "N/A")
+    return {
+        "description": "Switch IB Port", "number": number(label), "external_number": number(label),
+        "physical_state": physical, "path": f"default(5) / Switch: {system} / {label}",
+        "tier": 2 if "spine" in system else 1,
+        "high_ber_severity": "N/A", "lid": 10 + number(label), "mirror": "disable",
+        "logical_state": "Active" if up else "Down",
+        "capabilities": ["reset", "healthy_operations", "disable", "get_cables_info"], "mtu": 4096,
+        "peer_port_dname": peer_label, "severity": "Info",
+        "active_speed": "NDR" if up else None, "enabled_speed": ["NDR", "HDR", "EDR"] if up else [],
+        "supported_speed": ["NDR", "HDR", "EDR"], "active_width": "4x" if up else None,
+        "enabled_width": ["4x", "2x", "1x"] if up else [], "supported_width": ["4x", "2x", "1x"],
+        "dname": label, "name": port_name(system, label), "guid": GUID[system], "system_name": system,
+        "systemID": GUID[system], "node_description": system, "module": "N/A",
+        "peer": port_name(peer_system, peer_label) if up else "N/A", "peer_node_name": peer_system,
+        "peer_guid": GUID.get(peer_system, "N/A"),
+    }
+
+
+def _host_port(host: str, switch: str, label: str) -> dict:
+    return {
+        "description": "Computer IB Port", "number": 1, "external_number": 1, "physical_state": "LinkUp",
+        "path": f"default(5) / Computer: {host} / mlx5_0 / 1", "tier": 0, "high_ber_severity": "N/A", "lid": 100,
+        "mirror": "disable", "logical_state": "Active", "capabilities": ["healthy_operations"], "mtu": 4096,
+        "peer_port_dname": label, "severity": "Info", "active_speed": "NDR", "enabled_speed": ["NDR"],
+        "supported_speed": ["NDR"], "active_width": "4x", "enabled_width": ["4x"], "supported_width": ["4x"],
+        "dname": "1", "name": f"{GUID[host]}_1", "guid": GUID[host], "system_name": host, "systemID": GUID[host],
+        "node_description": f"{host} mlx5_0", "module": "N/A", "peer": port_name(switch, label),
+        "peer_node_name": switch, "peer_guid": GUID[switch],
+    }
+
+
+def fat_tree() -> dict[str, Any]:
+    """systems, ports, links, counters (per port name), alarms and events of the fixture fabric."""
+    systems = [{"system_name": name, "guid": guid, "system_guid": guid, "ip": ip, "type": "switch", "model": "MQM9700",
+                "vendor": "NVIDIA", "description": "MQM9700", "fw_version": "31.2012.1068", "state": "active",
+                "severity": "Info", "role": role, "technology": "NDR", "is_manual_ip": False, "script": "N/A",
+                "url": "", "in_rack": False, "modules": [], "capabilities": ["reboot", "fw_upgrade"],
+                "ports": []} for name, guid, ip, role in SWITCHES]
+    systems += [{"system_name": host, "guid": guid, "system_guid": guid, "ip": "0.0.0.0", "type": "host",
+                 "model": "ConnectX-7", "vendor": "NVIDIA", "description": "Computer", "fw_version": "28.39.1002",
+                 "state": "active", "severity": "Info", "role": "endpoint", "technology": "NDR",
+                 "is_manual_ip": False, "script": "N/A", "url": "", "in_rack": False, "modules": [],
+                 "capabilities": [], "ports": []} for host, guid in HOSTS]
+    ports: list[dict] = []
+    links: list[dict] = []
+    for a, la, b, lb in CABLES:
+        ports.append(_switch_port(a, la, (b, lb)))
+        ports.append(_switch_port(b, lb, (a, la)) if b in SWITCH_NAMES else _host_port(b, a, la))
+        src, dst = (b, lb), (a, la)  # UFM lists a link from either end; these run from the far end
+        links.append({"source_guid": GUID[src[0]], "source_port": str(number(src[1])), "destination_guid": GUID[dst[0]],
+                      "destination_port": str(number(dst[1])), "source_port_dname": src[1],
+                      "destination_port_dname": dst[1],
+                      "source_port_node_description": src[0] if "gpu" not in src[0] else f"{src[0]} mlx5_0",
+                      "destination_port_node_description": dst[0], "width": "IB_4x", "severity": "Info",
+                      "name": f"{port_name(*src)}:{port_name(*dst)}", "capabilities": []})
+    for system, label, physical in SPARE:
+        ports.append(_switch_port(system, label, None, physical))
+    links.append({"source_guid": GUID["leaf-1"], "source_port": "65", "destination_guid": AN_GUID,
+                  "destination_port": "1",
+                  "source_port_dname": "65", "destination_port_dname": "1", "source_port_node_description": "leaf-1",
+                  "destination_port_node_description": "Mellanox Technologies Aggregation Node", "width": "IB_4x",
+                  "severity": "Info", "name": f"{GUID['leaf-1']}_65:{AN_GUID}_1", "capabilities": []})
+    by_system: dict[str, list[str]] = {}
+    for p in ports:
+        by_system.setdefault(p["system_name"], []).append(p["name"])
+    for s in systems:
+        s["ports"] = by_system.get(s["system_name"], [])
+    counters = {}
+    for k, p in enumerate(p for p in ports if p["description"] == "Switch IB Port"):
+        up = p["logical_state"] == "Active"
+        counters[p["name"]] = {"Infiniband_MBIn": 5_000_000_000 + 1_000_003 * k if up else 0,
+                               "Infiniband_MBOut": 7_000_000_000 + 2_000_029 * k if up else 0,
+                               "Infiniband_PckIn": 90_000_000 + 1_001 * k if up else 0,
+                               "Infiniband_PckOut": 80_000_000 + 2_003 * k if up else 0,
+                               "Infiniband_RcvErrors": k % 3, "Infiniband_XmtDiscards": 7 * k}
+    alarms = [{"id": 7, "type": "IBPort", "name": "Link HW Error", "description": "Link Downed", "event_type": 112,
+               "duration": "0 s", "severity": "Warning", "timestamp": ufm_time(60), "counter": "Infiniband_LinkDowned",
+               "event_count": 9, "object_name": port_name("spine-2", "1/1/1"), "object_path": "Switch: spine-2 / 1/1/1",
+               "reason": "Link-Downed counter delta threshold exceeded. Threshold is 0, calculated delta is 9. "
+                         "Peer info: default / Switch: leaf-1 / 1/2/1."}]
+    events = [
+        _event(100, "Link went down", "IBPort", 7200, port_name("leaf-2", "1/2/1"), "Switch: leaf-2 / 1/2/1",
+               "Warning", "Fabric Topology", "Link went down: leaf-2 1/2/1 - spine-2 1/2/1"),
+        _event(101, "MCast Group Deleted", "Site", 900, "default", "default(5)", "Info", "Fabric Notification",
+               "Mcast group is deleted: ff12601bffff0000, 1fffc6ec2", event_type="67"),
+        _event(102, "Link went down", "IBPort", 300, port_name("leaf-1", "1/2/1"), "Switch: leaf-1 / 1/2/1",
+               "Warning", "Fabric Topology", "Link went down: leaf-1 1/2/1 - spine-2 1/1/1"),
+        _event(103, "Link went up", "IBPort", 290, port_name("leaf-1", "1/2/1"), "Switch: leaf-1 / 1/2/1",
+               "Info", "Fabric Topology", "Link went up: leaf-1 1/2/1 - spine-2 1/1/1"),
+        _event(104, "Link HW Error", "IBPort", 60, port_name("spine-2", "1/1/1"), "Switch: spine-2 / 1/1/1",
+               "Warning", "Hardware", "Link Downed", counter="Infiniband_LinkDowned", event_type="112",
+               reason=alarms[0]["reason"]),
+        _event(105, "Symbol Error", "IBPort", 45, port_name("leaf-2", "1/3/1"), "Switch: leaf-2 / 1/3/1",
+               "Warning", "Communication Error", "Symbol error counter delta threshold exceeded",
+               counter="Infiniband_SymbolErrors", event_type="110"),
+        _event(106, "Link went down", "IBPort", 30, f"{GUID['gpu-04']}_1", "Computer: gpu-04 / mlx5_0",
+               "Warning", "Fabric Topology", "Link went down: gpu-04 mlx5_0 - leaf-2 1/4/1"),
+    ]
+    return {"systems": systems, "ports": ports, "links": links, "counters": counters, "alarms": alarms,
+            "events": events}
+
+
+def _event(id_: int, name: str, type_: str, ago: float, object_name: str, object_path: str, severity: str,
+           category: str, description: str, counter: str = "N/A", event_type: str = "329", reason: str | None = None
+           ) -> dict:
+    event = {"id": id_, "name": name, "type": type_, "event_type": event_type, "severity": severity,
+             "timestamp": ufm_time(ago), "counter": counter, "category": category, "object_name": object_name,
+             "object_path": object_path, "write_to_syslog": False, "description": description}
+    if reason is not None:
+        event["reason"] = reason
+    return event
+
+
+class UfmStandIn:
+    def __init__(self, data: dict[str, Any] | None = None, tls: tuple[str, str] | None = None):
+        self.data = data or fat_tree()
+        self.faults: dict[str, list[str | Callable[[], bytes]]] = {}
+        self.requests: list[tuple[str, str, dict[str, list[str]], str | None]] = []
+        self.release = threading.Event()  # set on stop: "hang" faults end
+        self.snapshot_time = int(time.time())
+        self.freeze_snapshot = False
+        self._lock = threading.Lock()
+        handler = type("Handler", (_Handler,), {"ufm": self})
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.scheme = "http"
+        if tls is not None:  # (certificate file, key file): HTTPS, as a UFM server serves it
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+            self.scheme = "https"
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.server.server_address[1]}"
+
+    def start(self) -> UfmStandIn:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def advance(self, port: str, attribute: str, delta: int) -> None:
+        with self._lock:
+            self.data["counters"][port][attribute] += delta
+
+    def fault(self, route: str, *actions: str | Callable[[], bytes]) -> None:
+        self.faults.setdefault(route, []).extend(actions)
+
+    # -- routes (path after the /ufmRest or /ufmRestV3 prefix) -----------------------------------
+    def answer(self, method: str, route: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        d = self.data
+        if method == "GET" and route == "/app/ufm_version":
+            return 200, {"opensm": "5.20.0_ef1f438", "sharp": "3.8.0-rc5", "ibdiagnet": "2.18.0.MLNX20240804.a435258",
+                         "telemetry": "1.18.2-17094707", "mft": "4.29.0-131", "ufm_webui": "6.18.0-3",
+                         "ufm_release_version": "6.18.0-5", "plugins": {}}
+        if method == "GET" and route == "/resources/systems":
+            wanted = query.get("type", [None])[0]
+            return 200, [s for s in d["systems"] if wanted is None or s["type"] == wanted.lower()]
+        if method == "GET" and route == "/resources/ports":
+            sys_type = query.get("sys_type", [""])[0].lower()
+            kind = {"switch": "Switch IB Port", "computer": "Computer IB Port"}.get(sys_type)
+            return 200, [p for p in d["ports"] if kind is None or p["description"] == kind]
+        if method == "GET" and route == "/resources/links":
+            if "page_number" in query and "rpp" in query:
+                page, size = int(query["page_number"][0]), int(query["rpp"][0])
+                return 200, {"data": d["links"][(page - 1) * size:page * size]}
+            return 200, d["links"]
+        if method == "POST" and route == "/monitoring/snapshot":
+            return self._snapshot(body)
+        if method == "GET" and route == "/app/alarms":
+            return 200, d["alarms"]
+        if method == "GET" and route == "/app/events":
+            return 200, d["events"]
+        return 404, {"error": f"no route {method} {route}"}
+
+    def _snapshot(self, body: Any) -> tuple[int, Any]:
+        required = {"attributes": list, "functions": list, "scope_object": str, "monitor_object": str, "objects": list}
+        if not isinstance(body, dict) or any(not isinstance(body.get(k), t) for k, t in required.items()):
+            return 400, {"error": "attributes, functions, scope_object, monitor_object and objects are required"}
+        with self._lock:
+            if not self.freeze_snapshot:
+                self.snapshot_time = max(int(time.time()), self.snapshot_time + 1)
+            ports = {name: {a: self.data["counters"][name][a] for a in body["attributes"] if a in ATTRIBUTES}
+                     for name in body["objects"] if name in self.data["counters"]}
+        return 200, {str(self.snapshot_time): {"Port": ports}}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    ufm: UfmStandIn
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def _serve(self, method: str) -> None:
+        url = urlsplit(self.path)
+        query = parse_qs(url.query)
+        header = self.headers.get("Authorization")
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        self.ufm.requests.append((method, url.path, query, header))
+        prefix, _, rest = url.path[1:].partition("/")
+        route = "/" + rest
+        basic = "Basic " + base64.b64encode(f"{USERNAME}:{PASSWORD}".encode()).decode()
+        if prefix not in ("ufmRest", "ufmRestV3"):
+            return self._send(404, b'{"error": "not found"}')
+        if (prefix == "ufmRest" and header != basic) or (prefix == "ufmRestV3" and header != f"Basic {TOKEN}"):
+            return self._send(401, b"Unauthorized")
+        actions = self.ufm.faults.get(route)
+        action = actions.pop(0) if actions else None
+        if action == "hang":
+            self.ufm.release.wait(30)
+            return self._send(503, b"")
+        if action == "500":
+            return self._send(500, b'{"error": "Internal Server Error"}')
+        if action == "not json":
+            return self._send(200, b"<html><body>UFM is starting</body></html>", "text/html")
+        if callable(action):
+            return self._send(200, action())
+        try:
+            body = json.loads(raw) if raw else None
+        except json.JSONDecodeError:
+            return self._send(400, b'{"error": "bad JSON"}')
+        status, answer = self.ufm.answer(method, route, query, body)
+        self._send(status, json.dumps(answer).encode())
+
+    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:
+            pass  # the client gave up (a hung request)

@@ -1,0 +1,568 @@
+"""The UFM collector against a stand-in UFM Enterprise server (tests/_ufm.py): a real HTTP server on
+127.0.0.1. No real UFM ran these tests.
+
+The stand-in follows the NVIDIA UFM Enterprise REST API Guide v6.22.1 (docs.nvidia.com/networking,
+"ufmenterpriserestapiv6221"), section by section:
+
+* "REST API Complementary Information": basic authentication on /ufmRest (`curl -u user:password`);
+  token authentication on /ufmRestV3. The token header, `Authorization: Basic <token>`, is the form
+  NVIDIA's own client sends (Mellanox/ufm_sdk_3.0, utils/ufm_rest_client.py); the part of the
+  section that spells it out could not be read here.
+* "UFM Version REST API": GET app/ufm_version, the example answer as printed.
+* "Systems REST API": GET resources/systems and its `type` filter. Its example answer could not be
+  read here; the fields used (system_name, guid, ip, type, model, vendor, fw_version, technology)
+  are the ones NVIDIA's UFM plugins read (ufm_sdk_3.0 snmp_receiver_plugin, gnmi_nvos_events_plugin).
+* "Ports REST API": GET resources/ports (and `?sys_type=Switch`), the example's fields description,
+  number, external_number, physical_state, path, tier, high_ber_severity, lid, mirror, logical_state,
+  capabilities, mtu, peer_port_dname, severity, active_speed, enabled/supported_speed, active_width,
+  enabled/supported_width as printed; name, dname, guid, system_name, systemID, node_description,
+  peer, peer_node_name (the rest of the example) as UFM clients read them.
+* "Links REST API": source_guid, source_port, destination_guid, destination_port,
+  source_port_dname, destination_port_dname, width, severity, name, capabilities as printed (v6.19.3,
+  unchanged since v6.11); source/destination_port_node_description as NVIDIA's NDT plugin reads them;
+  paging with page_number/rpp answered as {"data": [...]} as NVIDIA's client asks for it.
+* "Alarms REST API": the example's fields (id, type, name, description, event_type, duration,
+  reason, severity, timestamp, counter, event_count, object_name, object_path), its "Link HW Error" /
+  "Link Downed" / Infiniband_LinkDowned alarm and its reason text.
+* "Events REST API": the example's fields (id, name, type, event_type, severity, timestamp, counter,
+  category, object_name, object_path, write_to_syslog, description).
+* "Monitoring REST API": the attribute names Infiniband_MBIn/MBOut ("data octets, divided by 4")
+  and PckIn/PckOut, RAW function, the request fields of a session (attributes, functions,
+  scope_object, monitor_object, objects). The snapshot's answer could not be read here: the shape
+  served ({"<time>": {"Port": {"<port name>": {"<attribute>": value}}}}) and the attribute names
+  Infiniband_RcvErrors / Infiniband_XmtDiscards are this project's assumption (docs/ufm.md says so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import socket
+import time
+
+import pytest
+import yaml
+from _ufm import GUID, PASSWORD, TOKEN, USERNAME, UfmStandIn, port_name
+
+from collectors.base import (CollectorAuthError, CollectorBadResponse, CollectorConfigError, CollectorTimeout,
+                             CollectorUnreachable)
+from collectors.ufm import UfmCollector
+from correlator import Correlator
+from nms.app.polling import Poller
+from nms.config import parse_config
+from nms.config.models import SwitchConfig, UfmSettings
+from nms.records import DeviceFacts, GenericPoint, LinkEvent, LldpNeighbor, PortRates, PortSample
+
+NS = 10**9
+INTER_SWITCH = {("leaf-1", "1/1/1", "spine-1", "1/1/1"), ("leaf-1", "1/2/1", "spine-2", "1/1/1"),
+                ("leaf-2", "1/1/1", "spine-1", "1/2/1"), ("leaf-2", "1/2/1", "spine-2", "1/2/1")}
+ACCESS = {("leaf-1", "1/3/1", "gpu-01", "mlx5_0"), ("leaf-1", "1/4/1", "gpu-02", "mlx5_0"),
+          ("leaf-2", "1/3/1", "gpu-03", "mlx5_0"), ("leaf-2", "1/4/1", "gpu-04", "mlx5_0")}
+FLAPPING = "leaf-1:1/2/1--spine-2:1/1/1"
+
+
+@pytest.fixture
+def ufm():
+    server = UfmStandIn().start()
+    yield server
+    server.stop()
+
+
+def device(ufm: UfmStandIn, **settings) -> SwitchConfig:
+    auth = {"token": TOKEN} if settings.pop("token_auth", False) else {"username": USERNAME, "password": PASSWORD}
+    return SwitchConfig(name="ufm-1", mgmt_address="127.0.0.1",
+                        collectors={"ufm": {"url": ufm.url, **auth, "backoff": 0.05, **settings}})
+
+
+def poll(dev: SwitchConfig, collector: UfmCollector | None = None, deadline: float | None = None):
+    collector = collector or UfmCollector()
+
+    async def run():
+        try:
+            return await collector.collect_with_deadline(dev, deadline)
+        finally:
+            await collector.close()
+
+    return asyncio.run(run())
+
+
+def of(records, kind):
+    return [r for r in records if isinstance(r, kind)]
+
+
+def requests_to(ufm: UfmStandIn, route: str):
+    return [r for r in ufm.requests if r[1].endswith(route)]
+
+
+# --- a poll -------------------------------------------------------------------------------------
+
+
+def test_a_poll_reports_the_switches_ufm_manages_with_exact_values(ufm, caplog):
+    caplog.set_level(logging.DEBUG)  # httpx and httpcore log requests at debug level
+    collector = UfmCollector()
+    result = poll(device(ufm), collector)
+    facts = of(result.records, DeviceFacts)
+    assert result.records[0] == facts[0] and facts[0].device == "ufm-1"  # the service files facts by the first
+    assert facts[0].sys_descr == "NVIDIA UFM Enterprise 6.18.0-5" and facts[0].interfaces == 14
+    by_name = {f.device: f for f in facts[1:]}
+    assert sorted(by_name) == ["leaf-1", "leaf-2", "spine-1", "spine-2"]  # switches only, not the GPU hosts
+    assert by_name["leaf-2"].sys_descr == "NVIDIA MQM9700, firmware 31.2012.1068"
+    assert by_name["leaf-2"].lldp_chassis_id == GUID["leaf-2"] and by_name["leaf-2"].interfaces == 5
+
+    samples = {(s.device, s.port): s for s in of(result.records, PortSample)}
+    assert len(samples) == 14 and not any(d.startswith("gpu") for d, _ in samples)
+    raw = ufm.data["counters"][port_name("spine-2", "1/1/1")]
+    s = samples[("spine-2", "1/1/1")]
+    assert (s.in_octets, s.out_octets) == (4 * raw["Infiniband_MBIn"], 4 * raw["Infiniband_MBOut"]) \
+        == (20_012_000_036, 28_024_000_348)  # UFM counts data in 4-octet units
+    assert (s.in_pkts, s.out_pkts, s.in_errors, s.out_discards) == (90_003_003, 80_006_009, 0, 21)
+    assert (s.oper_status, s.speed_bps, s.mtu, s.out_errors, s.in_discards) == ("up", 400 * 10**9, 4096, None, None)
+    assert s.counter_bits is None and result.counter_bits == {}  # all 64-bit
+    assert (samples[("spine-1", "1/3/1")].oper_status, samples[("spine-1", "1/3/1")].speed_bps) == ("down", None)
+    assert samples[("leaf-2", "1/5/1")].oper_status == "down"  # physical Disabled
+
+    seen = {(n.device, n.port, n.remote_name, n.remote_port) for n in of(result.records, LldpNeighbor)}
+    both_ways = INTER_SWITCH | {(c, d, a, b) for a, b, c, d in INTER_SWITCH}
+    assert seen == both_ways | ACCESS  # the aggregation node's link is no cable
+    host_end = next(n for n in of(result.records, LldpNeighbor) if n.remote_name == "gpu-03")
+    assert host_end.remote_chassis_id == GUID["gpu-03"]
+    assert result.values == 7 and collector.problems == {"ufm-1": []}
+
+    basic = "Basic " + base64.b64encode(f"{USERNAME}:{PASSWORD}".encode()).decode()
+    assert all(path.startswith("/ufmRest/") and header == basic for _, path, _, header in ufm.requests)
+    assert "/ufmRest/resources/ports" in caplog.text and PASSWORD not in caplog.text and basic[6:] not in caplog.text
+    [links] = requests_to(ufm, "/resources/links")
+    assert links[2] == {"page_number": ["1"], "rpp": ["1000"]}
+    [snapshot] = requests_to(ufm, "/monitoring/snapshot")
+    assert snapshot[0] == "POST"
+
+
+def test_token_authentication_uses_ufmRestV3_and_the_token_header(ufm, caplog):
+    caplog.set_level(logging.DEBUG)
+    result = poll(device(ufm, token_auth=True))
+    assert "/ufmRestV3/resources/ports" in caplog.text and TOKEN not in caplog.text
+    assert len(of(result.records, PortSample)) == 14
+    assert {path.split("/")[1] for _, path, _, _ in ufm.requests} == {"ufmRestV3"}
+    assert {header for *_, header in ufm.requests} == {f"Basic {TOKEN}"}
+
+
+@pytest.mark.parametrize("credentials", [{"username": USERNAME, "password": "not-the-password"},
+                                         {"token": "a-revoked-token-0000000000"}])
+def test_a_wrong_credential_is_an_auth_error_and_is_not_retried(ufm, credentials, caplog):
+    dev = SwitchConfig(name="ufm-1", mgmt_address="127.0.0.1",
+                       collectors={"ufm": {"url": ufm.url, "retries": 3, **credentials}})
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(CollectorAuthError) as e:
+        poll(dev)
+    assert e.value.kind == "auth" and len(ufm.requests) == 1
+    assert "HTTP 401" in str(e.value) and "/app/ufm_version" in str(e.value) and ufm.url in str(e.value)
+    secret = credentials.get("password") or credentials["token"]
+    assert secret not in str(e.value) and secret not in caplog.text
+
+
+def test_a_server_that_hangs_times_out_within_the_deadline(ufm):
+    ufm.fault("/resources/ports", "hang", "hang", "hang")
+    started = time.monotonic()
+    with pytest.raises(CollectorTimeout) as e:  # each request: 0.4 s, twice, 0.05 s apart
+        poll(device(ufm, timeout=0.4, retries=1))
+    assert e.value.kind == "timeout" and 0.8 <= time.monotonic() - started < 2.0
+    assert "GET /ufmRest/resources/ports timed out after 0.4 s (2 attempts)" in str(e.value)
+
+    ufm.faults.clear()
+    ufm.fault("/resources/ports", "hang")
+    started = time.monotonic()
+    with pytest.raises(CollectorTimeout) as e:  # a request timeout longer than the poll's deadline
+        poll(device(ufm, timeout=20, interval=10), deadline=1.0)
+    assert time.monotonic() - started < 1.8 and "deadline of 1 s" in str(e.value)
+
+
+def test_a_500_then_success_is_retried(ufm):
+    ufm.fault("/resources/ports", "500")
+    result = poll(device(ufm))
+    assert len(of(result.records, PortSample)) == 14 and len(requests_to(ufm, "/resources/ports")) == 2
+
+    ufm.requests.clear()
+    ufm.fault("/resources/ports", "500", "500", "500")
+    with pytest.raises(CollectorBadResponse) as e:
+        poll(device(ufm, retries=2))
+    assert e.value.kind == "bad_response" and len(requests_to(ufm, "/resources/ports")) == 3
+    assert "GET /ufmRest/resources/ports: HTTP 500" in str(e.value)
+
+
+def test_a_refused_connection_is_unreachable(ufm):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    dev = SwitchConfig(name="ufm-1", mgmt_address="127.0.0.1", collectors={"ufm": {
+        "url": f"http://127.0.0.1:{closed}", "username": USERNAME, "password": PASSWORD, "retries": 1,
+        "backoff": 0.05}})
+    with pytest.raises(CollectorUnreachable) as e:
+        poll(dev)
+    assert e.value.kind == "unreachable" and "(2 attempts)" in str(e.value) and PASSWORD not in str(e.value)
+
+
+def test_https_checks_the_certificate_against_the_configured_ca(tmp_path):
+    cert, key = _self_signed(tmp_path)
+    server = UfmStandIn(tls=(cert, key)).start()
+    try:
+        with pytest.raises(CollectorUnreachable) as e:  # the system's CAs do not know it
+            poll(device(server, retries=0))
+        assert "CERTIFICATE_VERIFY_FAILED" in str(e.value) and server.url.startswith("https://")
+        assert len(of(poll(device(server, ca_file=cert)).records, PortSample)) == 14
+        assert len(of(poll(device(server, verify_tls=False)).records, PortSample)) == 14
+        with pytest.raises(CollectorConfigError, match="ca_file .*missing.pem"):
+            poll(device(server, ca_file=str(tmp_path / "missing.pem")))
+    finally:
+        server.stop()
+
+
+def test_malformed_json_is_a_bad_response_naming_the_route(ufm):
+    ufm.fault("/resources/systems", "not json")
+    with pytest.raises(CollectorBadResponse) as e:
+        poll(device(ufm))
+    assert "GET /ufmRest/resources/systems: not JSON" in str(e.value) and "UFM is starting" in str(e.value)
+
+    ufm.fault("/resources/ports", lambda: b'{"ports": []}')
+    with pytest.raises(CollectorBadResponse) as e:
+        poll(device(ufm))
+    assert "GET /ufmRest/resources/ports: expected a JSON list, got an object" in str(e.value)
+
+
+def test_items_missing_fields_are_left_out_and_the_good_ones_kept(ufm, caplog):
+    ports = json.loads(json.dumps(ufm.data["ports"]))
+    bad_state = next(p for p in ports if p["name"] == port_name("leaf-1", "1/3/1"))
+    del bad_state["logical_state"]
+    ports[0]["name"] = "no-port-number"
+    links = json.loads(json.dumps(ufm.data["links"]))
+    del links[1]["destination_guid"]
+    ufm.fault("/resources/ports", lambda: json.dumps(ports).encode())
+    ufm.fault("/resources/links", lambda: json.dumps({"data": links}).encode())
+    collector = UfmCollector()
+    result = poll(device(ufm), collector)
+    samples = {(s.device, s.port) for s in of(result.records, PortSample)}
+    assert len(samples) == 12 and ("leaf-1", "1/3/1") not in samples and ("leaf-1", "1/1/1") not in samples
+    assert ("spine-2", "1/1/1") in samples
+    problems = [str(p) for p in collector.problems["ufm-1"]]
+    assert all(p.kind == "bad_response" for p in collector.problems["ufm-1"])
+    assert any("GET /ufmRest/resources/ports: 2 of 18 items left out" in p and "no 'logical_state'" in p
+               and "'no-port-number' is not <GUID>_<port number>" in p for p in problems), problems
+    assert any("GET /ufmRest/resources/links: 1 of 9 items left out" in p and "no 'destination_guid'" in p
+               for p in problems), problems
+    assert "items left out" in caplog.text and PASSWORD not in caplog.text
+    assert len(of(result.records, LldpNeighbor)) == 10  # one inter-switch link (two ends) less
+
+    every = json.loads(json.dumps(ufm.data["systems"]))
+    for system in every:
+        del system["guid"]
+    ufm.fault("/resources/systems", lambda: json.dumps(every).encode())
+    with pytest.raises(CollectorBadResponse) as e:  # nothing usable: the poll fails
+        poll(device(ufm))
+    assert ("GET /ufmRest/resources/systems: none of its 8 items is usable: item 0 ('spine-1'): no 'guid'"
+            in str(e.value))
+
+
+def test_a_failing_secondary_route_is_noted_and_the_poll_goes_on(ufm):
+    ufm.fault("/app/alarms", "500", "500", "500")
+    ufm.fault("/monitoring/snapshot", lambda: b'{"1716899674": {"Device": {}}}')
+    collector = UfmCollector()
+    result = poll(device(ufm), collector)
+    samples = of(result.records, PortSample)
+    assert len(samples) == 14 and all(s.in_octets is None for s in samples)  # state without counters
+    assert not [p for p in of(result.records, GenericPoint) if p.measurement == "ufm_alarm"]
+    problems = [str(p) for p in collector.problems["ufm-1"]]
+    assert any("GET /ufmRest/app/alarms: HTTP 500" in p for p in problems), problems
+    assert any("POST /ufmRest/monitoring/snapshot: no \"Port\" object under '1716899674'" in p for p in problems)
+
+
+def test_links_are_read_page_by_page(ufm):
+    paged = poll(device(ufm, page_size=3))
+    pages = [r[2]["page_number"] for r in requests_to(ufm, "/resources/links")]
+    assert pages == [["1"], ["2"], ["3"], ["4"]]  # 9 links: three full pages, then an empty one
+    ufm.requests.clear()
+    whole = poll(device(ufm, page_size=0))
+    assert [r[2] for r in requests_to(ufm, "/resources/links")] == [{}]
+    ends = lambda result: {n.model_copy(update={"ts": 0}) for n in of(result.records, LldpNeighbor)}  # noqa: E731
+    assert ends(paged) == ends(whole) and len(ends(paged)) == 12
+
+
+def test_the_systems_filter_reports_only_matching_switches(ufm):
+    result = poll(device(ufm, systems=["leaf-*"]))
+    assert {s.device for s in of(result.records, PortSample)} == {"leaf-1", "leaf-2"}
+    spine_end = next(n for n in of(result.records, LldpNeighbor) if (n.device, n.port) == ("leaf-1", "1/1/1"))
+    assert (spine_end.remote_name, spine_end.remote_port) == ("spine-1", "1/1/1")  # a switch, not a host HCA
+
+
+def test_switches_sharing_a_name_are_named_by_their_guid(ufm):
+    for item in ufm.data["systems"] + ufm.data["ports"]:
+        if item["system_name"] in ("spine-1", "spine-2"):
+            item["system_name"] = "Quantum Mellanox Technologies"  # UFM's name for switches nobody named
+    result = poll(device(ufm))
+    ports = {(s.device, s.port) for s in of(result.records, PortSample)}
+    assert {(GUID["spine-1"], "1/3/1"), (GUID["spine-2"], "1/1/1"), ("leaf-1", "1/1/1")} <= ports and len(ports) == 14
+    assert {f.device for f in of(result.records, DeviceFacts)} == {"ufm-1", "leaf-1", "leaf-2", GUID["spine-1"],
+                                                                   GUID["spine-2"]}
+
+
+# --- events and alarms: switch evidence -------------------------------------------------------------
+
+
+def test_events_and_alarms_become_link_events_and_points(ufm):
+    collector = UfmCollector(flap_count=8, flap_window_s=3600)
+
+    async def run():
+        dev = device(ufm)
+        try:
+            first = await collector.collect(dev)
+            second = await collector.collect(dev)
+        finally:
+            await collector.close()
+        return first, second
+
+    first, second = asyncio.run(run())
+    events = {(e.device, e.port): e for e in of(first.records, LinkEvent)}
+    # "Link went down" on leaf-1 1/2/1 and "Link Downed ... calculated delta is 9" at its other end
+    # (spine-2 1/1/1): nine downs of one cable that is up again, more than flap_count
+    for end in (("leaf-1", "1/2/1"), ("spine-2", "1/1/1")):
+        e = events.pop(end)
+        assert (e.state, e.previous, e.transitions, e.flaps_in_window, e.flapping) == ("up", "down", 18, 9, True)
+    # gpu-04's HCA went down and back: evidence on the switch port at the other end
+    e = events.pop(("leaf-2", "1/4/1"))
+    assert (e.state, e.transitions, e.flaps_in_window, e.flapping) == ("up", 2, 1, False)
+    assert events == {}  # the 2-hour-old down is outside the flap window; a symbol error is no link state
+    points = of(first.records, GenericPoint)
+    assert sorted(p.fields["id"] for p in points if p.measurement == "ufm_event") == [100, 101, 102, 103, 104, 105, 106]
+    symbol = next(p for p in points if p.measurement == "ufm_event" and p.fields["id"] == 105)
+    assert symbol.tags == {"ufm": "ufm-1", "device": "leaf-2", "port": "1/3/1", "event": "Symbol Error",
+                           "severity": "Warning", "category": "Communication Error"}
+    [alarm] = [p for p in points if p.measurement == "ufm_alarm"]
+    assert alarm.tags == {"ufm": "ufm-1", "device": "spine-2", "port": "1/1/1", "alarm": "Link HW Error",
+                          "severity": "Warning"}
+    assert alarm.fields["event_count"] == 9 and alarm.fields["counter"] == "Infiniband_LinkDowned"
+    # the next poll reads only newer events: none, so no evidence twice; the alarm is still active
+    assert not of(second.records, LinkEvent)
+    assert [p.measurement for p in of(second.records, GenericPoint)] == ["ufm_alarm"]
+
+
+def test_ufm_evidence_reaches_the_correlator_as_a_flapping_link(ufm, tmp_path):
+    config = _config(tmp_path, ufm, links=[{"a": "leaf-1:1/2/1", "b": "spine-2:1/1/1"},
+                                           {"a": "leaf-1:1/1/1", "b": "spine-1:1/1/1"}])
+    result = poll(config.fabric.switches[0], UfmCollector.from_config(config))
+    correlator = Correlator(config.fabric, config.thresholds, config.correlator)
+    correlator.add(result.records)
+    findings = correlator.step(time.time_ns())
+    assert correlator.ctx.link_events[("spine-2", "1/1/1")][-1].flaps_in_window == 9
+    assert correlator.ctx.port_samples[("leaf-1", "1/1/1")].oper_status == "up"
+    flapping = [f for f in findings if f.kind == "link_flapping"]
+    assert [f.element for f in flapping] == [FLAPPING] and flapping[0].evidence["switch_flaps"] == 9
+    assert not [f for f in findings if "spine-1" in f.element]
+
+
+def test_a_down_the_samples_show_is_not_reported_twice(ufm, tmp_path):
+    config = _config(tmp_path, ufm)
+    poller = Poller(config, _Store(), registry=None, collectors={"ufm": UfmCollector.from_config(config)})
+    batches = []
+    poller.on_records = batches.append
+    name = port_name("leaf-2", "1/2/1")
+
+    async def run():
+        try:
+            await poller.poll_all()
+            port = next(p for p in ufm.data["ports"] if p["name"] == name)
+            port.update(logical_state="Down", physical_state="Polling", active_speed=None, active_width=None)
+            ufm.data["events"].append({"id": 200, "name": "Link went down", "type": "IBPort", "event_type": "329",
+                                       "severity": "Warning",
+                                       "timestamp": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+                                       "counter": "N/A", "category": "Fabric Topology", "object_name": name,
+                                       "object_path": "Switch: leaf-2 / 1/2/1", "write_to_syslog": False,
+                                       "description": "Link went down: leaf-2 1/2/1 - spine-2 1/2/1"})
+            await poller.poll_all()
+        finally:
+            await poller.close()
+
+    asyncio.run(run())
+    second = [r for r in batches[1] if isinstance(r, LinkEvent)]
+    downs = [e for e in second if (e.device, e.port) == ("leaf-2", "1/2/1")]
+    assert [(e.state, e.previous, e.transitions) for e in downs] == [("down", "up", 1)]  # from the samples only
+
+
+# --- the service's poller: records filed by device, topology, rates ------------------------------------
+
+
+def test_the_poller_files_each_switch_under_its_name_and_builds_the_topology(ufm, tmp_path):
+    config = _config(tmp_path, ufm)
+    poller = Poller(config, _Store(), registry=None, collectors={"ufm": UfmCollector.from_config(config)})
+
+    async def run():
+        try:
+            return await poller.poll_all()
+        finally:
+            await poller.close()
+
+    [status] = asyncio.run(run())
+    assert (status.device, status.state, status.last_error) == ("ufm-1", "ok", None)
+    assert sorted(poller.recent.facts) == ["leaf-1", "leaf-2", "spine-1", "spine-2", "ufm-1"]
+    assert poller.recent.facts["ufm-1"].sys_descr == "NVIDIA UFM Enterprise 6.18.0-5"
+    assert {(n.port, n.remote_name) for n in poller.recent.neighbors["leaf-1"]} == {
+        ("1/1/1", "spine-1"), ("1/2/1", "spine-2"), ("1/3/1", "gpu-01"), ("1/4/1", "gpu-02")}
+    assert poller.recent.neighbors["ufm-1"] == []
+    topology = poller.topology()
+    links = {(link.a, link.b): link for link in topology.links}
+    assert links[("leaf-1:1/1/1", "spine-1:1/1/1")].check == "discovered"
+    assert links[("leaf-1:1/1/1", "spine-1:1/1/1")].state == "up"  # the switches count as polled
+    assert sorted(link.seen_by for link in links.values() if link.a == "leaf-1:1/1/1")[0] == ["leaf-1", "spine-1"]
+    assert links[("gpu-01:mlx5_0", "leaf-1:1/3/1")].seen_by == ["leaf-1"]
+    nodes = {n.name: n for n in topology.nodes}
+    assert nodes["spine-2"].kind == "switch" and nodes["spine-2"].reachable is True
+
+
+def test_rates_from_two_polls_use_64_bit_counters_and_drop_a_reset(ufm, tmp_path):
+    config = _config(tmp_path, ufm)
+    poller = Poller(config, _Store(), registry=None, collectors={"ufm": UfmCollector.from_config(config)})
+    name = port_name("spine-2", "1/1/1")
+    samples = []
+    poller.on_records = lambda records: samples.extend(
+        r for r in records if isinstance(r, (PortSample, PortRates)) and (r.device, r.port) == ("spine-2", "1/1/1"))
+
+    async def run():
+        try:
+            await poller.poll_all()
+            await asyncio.sleep(0.2)
+            ufm.advance(name, "Infiniband_MBIn", 3_000_000_000)  # 12e9 octets: the octet counter passes 2^35
+            ufm.advance(name, "Infiniband_RcvErrors", 5)
+            await poller.poll_all()
+            await asyncio.sleep(0.2)
+            ufm.advance(name, "Infiniband_MBOut", -1)  # counters went back: reset, not a wrap
+            await poller.poll_all()
+        finally:
+            await poller.close()
+
+    asyncio.run(run())
+    first, second, rates, third = samples  # the third interval gives no rates
+    assert isinstance(rates, PortRates) and isinstance(third, PortSample)
+    elapsed = second.ts - first.ts
+    assert second.in_octets - first.in_octets == 12_000_000_000
+    assert rates.in_bps == 12_000_000_000 * 8 * NS / elapsed and rates.out_bps == 0
+    assert rates.in_errors_ps == 5 * NS / elapsed and rates.in_utilization == rates.in_bps / 400e9
+
+
+def test_a_repeated_snapshot_keeps_its_first_time(ufm):
+    collector = UfmCollector()
+
+    async def run():
+        dev = device(ufm, events=False, alarms=False, links=False)
+        try:
+            first = await collector.collect(dev)
+            second = await collector.collect(dev)
+            ufm.freeze_snapshot = True  # UFM answers with the snapshot it answered last time
+            third = await collector.collect(dev)
+        finally:
+            await collector.close()
+        return first, second, third
+
+    first, second, third = (of(r.records, PortSample)[0] for r in asyncio.run(run()))
+    assert second.ts > first.ts and third.ts == second.ts  # no rate over an interval UFM did not sample
+
+
+# --- configuration -------------------------------------------------------------------------------------
+
+
+def test_settings_need_one_kind_of_credential_and_hide_secrets():
+    with pytest.raises(ValueError, match="either token or username/password"):
+        UfmSettings(token=TOKEN, username=USERNAME, password=PASSWORD)
+    with pytest.raises(ValueError, match="needs a token, or a username and a password"):
+        UfmSettings(username=USERNAME)
+    with pytest.raises(ValueError, match="not in the URL"):
+        UfmSettings(url=f"https://{USERNAME}:{PASSWORD}@ufm.example.com", token=TOKEN)
+    with pytest.raises(ValueError, match="unknown time zone"):
+        UfmSettings(token=TOKEN, timezone="Mars/Olympus")
+    settings = UfmSettings(url="https://ufm.example.com/", username=USERNAME, password=PASSWORD)
+    assert settings.url == "https://ufm.example.com" and PASSWORD not in repr(settings)
+    doc = {"fabric": {"switches": [{"name": "ufm-1", "mgmt_address": "192.0.2.10",
+                                    "collectors": {"ufm": {"token": "${UFM_TOKEN:-x}", "interval": "1m"}}}]}}
+    parsed = parse_config(yaml.safe_dump(doc)).fabric.switches[0].collectors.ufm
+    assert parsed.interval == 60 and parsed.token.get_secret_value() == "x"
+
+
+def test_nms_collect_ufm_once_prints_the_switches_and_what_was_left_out(ufm, tmp_path):
+    """The CLI polls UFM once: every switch port in the table, the links as neighbours, a route's bad
+    answer under it (the poll still ok), the password nowhere; --json carries the problems too."""
+    import os
+    import subprocess
+    import sys
+
+    config = tmp_path / "nms.yaml"
+    config.write_text(yaml.safe_dump({"data_dir": str(tmp_path / "data"), "fabric": {"switches": [
+        {"name": "ufm-1", "mgmt_address": "127.0.0.1", "collectors": {"ufm": {
+            "url": ufm.url, "username": USERNAME, "password": PASSWORD, "backoff": 0.05}}}]}}))
+    env = {**os.environ, "COLUMNS": "80"}
+
+    def nms(*args):
+        return subprocess.run([sys.executable, "-m", "nms", "collect", "ufm", "--once", "--config", str(config), *args],
+                              capture_output=True, text=True, timeout=60, env=env)
+
+    ufm.fault("/app/alarms", "500", "500", "500")
+    proc = nms()
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert max(len(line) for line in out.splitlines()) <= 80, out
+    for switch, label, *_ in [("leaf-1", "1/1/1"), ("spine-2", "1/2/1"), ("leaf-2", "1/4/1")]:
+        assert any(switch in line and label in line for line in out.splitlines()), out
+    assert "left out of the poll" in out and "/app/alarms: HTTP 500" in " ".join(out.split()), out
+    assert PASSWORD not in out + proc.stderr
+    assert "1/1 devices ok" in proc.stderr
+
+    js = json.loads(nms("--json").stdout)
+    assert {f["device"] for f in js["facts"]} == {"ufm-1", "spine-1", "spine-2", "leaf-1", "leaf-2"}
+    assert ("leaf-1", "1/1/1", "spine-1", "1/1/1") in {(n["device"], n["port"], n["remote_name"], n["remote_port"])
+                                                       for n in js["lldp"]}
+    assert "problems" not in js  # the alarms answer again
+
+
+# --- helpers -------------------------------------------------------------------------------------------
+
+
+def _config(tmp_path, ufm: UfmStandIn, links: list | None = None):
+    doc = {"data_dir": str(tmp_path / "data"), "fabric": {
+        "switches": [{"name": "ufm-1", "mgmt_address": "127.0.0.1", "collectors": {"ufm": {
+            "url": ufm.url, "username": USERNAME, "password": PASSWORD, "backoff": 0.05}}}],
+        "links": links or []}}
+    if links:  # the inventory's switches
+        doc["fabric"]["switches"] += [{"name": n, "mgmt_address": f"10.10.0.{i}", "role": r}
+                                      for i, (n, r) in enumerate([("spine-1", "spine"), ("spine-2", "spine"),
+                                                                  ("leaf-1", "leaf"), ("leaf-2", "leaf")], 11)]
+    return parse_config(yaml.safe_dump(doc))
+
+
+def _self_signed(tmp_path) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 (its own CA) and its key, as PEM files."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ufm stand-in")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    cert_file, key_file = tmp_path / "ufm.pem", tmp_path / "ufm.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(cert_file), str(key_file)
+
+
+class _Store:
+    def write(self, points):
+        from nms.store import WriteResult
+
+        return WriteResult(accepted=len(points))
