@@ -1,4 +1,4 @@
-"""The collector contract every switch-side collector follows (SNMP now; gNMI, UFM, CLI later).
+"""The collector contract every switch-side collector follows (SNMP, UFM, gNMI, CLI).
 
 A collector is one object per protocol for the whole service (it may hold one engine, one
 connection pool). It is configured per device: a device is polled by collector `name` when its
@@ -7,6 +7,11 @@ device at `schedule(device).interval_s`; each call returns a `PollResult` of sha
 (PortSample, LldpNeighbor, DeviceFacts, InterfaceAddress, GenericPoint for extra objects) or raises a
 `CollectorError` whose `kind` says what went wrong (timeout, auth, bad_response, unreachable,
 config). Messages name the device and the address, never a secret.
+
+A streaming collector (gNMI) sets `streaming` and implements `stream(device, emit)`: the service
+keeps one stream per device open instead of scheduling polls, and ingests each PollResult the
+stream emits as it comes; a stream that fails raises a CollectorError and is reopened with the same
+backoff as a failing poll. Its `collect` still answers one-shot polls (`nms collect ... --once`).
 
 A new collector is one module with a subclass and one line in pyproject.toml:
 
@@ -19,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -128,6 +133,13 @@ class Collector(ABC):
         except TimeoutError:
             raise CollectorTimeout(device.name, f"poll did not finish within its deadline of {deadline:g} s "
                                                 f"(took {time.monotonic() - started:.1f} s)") from None
+
+    streaming: ClassVar[bool] = False
+
+    async def stream(self, device: SwitchConfig, emit: Callable[[PollResult], Awaitable[None]]) -> None:
+        """Streaming collectors: run until cancelled, awaiting `emit` with each batch of records;
+        raise CollectorError when the stream fails or goes stale."""
+        raise NotImplementedError(f"{self.name} does not stream")
 
     async def close(self) -> None:
         """Release engines, sockets, sessions."""

@@ -14,7 +14,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 echo "== installing Debian packages: ${missing[*]}"
 apt-get update -qq
-# policy-rc.d keeps the packages' own daemons (influxd, snmpd, lldpd) from starting system-wide.
+# policy-rc.d keeps the packages' own daemons (influxd, snmpd, lldpd, sshd) from starting system-wide.
 printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 rm -f /usr/sbin/policy-rc.d

@@ -143,6 +143,7 @@ class Poller:
                       for name, c in self.collectors.items()}
         self.recent = RecentWindow(config.polling.recent_window)
         self.status: dict[tuple[str, str], _Status] = {}
+        self._streams: dict[tuple[str, str], asyncio.Task] = {}  # streaming collectors' open streams
         for device in config.fabric.switches:
             for name, collector in self.collectors.items():
                 if collector.settings(device) is not None:
@@ -152,10 +153,16 @@ class Poller:
     # -- scheduling ----------------------------------------------------------------------------
 
     def schedule(self, scheduler) -> None:
-        """One interval job per (collector, device); the first runs are spread over one interval."""
+        """One interval job per (collector, device), the first runs spread over one interval; one
+        stream per device of a streaming collector (call with the event loop running)."""
         now = datetime.now(timezone.utc)
-        n = max(len(self.status), 1)
-        for i, ((name, device), st) in enumerate(sorted(self.status.items())):
+        polled = sorted((k, st) for k, st in self.status.items() if not getattr(self.collectors[k[0]], "streaming", False))
+        n = max(len(polled), 1)
+        for key in self.status:
+            if getattr(self.collectors[key[0]], "streaming", False) and key not in self._streams:
+                self._streams[key] = asyncio.get_running_loop().create_task(self._keep_streaming(*key),
+                                                                            name=f"stream-{key[0]}-{key[1]}")
+        for i, ((name, device), st) in enumerate(polled):
             scheduler.add_job(self.poll, "interval", seconds=st.interval_s, id=f"collect-{name}-{device}",
                               args=[name, device], next_run_time=now + timedelta(seconds=st.interval_s * i / n / 4),
                               max_instances=1, coalesce=True, misfire_grace_time=max(1, int(st.interval_s)))
@@ -182,13 +189,41 @@ class Poller:
         st.last_duration_s = round(time.perf_counter() - started, 4)
         self.metrics.seconds.labels(collector_name).observe(st.last_duration_s)
         await self.ingest(result)
+        self._succeeded(st, result)
+
+    async def _keep_streaming(self, collector_name: str, device_name: str) -> None:
+        """A streaming collector's stream for one device, reopened after failures with the poll backoff.
+        Each emitted batch counts as a successful poll; `polls` counts batches, `last_duration_s`
+        how long the stream has been open."""
+        st = self.status[(collector_name, device_name)]
+        collector = self.collectors[collector_name]
+
+        async def emit(result) -> None:
+            st.polls += 1
+            st.last_poll_ns = time.time_ns()
+            st.last_duration_s = round(time.perf_counter() - opened, 4)
+            await self.ingest(result)
+            self._succeeded(st, result)
+
+        while True:
+            opened = time.perf_counter()
+            try:
+                await collector.stream(st.device, emit)
+                raise RuntimeError("the stream returned without an error")
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self._failed(st, e, time.perf_counter() - opened)
+            await asyncio.sleep(max(1.0, (st.next_attempt_ns - time.time_ns()) / NS))
+
+    def _succeeded(self, st: _Status, result) -> None:
         st.state, st.consecutive_failures, st.next_attempt_ns = "ok", 0, None
         st.last_success_ns = time.time_ns()
         st.records = len(result.records)
-        self.metrics.polls.labels(collector_name, device_name, "ok").inc()
-        self.metrics.up.labels(collector_name, device_name).set(1)
-        self.metrics.failing.labels(collector_name, device_name).set(0)
-        self.metrics.last_success.labels(collector_name, device_name).set(st.last_success_ns / NS)
+        self.metrics.polls.labels(st.collector, st.device.name, "ok").inc()
+        self.metrics.up.labels(st.collector, st.device.name).set(1)
+        self.metrics.failing.labels(st.collector, st.device.name).set(0)
+        self.metrics.last_success.labels(st.collector, st.device.name).set(st.last_success_ns / NS)
 
     def _failed(self, st: _Status, error: Exception, duration: float) -> None:
         kind = getattr(error, "kind", "internal")
@@ -215,6 +250,15 @@ class Poller:
         tracker = self.rates[result.collector]
         derived: list[Any] = []
         for sample in result.samples:
+            if all(getattr(sample, c) is None for c in PortSample.traffic_counters):
+                # a streamed status change: link state only (it would break the next rate interval)
+                if (event := self.links.update(sample)) is not None:
+                    derived.append(event)
+                    self.recent.events.append(event)
+                if (last := self.recent.samples.get((sample.device, sample.port))) is not None:
+                    self.recent.samples[(sample.device, sample.port)] = last.model_copy(
+                        update={"oper_status": sample.oper_status})
+                continue
             rate = tracker.update(sample, result.counter_bits)
             if rate.rates is not None:
                 derived.append(rate.rates)
@@ -282,6 +326,11 @@ class Poller:
                               flapping=flapping, generated_ns=now)
 
     async def close(self) -> None:
+        for task in self._streams.values():
+            task.cancel()
+        if self._streams:
+            await asyncio.gather(*self._streams.values(), return_exceptions=True)
+        self._streams.clear()
         for collector in self.collectors.values():
             try:
                 await collector.close()

@@ -403,9 +403,85 @@ class UfmSettings(Strict):
         return self
 
 
+class GnmiSettings(Strict):
+    """gNMI (collectors/gnmi.py, docs/gnmi.md): a Subscribe STREAM per device, openconfig-interfaces
+    counters SAMPLEd every `interval`, oper-status ON_CHANGE. TLS unless `insecure`."""
+
+    port: int = Field(9339, ge=1, le=65535)  # IANA gnmi; many vendors use 57400 or 6030
+    username: str | None = None  # sent as gRPC metadata username/password
+    password: SecretStr | None = None
+    insecure: bool = False  # plaintext gRPC: only where explicitly configured (labs)
+    ca_file: Path | None = None  # CA bundle for the target's certificate (default: the system's)
+    cert_file: Path | None = None  # client certificate and key (mutual TLS)
+    key_file: Path | None = None
+    server_name: str | None = None  # the name in the target's certificate, where not its address
+    interval: Seconds = 10.0  # SAMPLE interval of the counters (and the schedule of `--once` polls)
+    timeout: Seconds = 5.0  # to connect, and for one Get / ONCE answer
+    deadline: Seconds | None = None  # a ONCE poll still running then is cancelled (default: 0.8 x interval)
+    stale_after: Seconds | None = None  # a stream silent this long is dropped and reopened (default: 2 x interval + 2 s)
+    interfaces: list[str] = []  # fnmatch patterns of interface names to keep (all when empty)
+
+    @model_validator(mode="after")
+    def _tls(self) -> GnmiSettings:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("give both cert_file and key_file (mutual TLS), or neither")
+        if self.insecure and (self.ca_file or self.cert_file):
+            raise ValueError("insecure (plaintext) and TLS files exclude each other")
+        if (self.username is None) != (self.password is None):
+            raise ValueError("give both username and password, or neither")
+        return self
+
+
+CLI_PLATFORMS = ("linux",)  # netmiko device types the CLI collector has commands and parsers for
+
+
+class CliSettings(Strict):
+    """SSH command line (collectors/cli.py, docs/cli_collector.md): logs in with netmiko and reads
+    interfaces, counters, LLDP neighbours and facts every `interval`, the running configuration at
+    most every `config_interval`. The device's host key must be in `known_hosts` unless
+    `verify_host_key: false`."""
+
+    platform: str = "linux"  # netmiko device_type; picks the commands and parsers (CLI_PLATFORMS)
+    port: int = Field(22, ge=1, le=65535)
+    username: str = Field(min_length=1)
+    password: SecretStr | None = None
+    key_file: Path | None = None  # private key (OpenSSH or PEM: Ed25519, ECDSA, RSA)
+    key_passphrase: SecretStr | None = None  # when key_file is encrypted
+    known_hosts: Path | None = None  # OpenSSH known_hosts holding the device's host key (hashed entries too)
+    verify_host_key: bool = True  # false: any host key is accepted (labs only)
+    interval: Seconds = 60.0
+    timeout: Seconds = 10.0  # TCP connect, SSH banner, authentication, and silence within one command
+    deadline: Seconds | None = None  # a poll still running then is cancelled (default: 0.8 x interval)
+    config: bool = True  # snapshot the running configuration (device_config points, diffs on change)
+    config_interval: Seconds = 3600.0  # ... at most this often
+    lldp: bool = True  # LLDP neighbours (lldpctl)
+    interfaces: list[str] = []  # fnmatch patterns of interface names to keep (all when empty)
+
+    @field_validator("platform")
+    @classmethod
+    def _platform(cls, v: str) -> str:
+        if v not in CLI_PLATFORMS:
+            raise ValueError(f"no command set for platform {v!r} yet (supported: {', '.join(CLI_PLATFORMS)}; "
+                             "see docs/cli_collector.md)")
+        return v
+
+    @model_validator(mode="after")
+    def _credentials(self) -> CliSettings:
+        if self.password is None and self.key_file is None:
+            raise ValueError("give a password or a key_file (or both)")
+        if self.key_passphrase is not None and self.key_file is None:
+            raise ValueError("key_passphrase needs key_file")
+        if self.verify_host_key and self.known_hosts is None:
+            raise ValueError("known_hosts is required: host keys are checked against it "
+                             "(verify_host_key: false turns the check off, for labs only)")
+        return self
+
+
 class CollectorSettings(Strict):
     snmp: SnmpSettings | None = None
     ufm: UfmSettings | None = None
+    gnmi: GnmiSettings | None = None
+    cli: CliSettings | None = None
 
 
 class SwitchConfig(Strict):

@@ -205,6 +205,22 @@ def collect_ufm(config: Path = ConfigOpt, once: bool = OnceOpt, device: list[str
     _collect_once("ufm", "from UFM", config, device, wide, as_json)
 
 
+@collect_app.command("gnmi")
+def collect_gnmi(config: Path = ConfigOpt, once: bool = OnceOpt, device: list[str] = DeviceOpt,
+                 wide: bool = WideOpt, as_json: bool = JsonOpt) -> None:
+    """Read the configured gNMI targets once (Subscribe ONCE) and print what came back (nothing is
+    stored). The service streams instead (docs/gnmi.md)."""
+    _collect_once("gnmi", "over gNMI", config, device, wide, as_json)
+
+
+@collect_app.command("cli")
+def collect_cli(config: Path = ConfigOpt, once: bool = OnceOpt, device: list[str] = DeviceOpt,
+                wide: bool = WideOpt, as_json: bool = JsonOpt) -> None:
+    """Log in to the configured switches over SSH once and print what their command line showed
+    (nothing is stored; the configuration is read but not shown). What a poll left out follows."""
+    _collect_once("cli", "over SSH", config, device, wide, as_json)
+
+
 def _collect_once(name: str, how: str, config: Path, device: list[str], wide: bool, as_json: bool) -> None:
     from nms.app.cli import _load
     from nms.app.polling import Poller, load_collectors

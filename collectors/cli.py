@@ -1,0 +1,217 @@
+"""The CLI collector: logs in over SSH and reads what a switch's command line shows.
+
+One SSH session per device (collectors/cli_ssh.py: netmiko logs in, the host key is checked
+against known_hosts), kept across polls and logged into again when it broke. netmiko and paramiko
+are synchronous: a poll runs in a thread of the collector's own pool (`polling.max_concurrency`
+threads); a poll cut off at its deadline closes its session, which ends the thread's blocked read.
+
+Per poll, on the `linux` platform (collectors/cli_linux.py; the only command set so far):
+
+1. `ip -s -s -j link show`            -> PortSample per interface (64-bit kernel counters, oper
+                                          status, MTU): the poll fails without it
+2. `grep -H . /sys/class/net/*/speed` -> the samples' speed (left out where the kernel has none)
+3. hostname, `uname -a`, /proc/uptime -> DeviceFacts (first record)
+4. `lldpctl -f json` and `lldpcli -f json show chassis` (`lldp`) -> LldpNeighbor, the facts'
+                                          chassis id
+5. the running configuration (`config`, at most every `config_interval`): the CONFIG_SECTIONS
+   commands under headers -> `device_config` and, when it changed, `device_config_change` points
+   (collectors/cli_config.py)
+
+A timeout, refused login, refused host key or lost session fails the poll whatever the command.
+Any other failure of 2-5 (a command missing or failing, output that does not parse) is logged
+and kept in `problems` (a CollectorBadResponse naming the command), and the poll goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from collectors import cli_linux as linux
+from collectors.base import Collector, CollectorBadResponse, CollectorConfigError, CollectorUnreachable, PollResult
+from collectors.cli_config import ConfigTracker
+from collectors.cli_ssh import Output, Session
+from nms.config.models import CliSettings, SwitchConfig
+
+log = logging.getLogger(__name__)
+
+
+class CliCollector(Collector):
+    name = "cli"
+    counter_bits: dict[str, int] = {}  # the kernel's counters are 64-bit (stats64)
+
+    def __init__(self, max_concurrency: int = 64) -> None:
+        # netmiko/paramiko block: polls run in this pool, not the loop's default one (the store's)
+        self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="cli-poll")
+        self._sessions: dict[str, Session] = {}
+        self._config_due: dict[str, float] = {}  # device -> time.monotonic() of its next config snapshot
+        self.configs = ConfigTracker()
+        self.problems: dict[str, list[CollectorBadResponse]] = {}  # device -> what its last poll left out
+
+    @classmethod
+    def from_config(cls, config: Any) -> CliCollector:
+        return cls(max_concurrency=config.polling.max_concurrency)
+
+    def _session(self, device: SwitchConfig) -> Session:
+        settings = self.settings(device)
+        if settings is None:
+            raise CollectorConfigError(device.name, "has no collectors.cli settings")
+        cached = self._sessions.get(device.name)
+        if cached is not None and cached.settings is settings and cached.address == device.mgmt_address \
+                and not cached.aborted:
+            return cached
+        if cached is not None:
+            cached.abort()
+        session = Session(device.name, device.mgmt_address, settings)
+        self._sessions[device.name] = session
+        return session
+
+    async def collect(self, device: SwitchConfig) -> PollResult:
+        session = self._session(device)
+        started_ns, t0 = time.time_ns(), time.perf_counter()
+        try:
+            records, problems, commands = await asyncio.get_running_loop().run_in_executor(
+                self._pool, self._poll, session)
+        except asyncio.CancelledError:
+            # the deadline passed: closing the session ends the worker thread's blocked read
+            threading.Thread(target=session.abort, name=f"cli-abort-{device.name}", daemon=True).start()
+            raise
+        for e in problems:
+            log.warning("%s (kept the rest of the poll)", e)
+        self.problems[device.name] = problems
+        return PollResult(device=device.name, collector=self.name, started_ns=started_ns,
+                          duration_s=time.perf_counter() - t0, records=records, counter_bits=self.counter_bits,
+                          values=commands)
+
+    # -- in the worker thread ----------------------------------------------------------------------
+
+    def _poll(self, session: Session) -> tuple[list[Any], list[CollectorBadResponse], int]:
+        with session:
+            if session.connected:
+                try:
+                    return _Poll(session, self).run()
+                except CollectorUnreachable as e:  # the kept session broke (device rebooted, idle timeout)
+                    log.info("%s; logging in again", e)
+            session.close()
+            session.connect()
+            return _Poll(session, self).run()
+
+    async def close(self) -> None:
+        sessions = list(self._sessions.values())
+        self._sessions.clear()
+        self._config_due.clear()
+        if sessions:
+            await asyncio.get_running_loop().run_in_executor(self._pool, lambda: [s.abort() for s in sessions])
+
+
+class _Poll:
+    """One poll of one device on a logged-in session (worker thread)."""
+
+    def __init__(self, session: Session, collector: CliCollector):
+        self.session, self.collector = session, collector
+        self.s: CliSettings = session.settings
+        self.device = session.device
+        self.problems: list[CollectorBadResponse] = []
+        self.commands = 0
+
+    def keep(self, name: str) -> bool:
+        return not self.s.interfaces or any(fnmatch.fnmatchcase(name, p) for p in self.s.interfaces)
+
+    def run(self) -> tuple[list[Any], list[CollectorBadResponse], int]:
+        before = time.time_ns()
+        links = self._run(linux.LINKS)
+        ts = (before + time.time_ns()) // 2  # the counters were read during the command
+        if not links.ok:
+            raise self._failed(links)
+        speed_bps = linux.speeds(self._run(linux.SPEEDS).stdout)
+        notes: list[str] = []
+        try:
+            samples, interfaces = linux.port_samples(self.device, links.stdout, ts, speed_bps, self.keep, notes)
+        except linux.Bad as e:
+            raise self._bad(linux.LINKS, str(e)) from None
+        self._notes(linux.LINKS, notes)
+        neighbors, chassis = self._lldp() if self.s.lldp else ([], None)
+        records: list[Any] = []
+        facts = self._optional(linux.FACTS, lambda out: linux.facts(self.device, out, ts, interfaces, chassis))
+        if facts is not None:
+            records.append(facts)  # first: the service files a poll's facts under the polled device by it
+        records += samples + neighbors + self._config()
+        return records, self.problems, self.commands
+
+    def _lldp(self) -> tuple[list, str | None]:
+        notes: list[str] = []
+        found = self._optional(linux.LLDP_NEIGHBORS, lambda out: linux.neighbors(
+            self.device, out, time.time_ns(), self.keep, notes), "LLDP neighbours left out")
+        if found is None:
+            return [], None
+        self._notes(linux.LLDP_NEIGHBORS, notes)
+        chassis = self._optional(linux.LLDP_CHASSIS, linux.local_chassis_id, "no chassis id in the facts")
+        return found, chassis
+
+    def _config(self) -> list:
+        if not self.s.config or time.monotonic() < self.collector._config_due.get(self.device, 0.0):
+            return []
+        sections = []
+        for name, what, command, required, state in linux.CONFIG_SECTIONS:
+            out = self._run(command)
+            if out.ok:
+                text = linux.normalize(out.stdout, state)
+                if required or text.strip():
+                    sections.append((name, what, text))
+            elif required:
+                self.problems.append(self._failed(out, "no configuration snapshot this poll", what))
+                return []
+            else:
+                self.problems.append(self._failed(out, "noted in the configuration snapshot", what))
+                sections.append((name, what, f"(not readable: exit status {out.status}: {_last_line(out.stderr)})"))
+        self.collector._config_due[self.device] = time.monotonic() + self.s.config_interval
+        return self.collector.configs.snapshot(self.device, linux.config_text(sections), time.time_ns())
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def _run(self, command: str) -> Output:
+        self.commands += 1
+        return self.session.run(command, linux.PREAMBLE)
+
+    def _optional(self, command: str, parse, consequence: str = "left out"):
+        """A command that adds to the poll: a failure is noted and None returned."""
+        out = self._run(command)
+        if not out.ok:
+            self.problems.append(self._failed(out, consequence))
+            return None
+        try:
+            return parse(out.stdout)
+        except (linux.Bad, ValueError) as e:
+            self.problems.append(self._bad(command, f"{_first_line(str(e))}; {consequence}"))
+            return None
+
+    def _notes(self, command: str, notes: list[str]) -> None:
+        if notes:
+            more = f" (and {len(notes) - 3} more)" if len(notes) > 3 else ""
+            self.problems.append(self._bad(command, f"{len(notes)} items left out: {'; '.join(notes[:3])}{more}"))
+
+    def _bad(self, command: str, what: str) -> CollectorBadResponse:
+        return CollectorBadResponse(self.device, f"{self.session.where}: {command!r}: {what}")
+
+    def _failed(self, out: Output, consequence: str = "", name: str | None = None) -> CollectorBadResponse:
+        status = "no exit status" if out.status is None else f"exit status {out.status}"
+        if out.status in (126, 127):
+            status += " (not installed, or not allowed for this user)"
+        if detail := _last_line(out.stderr):  # the error; earlier lines may be the login's (home directory)
+            status += f": {detail}"
+        return self._bad(name or out.command, f"{status}; {consequence}" if consequence else status)
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0][:200] if lines else ""
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:200] if lines else ""
