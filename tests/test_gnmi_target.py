@@ -324,8 +324,9 @@ async def test_malformed_subscriptions_are_refused(target, request_, code, words
 async def test_get_errors_name_the_problem(target):
     channel, st = stub(target.address)
     async with channel:
-        for text, code, words in [("/interfaces/interface[name=eth99]", grpc.StatusCode.NOT_FOUND, "no interface 'eth99'"),
-                                  ("/components", grpc.StatusCode.NOT_FOUND, "no such path /components")]:
+        for text, code, words in [
+                ("/interfaces/interface[name=eth99]", grpc.StatusCode.NOT_FOUND, "no interface 'eth99'"),
+                ("/components", grpc.StatusCode.NOT_FOUND, "no such path /components")]:
             with pytest.raises(grpc.aio.AioRpcError) as e:
                 await st.Get(g.GetRequest(path=[path(text)], encoding=g.JSON_IETF), metadata=AUTH, timeout=5)
             assert e.value.code() == code and words in e.value.details()
@@ -380,17 +381,21 @@ def test_default_interfaces_leave_out_lo_and_sigterm_stops_a_busy_target(tmp_pat
     assert ended < 3
 
 
-def test_plaintext_must_be_asked_for(tmp_path):
+def test_plaintext_must_be_asked_for_and_bad_files_are_named(tmp_path):
     base = [sys.executable, "-m", "nms.lab.gnmi_target", "--listen", "127.0.0.1:0"]
     out = subprocess.run(base, capture_output=True, text=True, cwd=REPO, timeout=30)
     assert out.returncode == 2 and "--insecure to serve plaintext on purpose" in out.stderr
     (tmp_path / "c.pem").write_text("x")
-    out = subprocess.run([*base, "--insecure", "--tls-cert", str(tmp_path / "c.pem"), "--tls-key", str(tmp_path / "c.pem")],
+    pem = str(tmp_path / "c.pem")
+    out = subprocess.run([*base, "--insecure", "--tls-cert", pem, "--tls-key", pem],
                          capture_output=True, text=True, cwd=REPO, timeout=30)
     assert out.returncode == 2 and "exclude each other" in out.stderr
     out = subprocess.run([*base, "--insecure", "--username", "u", "--password-file", str(tmp_path / "none")],
                          capture_output=True, text=True, cwd=REPO, timeout=30)
     assert out.returncode == 1 and "none: No such file" in out.stderr and "Traceback" not in out.stderr
+    out = subprocess.run([*base, "--tls-cert", pem, "--tls-key", pem], capture_output=True, text=True, cwd=REPO,
+                         timeout=30)
+    assert out.returncode == 1 and "c.pem: not a PEM certificate" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_tls_with_a_lab_certificate(tmp_path):
@@ -463,13 +468,15 @@ def test_on_change_follows_links_appearing_changing_and_vanishing(tmp_path):
 
             lat = {"appear": await step("link", "add", a, "type", "veth", "peer", "name", b,
                                         until=lambda n, v: n == b and v and v["state/admin-status"] == "DOWN")}
-            lat["up"] = await step("link", "set", a, "up", until=lambda n, v: n == a and v and v.get("state/admin-status") == "UP")
+            lat["up"] = await step("link", "set", a, "up",
+                                   until=lambda n, v: n == a and v and v.get("state/admin-status") == "UP")
             lat["carrier up"] = await step("link", "set", b, "up",
                                            until=lambda n, v: n == a and v and v.get("state/oper-status") == "UP")
             # a veth whose peer (here in the same namespace) is down is LOWER_LAYER_DOWN
             lat["carrier down"] = await step("link", "set", b, "down", until=lambda n, v: n == a and v and v.get(
                 "state/oper-status") == "LOWER_LAYER_DOWN")
-            lat["mtu"] = await step("link", "set", a, "mtu", "1400", until=lambda n, v: n == a and v == {"state/mtu": 1400})
+            lat["mtu"] = await step("link", "set", a, "mtu", "1400",
+                                    until=lambda n, v: n == a and v == {"state/mtu": 1400})
             lat["gone"] = await step("link", "del", a, until=lambda n, v: n == b and v is None)
             task.cancel()
             call.cancel()

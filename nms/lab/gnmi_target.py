@@ -152,7 +152,8 @@ class Target(gnmi_pb2_grpc.gNMIServicer):
         prefix = sl.prefix if sl.HasField("prefix") else None
         subs = list(zip(await self._selections(context, prefix, [s.path for s in sl.subscription]), sl.subscription))
         mode = gnmi_pb2.SubscriptionList.Mode.Name(sl.mode) if sl.mode in (0, 1, 2) else str(sl.mode)
-        log.info("%s: Subscribe %s %s", context.peer(), mode, " ".join(path_text(prefix, s.path) for s in sl.subscription))
+        log.info("%s: Subscribe %s %s", context.peer(), mode,
+                 " ".join(path_text(prefix, s.path) for s in sl.subscription))
         if sl.mode == gnmi_pb2.SubscriptionList.ONCE:
             for r in await self._values([sel for sel, _ in subs]):
                 yield r
@@ -209,7 +210,9 @@ class Target(gnmi_pb2_grpc.gNMIServicer):
                 await self.watch.acquire()
                 watching = True
             start = loop.time()
-            initial = [] if updates_only or not samples else await self._values([s for v in samples.values() for s in v])
+            initial = []
+            if samples and not updates_only:
+                initial = await self._values([s for v in samples.values() for s in v])
             if on_change:
                 version = self.watch.version
                 held = on_change.diff(await on_change.current())
@@ -306,6 +309,23 @@ async def serve(args, password: str | None, credentials) -> None:
     await server.stop(grace=1.0)
 
 
+def _tls_files(key_path: str, cert_path: str) -> tuple[bytes, bytes]:
+    """The key and certificate, checked here: gRPC would only say that it cannot listen."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    key, cert = Path(key_path).read_bytes(), Path(cert_path).read_bytes()
+    try:
+        x509.load_pem_x509_certificates(cert)
+    except ValueError:
+        raise OSError(f"--tls-cert {cert_path}: not a PEM certificate") from None
+    try:
+        load_pem_private_key(key, password=None)
+    except (ValueError, TypeError):
+        raise OSError(f"--tls-key {key_path}: not an unencrypted PEM private key") from None
+    return key, cert
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     handler = logging.FileHandler(args.log) if args.log else logging.StreamHandler(sys.stderr)
@@ -316,8 +336,10 @@ def main(argv=None) -> int:
         password = Path(args.password_file).read_text().rstrip("\r\n") if args.password_file else None
         if password == "":
             raise OSError(f"--password-file {args.password_file} is empty")
-        credentials = grpc.ssl_server_credentials([(Path(args.tls_key).read_bytes(), Path(args.tls_cert).read_bytes())]) \
-            if args.tls_cert else None
+        credentials = None
+        if args.tls_cert:
+            key, cert = _tls_files(args.tls_key, args.tls_cert)
+            credentials = grpc.ssl_server_credentials([(key, cert)])
         asyncio.run(serve(args, password, credentials))
     except OSError as e:
         message = f"{e.filename}: {e.strerror}" if e.filename else str(e)

@@ -5,14 +5,19 @@ from __future__ import annotations
 import os
 import secrets
 import string
+from pathlib import Path
 
 import yaml
 
 from nms.config import load_config
+from nms.lab import tls
 from nms.lab.state import LabDir
 from nms.lab.topology import Topology
 
 API_PORT = 8080
+GNMI_PORT = 9339  # IANA's gNMI port, on every switch's management address
+GNMI_USER = "nmslab"
+GNMI_INTERVAL = "1s"  # the counters' SAMPLE interval the generated config asks for
 TOKEN_SCOPES = ["read", "ingest", "act", "admin"]
 AGENT_SCOPES = ["ingest"]  # host agents (`nms lab agents start`): a token per host, bound to it, ingest only
 
@@ -25,6 +30,25 @@ def agent_token_file(lab: LabDir, host: str):
 def probe_key_file(lab: LabDir):
     """The fabric-wide probe key of the lab's agents (never given to the service)."""
     return lab.run_dir / "probe-key"
+
+
+def gnmi_password_file(lab: LabDir) -> Path:
+    """The gNMI password: read by every switch's target and by the config (${file:...})."""
+    return lab.run_dir / "gnmi-password"
+
+
+def tls_dir(lab: LabDir) -> Path:
+    return lab.root / "tls"
+
+
+def ca_file(lab: LabDir) -> Path:
+    """The lab CA's certificate: what a gNMI client verifies the switches' certificates against."""
+    return tls_dir(lab) / "ca.pem"
+
+
+def switch_cert(lab: LabDir, switch: str) -> tuple[Path, Path]:
+    """(certificate, key) of a switch's gNMI target: subjectAltName = its management address."""
+    return tls_dir(lab) / f"{switch}.pem", tls_dir(lab) / f"{switch}.key"
 
 
 def _secret(n: int) -> str:
@@ -51,6 +75,44 @@ def net_snmp_v3_args(v3: dict) -> list[str]:
             "-A", v3["auth_key"], "-x", NET_SNMP_PRIV[v3["priv_protocol"]], "-X", v3["priv_key"]]
 
 
+def new_gnmi_credentials(lab: LabDir) -> dict:
+    """The switches' gNMI user, random per lab. Field names are nms.config GnmiSettings', so
+    `GnmiSettings(**state["gnmi"])` is a working client configuration."""
+    return {"port": GNMI_PORT, "username": GNMI_USER, "password": _secret(24), "ca_file": str(ca_file(lab))}
+
+
+def write_gnmi_files(topo: Topology, lab: LabDir, gnmi: dict) -> list[str]:
+    """The password file (0600) and the TLS files: a lab CA and a certificate per switch, kept when
+    present. Returns the switches whose certificate is new (a target running with an older one
+    must be restarted)."""
+    _write_secret(gnmi_password_file(lab), gnmi["password"])
+    d = tls_dir(lab)
+    d.mkdir(mode=0o700, exist_ok=True)
+    ca_key = d / "ca.key"
+    fresh_ca = not (ca_file(lab).exists() and ca_key.exists())
+    if fresh_ca:
+        tls.make_ca(ca_file(lab), ca_key, f"nms-lab CA ({topo.spec.prefix}, {lab.root})")
+    issued = []
+    for node in topo.switches:
+        cert, key = switch_cert(lab, node.name)
+        if fresh_ca or not (cert.exists() and key.exists()):
+            tls.issue(ca_file(lab), ca_key, cert, key, node.name, [node.mgmt_address])
+            issued.append(node.name)
+    return issued
+
+
+def _write_secret(path: Path, value: str) -> None:
+    if path.exists() and path.read_text().rstrip("\n") == value:
+        return
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(value + "\n")
+    os.replace(tmp, path)
+
+
 def write_token(lab: LabDir, path=None) -> None:
     """A random API token, readable by root only, referenced from the config as ${file:...}."""
     path = lab.token if path is None else path
@@ -61,10 +123,18 @@ def write_token(lab: LabDir, path=None) -> None:
         fh.write(secrets.token_urlsafe(32) + "\n")
 
 
-def config_dict(topo: Topology, lab: LabDir, snmp: dict) -> dict:
-    snmp_v2c = {"version": "2c", "community": snmp["community"]}
+def config_dict(topo: Topology, lab: LabDir, snmp: dict, gnmi: dict | None = None) -> dict:
+    """The service's config; each switch gets the collectors of the lab's southbound protocols
+    (gNMI only when its credentials are given)."""
+    collectors: dict = {}
+    if "snmp" in topo.spec.southbound:
+        collectors["snmp"] = {"version": "2c", "community": snmp["community"]}
+    if "gnmi" in topo.spec.southbound and gnmi is not None:
+        collectors["gnmi"] = {"port": gnmi["port"], "username": gnmi["username"],
+                              "password": f"${{file:{gnmi_password_file(lab)}}}", "ca_file": gnmi["ca_file"],
+                              "interval": GNMI_INTERVAL}
     switches = [{"name": n.name, "mgmt_address": n.mgmt_address, "role": n.role,
-                 "collectors": {"snmp": dict(snmp_v2c)}} for n in topo.switches]
+                 "collectors": {k: dict(v) for k, v in collectors.items()}} for n in topo.switches]
     hosts, agent_tokens = [], []
     for h in topo.by_role("host"):
         link = topo.link_of_port(h.name, "eth0")
@@ -91,7 +161,7 @@ def config_dict(topo: Topology, lab: LabDir, snmp: dict) -> dict:
     }
 
 
-def write_config(topo: Topology, lab: LabDir, snmp: dict) -> None:
+def write_config(topo: Topology, lab: LabDir, snmp: dict, gnmi: dict | None = None) -> None:
     """Write the config and prove it loads (raises nms.config.ConfigError if it does not)."""
     write_token(lab)
     for h in topo.by_role("host"):
@@ -100,7 +170,7 @@ def write_config(topo: Topology, lab: LabDir, snmp: dict) -> None:
         write_token(lab, path)
     write_token(lab, probe_key_file(lab))
     text = "# generated by `nms lab up`; SNMPv3 credentials are in state.json (snmp.v3)\n"
-    text += yaml.safe_dump(config_dict(topo, lab, snmp), sort_keys=False)
+    text += yaml.safe_dump(config_dict(topo, lab, snmp, gnmi), sort_keys=False)
     tmp = lab.config.with_suffix(".tmp")
     tmp.write_text(text)
     tmp.chmod(0o600)  # holds the SNMP community

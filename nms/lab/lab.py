@@ -40,9 +40,10 @@ def up(lab: LabDir, spec: Spec, step: Step = lambda _: None) -> tuple[dict, bool
                     raise sh.LabError(f"a different lab ({describe(spec_of(state))}) is up in {lab.root}; "
                                       "run `nms lab down` first")
                 step("lab already up: checking services")
+                _ensure_gnmi(topo, lab, state)
                 _ensure_services(topo, lab, state)
                 lab.save(state)
-                inventory.write_config(topo, lab, state["snmp"])
+                inventory.write_config(topo, lab, state["snmp"], state.get("gnmi"))
                 return state, False
     owner = _owner(topo)
     if owner and owner != str(lab.root) and LabDir(owner).exists():
@@ -65,11 +66,12 @@ def up(lab: LabDir, spec: Spec, step: Step = lambda _: None) -> tuple[dict, bool
             state = {"version": 1, "lab": _lab_info(topo, lab, spec, t), "snmp": inventory.new_snmp_credentials(),
                      "nodes": {}, "links": _links_info(topo), "withdrawn": [], "faults": [], "clocks": {},
                      "traffic": []}
-            step("starting snmpd and lldpd")
+            step(f"starting lldpd and the switches' {' and '.join(spec.southbound)} agents")
+            _ensure_gnmi(topo, lab, state)
             _ensure_services(topo, lab, state)
             lab.save(state)
-            services.wait_ready(topo, lab, state["snmp"]["community"])
-            inventory.write_config(topo, lab, state["snmp"])
+            services.wait_ready(topo, lab, state)
+            inventory.write_config(topo, lab, state["snmp"], state.get("gnmi"))
             state["lab"]["build_seconds"] = round(time.monotonic() - t0, 3)
             lab.save(state)
     except BaseException as e:
@@ -93,7 +95,7 @@ def down(lab: LabDir, prefix: str, keep_dir: bool = False) -> cleanup.Leftovers:
 
 def describe(spec: Spec) -> str:
     return (f"{spec.spines} spines x {spec.leaves} leaves x {spec.hosts_per_leaf} hosts/leaf, "
-            f"{format_rate(spec.link_rate_bps)}bit/s links, MTU {spec.mtu}")
+            f"{format_rate(spec.link_rate_bps)}bit/s links, MTU {spec.mtu}, southbound {','.join(spec.southbound)}")
 
 
 def _lab_info(topo: Topology, lab: LabDir, spec: Spec, t: dict) -> dict:
@@ -111,6 +113,18 @@ def _links_info(topo: Topology) -> list[dict]:
              "rate_bps": topo.spec.link_rate_bps, "mtu": topo.spec.mtu} for link in topo.links]
 
 
+def _ensure_gnmi(topo: Topology, lab: LabDir, state: dict) -> None:
+    """gNMI credentials (kept in state.json, new for a lab built before gNMI), the password file
+    and the TLS files; a target still running with a replaced certificate is restarted."""
+    if "gnmi" not in topo.spec.southbound:
+        return
+    state.setdefault("gnmi", inventory.new_gnmi_credentials(lab))
+    for name in inventory.write_gnmi_files(topo, lab, state["gnmi"]):
+        pid = state["nodes"].get(name, {}).get("pids", {}).get("gnmi")
+        if services.alive(pid, topo.netns(name)):
+            services.kill([pid])
+
+
 def _ensure_services(topo: Topology, lab: LabDir, state: dict) -> None:
     """Start every service that is not running (all of them on a fresh lab)."""
     for node in topo.nodes.values():
@@ -123,9 +137,9 @@ def _ensure_services(topo: Topology, lab: LabDir, state: dict) -> None:
         ifindex = builder.ifindexes(topo, node.name) if node.role != "host" else {}
         for p in info["ports"]:
             p["ifindex"] = ifindex.get(p["name"])
-        for name, start in services.SERVICES[node.role].items():
+        for name, start in services.for_node(topo.spec, node.role).items():
             if not services.alive(info["pids"].get(name), topo.netns(node.name)):
-                info["pids"][name] = start(topo, lab, node, state["snmp"], ifindex)
+                info["pids"][name] = start(topo, lab, node, state, ifindex)
 
 
 def status(lab: LabDir, live: bool = True) -> dict:

@@ -1,8 +1,9 @@
-"""Per-node daemons: net-snmp snmpd on switches, lldpd everywhere.
+"""Per-node daemons: lldpd everywhere; on switches net-snmp snmpd and the gNMI target
+(nms/lab/gnmi_target.py), as the lab's southbound protocols (`--southbound`) say.
 
-Each daemon runs inside its node's namespace with all files under <lab dir>/nodes/<node>/.
-SERVICES maps a role to the services it runs; a later service (gNMI target, sshd) is one more
-starter function and one more entry there.
+Each daemon runs inside its node's namespace with its files under <lab dir>/nodes/<node>/ (the
+gNMI target's certificate under <lab dir>/tls/). SERVICES maps a role to the services it runs;
+a later service (sshd) is one more starter function and one more entry there.
 
 Namespaces share the UTS hostname, so names come from config: snmpd's sysName and lldpd's
 `configure system hostname`. veth reports 10 Gbit/s, so snmpd is told the lab link rate for
@@ -15,14 +16,16 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from nms.lab import netns, sh
+import nms
+from nms.lab import inventory, netns, sh
 from nms.lab.inventory import NET_SNMP_AUTH, NET_SNMP_PRIV
 from nms.lab.state import LabDir
-from nms.lab.topology import Node, Topology
+from nms.lab.topology import Node, Spec, Topology
 
 LLDP_TX_INTERVAL = 5  # seconds; real switches default to 30, the lab wants fast topology changes
 IF_HIGH_SPEED = "1.3.6.1.2.1.31.1.1.1.15"
@@ -63,7 +66,8 @@ def lldpd_conf(node: Node) -> str:
     ]) + "\n"
 
 
-def start_snmpd(topo: Topology, lab: LabDir, node: Node, snmp: dict, ifindex: dict[str, int]) -> int:
+def start_snmpd(topo: Topology, lab: LabDir, node: Node, state: dict, ifindex: dict[str, int]) -> int:
+    snmp = state["snmp"]
     d = lab.node(node.name)
     persist = d / "snmp-persist"
     persist.mkdir(parents=True, exist_ok=True)
@@ -82,14 +86,14 @@ def start_snmpd(topo: Topology, lab: LabDir, node: Node, snmp: dict, ifindex: di
     raise sh.LabError(f"snmpd on {node.name} did not start; see {d / 'snmpd.log'}")
 
 
-def start_lldpd(topo: Topology, lab: LabDir, node: Node, snmp: dict, ifindex: dict[str, int]) -> int:
+def start_lldpd(topo: Topology, lab: LabDir, node: Node, state: dict, ifindex: dict[str, int]) -> int:
     d = lab.node(node.name)
     d.mkdir(parents=True, exist_ok=True)
     conf, sock = d / "lldpd.conf", d / "lldpd.sock"
     conf.write_text(lldpd_conf(node))
     sock.unlink(missing_ok=True)
     args = ["lldpd", "-d", "-u", str(sock), "-O", str(conf), "-I", ",".join(p.name for p in node.ports)]
-    if node.role != "host":  # feed LLDP-MIB into this switch's snmpd
+    if node.role != "host" and "snmp" in topo.spec.southbound:  # feed LLDP-MIB into this switch's snmpd
         args += ["-x", "-X", str(d / "agentx.sock")]
     # -d keeps lldpd in the foreground (it would otherwise share one /run/lldpd.pid across nodes);
     # a new session detaches it from the CLI so it outlives the command.
@@ -100,12 +104,41 @@ def start_lldpd(topo: Topology, lab: LabDir, node: Node, snmp: dict, ifindex: di
     return proc.pid
 
 
+def start_gnmi(topo: Topology, lab: LabDir, node: Node, state: dict, ifindex: dict[str, int]) -> int:
+    """The gNMI target on the management address: TLS with the switch's lab certificate, the lab's
+    user, the switch's ports at the lab's link rate."""
+    d = lab.node(node.name)
+    d.mkdir(parents=True, exist_ok=True)
+    cert, key = inventory.switch_cert(lab, node.name)
+    args = [sys.executable, "-m", "nms.lab.gnmi_target", "--listen", f"{node.mgmt_address}:{inventory.GNMI_PORT}",
+            "--tls-cert", str(cert), "--tls-key", str(key), "--username", state["gnmi"]["username"],
+            "--password-file", str(inventory.gnmi_password_file(lab)),
+            "--port-speed-bps", str(topo.spec.link_rate_bps), "--log", str(d / "gnmi.log")]
+    for port in node.ports:
+        args += ["--interfaces", port.name]
+    # the same nms package as this process, wherever the command is run from
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(nms.__file__).parents[1]),
+                                                                       os.environ.get("PYTHONPATH")]))}
+    with open(d / "gnmi.log", "ab") as log:
+        proc = subprocess.Popen(sh.in_ns(topo.netns(node.name), args), stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=log, start_new_session=True, env=env)
+    (d / "gnmi.pid").write_text(f"{proc.pid}\n")
+    return proc.pid
+
+
 Starter = Callable[[Topology, LabDir, Node, dict, dict], int]
 SERVICES: dict[str, dict[str, Starter]] = {
-    "spine": {"snmpd": start_snmpd, "lldpd": start_lldpd},
-    "leaf": {"snmpd": start_snmpd, "lldpd": start_lldpd},
+    "spine": {"snmpd": start_snmpd, "lldpd": start_lldpd, "gnmi": start_gnmi},
+    "leaf": {"snmpd": start_snmpd, "lldpd": start_lldpd, "gnmi": start_gnmi},
     "host": {"lldpd": start_lldpd},
 }
+PROTOCOL = {"snmpd": "snmp", "gnmi": "gnmi"}  # service -> the southbound protocol it serves
+
+
+def for_node(spec: Spec, role: str) -> dict[str, Starter]:
+    """The services a node of `role` runs in a lab of `spec` (its southbound protocols)."""
+    return {name: start for name, start in SERVICES[role].items()
+            if name not in PROTOCOL or PROTOCOL[name] in spec.southbound}
 
 
 def alive(pid: int | None, ns: str) -> bool:
@@ -145,18 +178,62 @@ def _lldp_hostname(out: str) -> str | None:
         return None
 
 
-def wait_ready(topo: Topology, lab: LabDir, community: str, timeout: float = 15) -> None:
-    """Every snmpd answers over the management network with its sysName; every lldpd has applied
-    its configuration (it waits, paused, until its lldpcli run has)."""
+def _gnmi_silent(topo: Topology, lab: LabDir, gnmi: dict, deadline: float) -> dict[str, str]:
+    """Switches whose gNMI target does not answer Capabilities (TLS verified against the lab CA,
+    with the lab's user) from this namespace over the management network -> the last error."""
+    import grpc  # here: the other lab commands need no gRPC
+    from pygnmi.spec.v080 import gnmi_pb2, gnmi_pb2_grpc
+
+    credentials = grpc.ssl_channel_credentials(Path(gnmi["ca_file"]).read_bytes())
+    options = [("grpc.enable_http_proxy", 0),  # a proxy from the environment must not see lab traffic
+               ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+               ("grpc.max_reconnect_backoff_ms", 500)]  # a target still starting is retried soon
+    metadata = (("username", gnmi["username"]), ("password", gnmi["password"]))
+    channels = {n.name: grpc.secure_channel(f"{n.mgmt_address}:{gnmi['port']}", credentials, options=options)
+                for n in topo.switches}
+    pending = {name: "no answer" for name in channels}
+    try:
+        while pending and time.monotonic() < deadline:
+            timeout = max(0.1, min(2.0, deadline - time.monotonic()))
+            calls = {name: gnmi_pb2_grpc.gNMIStub(channels[name]).Capabilities.future(
+                gnmi_pb2.CapabilityRequest(), metadata=metadata, timeout=timeout) for name in pending}
+            for name, call in calls.items():
+                try:
+                    call.result()
+                    del pending[name]
+                except grpc.RpcError as e:
+                    pending[name] = f"{e.code().name}: {e.details()}"
+                    if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                        deadline = 0  # answering, and refusing: waiting will not help
+            if pending:
+                time.sleep(0.1)
+    finally:
+        for channel in channels.values():
+            channel.close()
+    return pending
+
+
+def wait_ready(topo: Topology, lab: LabDir, state: dict, timeout: float = 15) -> None:
+    """Every snmpd answers over the management network with its sysName, every gNMI target its
+    Capabilities (TLS, the lab's user); every lldpd has applied its configuration (it waits,
+    paused, until its lldpcli run has)."""
     deadline = time.monotonic() + timeout
-    silent = _poll({n.name for n in topo.switches},
-                   lambda n: ["snmpget", "-v2c", "-c", community, "-t", "1", "-r", "0", "-On", "-Oqv",
-                              topo.nodes[n].mgmt_address, "1.3.6.1.2.1.1.5.0"],
-                   lambda n, out: out.strip().strip('"') == n, deadline)
-    if silent:
-        raise sh.LabError(f"snmpd not answering over the management network on {sorted(silent)} "
-                          f"(see {lab.root}/nodes/*/snmpd.log; a root-namespace firewall dropping "
-                          f"traffic from {topo.bridge} would do this)")
+    if "snmp" in topo.spec.southbound:
+        community = state["snmp"]["community"]
+        silent = _poll({n.name for n in topo.switches},
+                       lambda n: ["snmpget", "-v2c", "-c", community, "-t", "1", "-r", "0", "-On", "-Oqv",
+                                  topo.nodes[n].mgmt_address, "1.3.6.1.2.1.1.5.0"],
+                       lambda n, out: out.strip().strip('"') == n, deadline)
+        if silent:
+            raise sh.LabError(f"snmpd not answering over the management network on {sorted(silent)} "
+                              f"(see {lab.root}/nodes/*/snmpd.log; a root-namespace firewall dropping "
+                              f"traffic from {topo.bridge} would do this)")
+    if "gnmi" in topo.spec.southbound:
+        silent_gnmi = _gnmi_silent(topo, lab, state["gnmi"], deadline)
+        if silent_gnmi:
+            detail = "; ".join(f"{n}: {why} (log {lab.node(n) / 'gnmi.log'})" for n, why in sorted(silent_gnmi.items()))
+            raise sh.LabError(f"no gNMI target answered Capabilities (TLS, the lab user, port "
+                              f"{state['gnmi']['port']}) on {sorted(silent_gnmi)}: {detail}")
     paused = _poll(set(topo.nodes),
                    lambda n: ["lldpcli", "-u", str(lab.node(n) / "lldpd.sock"), "-f", "json", "show", "configuration"],
                    lambda n, out: _lldp_hostname(out) == n, deadline)

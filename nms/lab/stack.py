@@ -3,8 +3,9 @@ probe agent in every host namespace. What `nms demo` runs, and the harness of th
 and end-to-end tests (bench/agent_lab.py adds their API helpers).
 
 The service listens on 127.0.0.1 and on the lab's management gateway (where the agents in the host
-namespaces reach it). SNMP polling is off unless `snmp_interval` is given (it takes CPU from the
-probes); `service_config` sections are merged into the lab's generated config. Everything needs root.
+namespaces reach it). SNMP polling is off unless `snmp_interval` is given, gNMI streaming unless
+`gnmi_interval` is (both take CPU from the probes); `service_config` sections are merged into the
+lab's generated config. Everything needs root.
 """
 
 from __future__ import annotations
@@ -34,12 +35,14 @@ def free_port() -> int:
 
 class LabStack:
     def __init__(self, prefix: str, mgmt: str, link_rate_bps: int = 100_000_000, root: str | None = None,
-                 snmp_interval: str | None = None, service_config: dict | None = None, **shape):
+                 snmp_interval: str | None = None, service_config: dict | None = None,
+                 gnmi_interval: str | None = None, **shape):
         self.prefix = prefix
         self.spec = Spec(link_rate_bps=link_rate_bps, mgmt_subnet=mgmt, prefix=prefix, **shape)
         self.dir = LabDir(root or tempfile.mkdtemp(prefix="nms-lab-stack-"))  # under /tmp: lldpd needs access
         self.port = free_port()
         self.snmp_interval = snmp_interval
+        self.gnmi_interval = gnmi_interval
         self.service_config = service_config or {}
         self.service: subprocess.Popen | None = None
 
@@ -51,11 +54,17 @@ class LabStack:
         self.token = self.dir.token.read_text().strip()
         config = yaml.safe_load(self.dir.config.read_text())
         config["api"]["port"] = self.port
-        if self.snmp_interval is None:
+        intervals = {"snmp": self.snmp_interval, "gnmi": self.gnmi_interval}
+        polling = any(intervals.values())
+        for switch in config["fabric"]["switches"]:
+            collectors = switch["collectors"]
+            for name, interval in intervals.items():
+                if interval is not None and name in collectors:
+                    collectors[name]["interval"] = interval
+                elif interval is None and (polling or name == "gnmi"):  # not polled: not configured
+                    collectors.pop(name, None)
+        if not polling:
             config["polling"] = {"enabled": False}
-        else:
-            for switch in config["fabric"]["switches"]:
-                switch["collectors"]["snmp"]["interval"] = self.snmp_interval
         for section, values in self.service_config.items():
             config[section] = {**config.get(section, {}), **values}
         self.config = self.dir.root / "nms-stack.yaml"

@@ -25,7 +25,8 @@ DEFAULT_LAB_DIR = "/run/nms-lab"
 MARKER = ".nms-lab"  # present in every directory the lab created; `down` removes only such dirs
 # What a lab directory may hold. A directory holding only these is adopted by `up` even without
 # the marker (daemons of a crashed lab re-create nodes/*/ when they save state on SIGTERM).
-LAB_ENTRIES = {MARKER, "state.json", "state.tmp", "lock", "nms.yaml", "nms.tmp", "api-token", "nodes", "run", "data"}
+LAB_ENTRIES = {MARKER, "state.json", "state.tmp", "lock", "nms.yaml", "nms.tmp", "api-token", "nodes", "run", "data",
+               "tls"}
 
 
 def now() -> dict:

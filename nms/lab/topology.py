@@ -28,6 +28,7 @@ IFNAMSIZ = 15
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,6}-$")
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:bit|bps|b)?\s*$", re.I)
 _RATE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+SOUTHBOUND = ("snmp", "gnmi")  # what the switches serve the NMS (`nms lab up --southbound`), in this order
 
 
 def parse_rate(text: str | int) -> int:
@@ -59,8 +60,19 @@ class Spec:
     mtu: int = 9000
     mgmt_subnet: str = DEFAULT_MGMT
     prefix: str = DEFAULT_PREFIX
+    southbound: tuple[str, ...] = SOUTHBOUND  # also given as "snmp,gnmi" or a list (state.json)
+
+    def __post_init__(self) -> None:  # one canonical form, so specs compare equal however given
+        sb = self.southbound.split(",") if isinstance(self.southbound, str) else self.southbound
+        names = {s.strip() for s in sb if s.strip()}
+        order = {name: i for i, name in enumerate(SOUTHBOUND)}
+        object.__setattr__(self, "southbound", tuple(sorted(names, key=lambda n: (order.get(n, len(order)), n))))
 
     def validate(self) -> None:
+        unknown = [s for s in self.southbound if s not in SOUTHBOUND]
+        if unknown or not self.southbound:
+            raise ValueError(f"southbound {','.join(self.southbound) or '(none)'}: choose from {', '.join(SOUTHBOUND)} "
+                             "(comma-separated)")
         if not (1 <= self.spines <= 64 and 1 <= self.leaves <= 250 and 1 <= self.hosts_per_leaf <= 63):
             raise ValueError("need 1-64 spines, 1-250 leaves, 1-63 hosts per leaf")
         if not 1280 <= self.mtu <= 9216:
