@@ -187,3 +187,69 @@ def test_oper_status_streams_within_a_second_of_link_down_and_heal(lab):
     # `heal` records its end after carrier is back, so the UP may come before end_ns, never after + 1 s
     assert heal_called <= ts_up and rx_up - up_ns < 1e9, (rx_up - up_ns) / 1e6
     assert not any("state/admin-status" in v for _, _, v in seen)  # carrier loss: nobody set the port down
+
+
+def test_nms_serve_streams_every_switch_and_shows_a_link_down_within_seconds(lab, tmp_path):
+    """The whole path: `nms serve` with the lab's generated config (gNMI only) keeps a TLS stream per
+    switch open through the gNMI collector; /ports get rates; a link-down fault shows in /topology
+    as the streamed oper-status change, not at the next sample, and the heal likewise."""
+    import socket
+    import subprocess
+    import sys
+
+    import httpx
+    import yaml
+
+    config = yaml.safe_load(lab.dir.config.read_text())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config["api"] = {**config["api"], "port": port, "listen": []}
+    config["data_dir"] = str(tmp_path / "data")
+    for switch in config["fabric"]["switches"]:
+        switch["collectors"].pop("snmp")
+        switch["collectors"]["gnmi"]["interval"] = "10s"  # the link change must not wait for a sample
+    (tmp_path / "nms.yaml").write_text(yaml.safe_dump(config))
+    url, headers = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {lab.dir.token.read_text().strip()}"}
+    service = subprocess.Popen([sys.executable, "-m", "nms", "serve", "--config", str(tmp_path / "nms.yaml")],
+                               stdout=open(tmp_path / "service.log", "wb"), stderr=subprocess.STDOUT)
+
+    def get(route: str):
+        return httpx.get(url + route, headers=headers, timeout=5).json()
+
+    def link_state(name: str) -> str | None:
+        ends = {str(lab.topo.link(name).a), str(lab.topo.link(name).b)}
+        return next((x["state"] for x in get("/topology")["links"] if {x["a"], x["b"]} == ends), None)
+
+    def until(predicate, timeout: float):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if predicate():
+                    return True
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(0.05)
+        return False
+
+    try:
+        switches = {s.name for s in lab.topo.switches}
+        assert until(lambda: {d["device"] for d in get("/devices") if d["collector"] == "gnmi"
+                              and d["state"] == "ok"} == switches, 20), (tmp_path / "service.log").read_text()[-3000:]
+        assert until(lambda: link_state("leaf1-spine1") == "up", 10)
+        fault = lab.fault("link-down", "leaf1-spine1")
+        assert until(lambda: link_state("leaf1-spine1") == "down", 3), get("/topology")
+        seen_down = time.time_ns()
+        lab.heal(fault["id"])
+        healed = time.time_ns()
+        assert until(lambda: link_state("leaf1-spine1") == "up", 3)
+        seen_up = time.time_ns()
+        print(f"/topology: down {(seen_down - fault['start_ns']) / 1e6:.0f} ms after the fault, "
+              f"up {(seen_up - healed) / 1e6:.0f} ms after the heal (SAMPLE interval 10 s)")
+        assert (seen_down - fault["start_ns"]) / 1e9 < 3 and (seen_up - healed) / 1e9 < 3
+        ports = {(p["device"], p["port"]) for p in get("/ports")}
+        assert {(s.name, p.name) for s in lab.topo.switches for p in s.ports} <= ports
+        assert all(d["state"] == "ok" for d in get("/devices") if d["collector"] == "gnmi")
+    finally:
+        service.terminate()
+        service.wait(20)
