@@ -173,12 +173,10 @@ class GnmiCollector(Collector):
         caps = await session.capabilities()
         s, wanted, stale = self.settings(device), self._wanted(device), self.stale_after(device)
         ports: dict[str, Port] = {}
-        requests: asyncio.Queue = asyncio.Queue()
-        requests.put_nowait(subscribe_request(gnmi_pb2.SubscriptionList.STREAM, float(s.interval)))
 
         async def outgoing():  # the request side stays open for the stream's life
-            while True:
-                yield await requests.get()
+            yield subscribe_request(gnmi_pb2.SubscriptionList.STREAM, float(s.interval))
+            await asyncio.Event().wait()
 
         call = session.stub.Subscribe(outgoing(), metadata=session.metadata)
         # a reader task feeds a queue: timing out a grpc.aio read() would cancel the whole call

@@ -306,10 +306,12 @@ def test_full_paths_json_ietf_values_and_a_bad_value_among_good_ones():
                              *(pb.PathElem(name=p) for p in leaf.split("/"))])
 
     n = pb.Notification(timestamp=1_700_000_000_000_000_000, update=[
-        pb.Update(path=full("Ethernet1", "state/counters/in-octets"), val=pb.TypedValue(json_ietf_val=b'"18446744073709551615"')),
+        pb.Update(path=full("Ethernet1", "state/counters/in-octets"),
+                  val=pb.TypedValue(json_ietf_val=b'"18446744073709551615"')),
         pb.Update(path=full("Ethernet1", "state/counters/out-octets"), val=pb.TypedValue(uint_val=42)),
         pb.Update(path=full("Ethernet1", "state/counters/in-errors"), val=pb.TypedValue(string_val="lots")),
-        pb.Update(path=full("Ethernet1", "state/oper-status"), val=pb.TypedValue(json_ietf_val=b'"openconfig-interfaces:UP"')),
+        pb.Update(path=full("Ethernet1", "state/oper-status"),
+                  val=pb.TypedValue(json_ietf_val=b'"openconfig-interfaces:UP"')),
         pb.Update(path=full("Ethernet1", "ethernet/state/port-speed"),
                   val=pb.TypedValue(string_val="openconfig-if-ethernet:SPEED_400GB")),
         pb.Update(path=full("Ethernet2", "state/counters/in-octets"), val=pb.TypedValue(int_val=-5)),

@@ -156,10 +156,11 @@ class Poller:
         """One interval job per (collector, device), the first runs spread over one interval; one
         stream per device of a streaming collector (call with the event loop running)."""
         now = datetime.now(timezone.utc)
-        polled = sorted((k, st) for k, st in self.status.items() if not getattr(self.collectors[k[0]], "streaming", False))
+        streamed = {k for k in self.status if getattr(self.collectors[k[0]], "streaming", False)}
+        polled = sorted((k, st) for k, st in self.status.items() if k not in streamed)
         n = max(len(polled), 1)
-        for key in self.status:
-            if getattr(self.collectors[key[0]], "streaming", False) and key not in self._streams:
+        for key in sorted(streamed):
+            if key not in self._streams:
                 self._streams[key] = asyncio.get_running_loop().create_task(self._keep_streaming(*key),
                                                                             name=f"stream-{key[0]}-{key[1]}")
         for i, ((name, device), st) in enumerate(polled):
