@@ -334,3 +334,40 @@ def test_full_paths_json_ietf_values_and_a_bad_value_among_good_ones():
                   val=pb.TypedValue(string_val="DOWN"))]))
     assert again.status == {"Ethernet1"} and again.counters == set() and ports["Ethernet1"].leaves[
         "state/oper-status"] == "down"
+
+
+def test_with_snmp_and_gnmi_on_one_switch_the_stream_gives_link_state_while_it_is_up(tmp_path):
+    """A polled agent's cached oper status lags the stream (snmpd caches its interface table): its
+    samples must not turn one link-down into flaps. They still give rates; when the stream fails,
+    SNMP gives link state again."""
+    from collectors.base import PollResult
+
+    cfg = parse_config(yaml.safe_dump({"data_dir": str(tmp_path / "data"), "fabric": {"switches": [
+        {"name": "sw", "mgmt_address": "127.0.0.1", "collectors": {
+            "snmp": {"community": "c"}, "gnmi": {"insecure": True, "interval": 1}}}]}}))
+    poller = Poller(cfg, _Store(), registry=None)
+    t0 = time.time_ns()
+
+    def result(collector: str, dt: float, status: str, octets: int | None) -> PollResult:
+        s = PortSample(device="sw", port="swp1", ts=t0 + int(dt * 1e9), oper_status=status, in_octets=octets,
+                       out_octets=octets)
+        return PollResult(device="sw", collector=collector, started_ns=s.ts, records=[s])
+
+    async def run():
+        poller.status[("gnmi", "sw")].state = "ok"  # the stream is up
+        events = []
+        for collector, dt, status, octets in [("gnmi", 0, "up", 1000), ("snmp", 0.5, "up", 1000),
+                                              ("gnmi", 1, "down", None), ("snmp", 1.5, "up", 2000),
+                                              ("gnmi", 2, "down", 1000), ("snmp", 2.5, "up", 3000)]:
+            before = len(poller.recent.events)
+            await poller.ingest(result(collector, dt, status, octets))
+            events += [(collector, e.state) for e in list(poller.recent.events)[before:]]
+        assert events == [("gnmi", "down")]
+        assert poller.recent.samples[("sw", "swp1")].oper_status == "down"
+        assert poller.recent.rates[("sw", "swp1")].in_bps == 1000 * 8 / 1.0  # SNMP's rates still count
+        poller.status[("gnmi", "sw")].state = "error"  # the stream failed: SNMP's word counts again
+        await poller.ingest(result("snmp", 3.5, "up", 4000))
+        assert [e.state for e in poller.recent.events][-1] == "up"
+        await poller.close()
+
+    asyncio.run(run())

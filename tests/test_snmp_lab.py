@@ -47,7 +47,7 @@ def lab():
 
     d = LabDir(Path(tempfile.mkdtemp(prefix="nms-snmp-lab-")))  # under /tmp: lldpd must reach its socket
     cleanup.remove(PREFIX, d)
-    lab_mod.up(d, Spec(mgmt_subnet=MGMT, prefix=PREFIX))
+    lab_mod.up(d, Spec(mgmt_subnet=MGMT, prefix=PREFIX, southbound="snmp"))  # SNMP alone sets link state
     try:
         yield d
     finally:

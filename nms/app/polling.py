@@ -144,11 +144,14 @@ class Poller:
         self.recent = RecentWindow(config.polling.recent_window)
         self.status: dict[tuple[str, str], _Status] = {}
         self._streams: dict[tuple[str, str], asyncio.Task] = {}  # streaming collectors' open streams
+        self._streamed: dict[str, list[str]] = {}  # device -> its streaming collectors
         for device in config.fabric.switches:
             for name, collector in self.collectors.items():
                 if collector.settings(device) is not None:
                     sched = collector.schedule(device)
                     self.status[(name, device.name)] = _Status(device, name, sched.interval_s, sched.deadline_s)
+                    if getattr(collector, "streaming", False):
+                        self._streamed.setdefault(device.name, []).append(name)
 
     # -- scheduling ----------------------------------------------------------------------------
 
@@ -246,30 +249,39 @@ class Poller:
 
     # -- results -------------------------------------------------------------------------------
 
+    def _sets_port_state(self, collector: str, device: str) -> bool:
+        """Whether this collector's samples of the device give its link state (events, the topology's
+        oper status). With several collectors on one device, a streaming one while its stream is up:
+        it sees changes first, and a polled agent's cached state would read as false flaps."""
+        return not any(name != collector and self.status[(name, device)].state == "ok"
+                       for name in self._streamed.get(device, ()))
+
     async def ingest(self, result) -> None:
         records = list(result.records)
         tracker = self.rates[result.collector]
         derived: list[Any] = []
+        sets_state = self._sets_port_state(result.collector, result.device)
         for sample in result.samples:
-            if all(getattr(sample, c) is None for c in PortSample.traffic_counters):
-                # a streamed status change: link state only (it would break the next rate interval)
-                if (event := self.links.update(sample)) is not None:
-                    derived.append(event)
-                    self.recent.events.append(event)
-                if (last := self.recent.samples.get((sample.device, sample.port))) is not None:
-                    self.recent.samples[(sample.device, sample.port)] = last.model_copy(
-                        update={"oper_status": sample.oper_status})
+            # a streamed status change carries no counters: link state only (it would break the next rate)
+            status_only = all(getattr(sample, c) is None for c in PortSample.traffic_counters)
+            if not status_only:
+                rate = tracker.update(sample, result.counter_bits)
+                if rate.rates is not None:
+                    derived.append(rate.rates)
+                    self.recent.rates[(sample.device, sample.port)] = rate.rates
+                elif rate.dropped != "first sample":
+                    self.metrics.dropped.labels(result.collector).inc()
+            if not sets_state:  # rates only: another collector gives this device's link state
                 continue
-            rate = tracker.update(sample, result.counter_bits)
-            if rate.rates is not None:
-                derived.append(rate.rates)
-                self.recent.rates[(sample.device, sample.port)] = rate.rates
-            elif rate.dropped != "first sample":
-                self.metrics.dropped.labels(result.collector).inc()
             if (event := self.links.update(sample)) is not None:
                 derived.append(event)
                 self.recent.events.append(event)
-            self.recent.samples[(sample.device, sample.port)] = sample
+            last = self.recent.samples.get((sample.device, sample.port))
+            if not status_only:
+                self.recent.samples[(sample.device, sample.port)] = sample
+            elif last is not None:
+                self.recent.samples[(sample.device, sample.port)] = last.model_copy(
+                    update={"oper_status": sample.oper_status})
         facts = [r for r in records if isinstance(r, DeviceFacts)]
         for f in facts:
             self.recent.facts[f.device] = f
