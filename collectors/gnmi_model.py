@@ -54,14 +54,20 @@ def _name(elem) -> str:
     return elem.name.split(":", 1)[-1]
 
 
+def _locate(elems) -> tuple[str, list[str]] | None:
+    """(interface name, the element names under it) of a path, or None when it is not about one."""
+    names = [_name(e) for e in elems]
+    for i in range(1, len(names)):
+        if names[i] == "interface" and names[i - 1] == "interfaces":
+            key = elems[i].key.get("name")
+            return (key, names[i + 1:]) if key else None
+    return None
+
+
 def interface_leaf(prefix, path) -> tuple[str, str] | None:
     """(interface name, leaf path under it) of an update, or None when it is not about an interface."""
-    elems = [*(prefix.elem if prefix is not None else ()), *path.elem]
-    for i, elem in enumerate(elems):
-        if _name(elem) == "interface" and i > 0 and _name(elems[i - 1]) == "interfaces":
-            name = elem.key.get("name")
-            return (name, "/".join(_name(e) for e in elems[i + 1:])) if name else None
-    return None
+    found = _locate([*(prefix.elem if prefix is not None else ()), *path.elem])
+    return (found[0], "/".join(found[1])) if found is not None else None
 
 
 def scalar(value) -> Any:
@@ -91,8 +97,13 @@ def _convert(leaf: str, raw: Any) -> Any:
 def apply(ports: dict[str, Port], notification, wanted=lambda name: True) -> Update:
     """Fold one Notification into `ports`."""
     out = Update()
+    # most targets put the interface in the prefix: find it once per notification, not per leaf
+    in_prefix = _locate(notification.prefix.elem) if notification.HasField("prefix") else None
     for upd in notification.update:
-        found = interface_leaf(notification.prefix, upd.path)
+        if in_prefix is not None:
+            found = (in_prefix[0], "/".join([*in_prefix[1], *(_name(e) for e in upd.path.elem)]))
+        else:
+            found = interface_leaf(notification.prefix, upd.path)
         if found is None or not wanted(found[0]):
             continue
         name, leaf = found
