@@ -13,6 +13,9 @@ keeps one stream per device open instead of scheduling polls, and ingests each P
 stream emits as it comes; a stream that fails raises a CollectorError and is reopened with the same
 backoff as a failing poll. Its `collect` still answers one-shot polls (`nms collect ... --once`).
 
+With several collectors on one device, `link_state_rank` picks the one whose samples give the
+device's link state (events, flaps, the topology's oper status); the others give rates only.
+
 A new collector is one module with a subclass and one line in pyproject.toml:
 
     [project.entry-points."nms.collectors"]
@@ -135,6 +138,10 @@ class Collector(ABC):
                                                 f"(took {time.monotonic() - started:.1f} s)") from None
 
     streaming: ClassVar[bool] = False
+    # Which collector gives a device's link state when several read it (the others give rates only):
+    # the lowest rank among those whose last poll or stream is ok. A stream sees changes first; a
+    # command line reads the kernel's state as it is; an SNMP agent answers from a cache.
+    link_state_rank: ClassVar[int] = 50
 
     async def stream(self, device: SwitchConfig, emit: Callable[[PollResult], Awaitable[None]]) -> None:
         """Streaming collectors: run until cancelled, awaiting `emit` with each batch of records;

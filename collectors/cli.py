@@ -13,12 +13,13 @@ Per poll, on the `linux` platform (collectors/cli_linux.py; the only command set
 3. hostname, `uname -a`, /proc/uptime -> DeviceFacts (first record)
 4. `lldpctl -f json` and `lldpcli -f json show chassis` (`lldp`) -> LldpNeighbor, the facts'
                                           chassis id
-5. the running configuration (`config`, at most every `config_interval`): the CONFIG_SECTIONS
+5. `ip -4 -j address show`           -> InterfaceAddress per IPv4 address (the complete set)
+6. the running configuration (`config`, at most every `config_interval`): the CONFIG_SECTIONS
    commands under headers -> `device_config` and, when it changed, `device_config_change` points
    (collectors/cli_config.py)
 
 A timeout, refused login, refused host key or lost session fails the poll whatever the command.
-Any other failure of 2-5 (a command missing or failing, output that does not parse) is logged
+Any other failure of 2-6 (a command missing or failing, output that does not parse) is logged
 and kept in `problems` (a CollectorBadResponse naming the command), and the poll goes on.
 """
 
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 class CliCollector(Collector):
     name = "cli"
     counter_bits: dict[str, int] = {}  # the kernel's counters are 64-bit (stats64)
+    link_state_rank = 10  # the kernel's operstate, read as it is at each poll
 
     def __init__(self, max_concurrency: int = 64) -> None:
         # netmiko/paramiko block: polls run in this pool, not the loop's default one (the store's)
@@ -75,22 +77,21 @@ class CliCollector(Collector):
         session = self._session(device)
         started_ns, t0 = time.time_ns(), time.perf_counter()
         try:
-            records, problems, commands = await asyncio.get_running_loop().run_in_executor(
-                self._pool, self._poll, session)
+            poll = await asyncio.get_running_loop().run_in_executor(self._pool, self._poll, session)
         except asyncio.CancelledError:
             # the deadline passed: closing the session ends the worker thread's blocked read
             threading.Thread(target=session.abort, name=f"cli-abort-{device.name}", daemon=True).start()
             raise
-        for e in problems:
+        for e in poll.problems:
             log.warning("%s (kept the rest of the poll)", e)
-        self.problems[device.name] = problems
+        self.problems[device.name] = poll.problems
         return PollResult(device=device.name, collector=self.name, started_ns=started_ns,
-                          duration_s=time.perf_counter() - t0, records=records, counter_bits=self.counter_bits,
-                          values=commands)
+                          duration_s=time.perf_counter() - t0, records=poll.records, counter_bits=self.counter_bits,
+                          values=poll.commands, addresses_walked=poll.addresses_read)
 
     # -- in the worker thread ----------------------------------------------------------------------
 
-    def _poll(self, session: Session) -> tuple[list[Any], list[CollectorBadResponse], int]:
+    def _poll(self, session: Session) -> _Poll:
         with session:
             if session.connected:
                 try:
@@ -118,11 +119,14 @@ class _Poll:
         self.device = session.device
         self.problems: list[CollectorBadResponse] = []
         self.commands = 0
+        self.addresses_read = False  # this poll read the complete set of interface addresses
+        self.records: list[Any] = []
 
     def keep(self, name: str) -> bool:
         return not self.s.interfaces or any(fnmatch.fnmatchcase(name, p) for p in self.s.interfaces)
 
-    def run(self) -> tuple[list[Any], list[CollectorBadResponse], int]:
+    def run(self) -> _Poll:
+        """Read the device; the records are in `records`, what was left out in `problems`."""
         before = time.time_ns()
         links = self._run(linux.LINKS)
         ts = (before + time.time_ns()) // 2  # the counters were read during the command
@@ -140,8 +144,18 @@ class _Poll:
         facts = self._optional(linux.FACTS, lambda out: linux.facts(self.device, out, ts, interfaces, chassis))
         if facts is not None:
             records.append(facts)  # first: the service files a poll's facts under the polled device by it
-        records += samples + neighbors + self._config()
-        return records, self.problems, self.commands
+        self.records = records + samples + neighbors + self._addresses() + self._config()
+        return self
+
+    def _addresses(self) -> list:
+        notes: list[str] = []
+        found = self._optional(linux.ADDRESSES, lambda out: linux.addresses(
+            self.device, out, time.time_ns(), self.keep, notes), "interface addresses left out")
+        self._notes(linux.ADDRESSES, notes)
+        if found is None:
+            return []
+        self.addresses_read = True
+        return found
 
     def _lldp(self) -> tuple[list, str | None]:
         notes: list[str] = []

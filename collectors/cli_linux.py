@@ -9,12 +9,13 @@ answer that lack what is needed are left out and noted (`notes`); the rest is ke
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from collections.abc import Callable
 from typing import Any
 
-from nms.records import U64_MAX, DeviceFacts, LldpNeighbor, OperStatus, PortSample
+from nms.records import U64_MAX, DeviceFacts, InterfaceAddress, LldpNeighbor, OperStatus, PortSample
 
 # before every command: the admin tools' directories (a non-root login's PATH lacks them on Debian)
 # and the C locale (untranslated messages)
@@ -22,6 +23,7 @@ PREAMBLE = 'export PATH="$PATH:/usr/sbin:/sbin" LC_ALL=C; '
 LINKS = "ip -s -s -j link show"
 SPEEDS = "grep -s -H . /sys/class/net/*/speed"  # unreadable ones (lo, down ports) are left out
 FACTS = "cat /proc/sys/kernel/hostname; uname -a; cat /proc/uptime"  # = hostname; uname -a; uptime
+ADDRESSES = "ip -4 -j address show"
 LLDP_NEIGHBORS = "lldpctl -f json"
 LLDP_CHASSIS = "lldpcli -f json show chassis"
 
@@ -43,7 +45,7 @@ CONFIG_SECTIONS: tuple[tuple[str, str, str, bool, str | None], ...] = (
 # State, not configuration, that these commands print: removed so that a snapshot's hash changes
 # only when the configuration does. iproute2: an address's remaining lifetime and DAD flags,
 # carrier flags, oper and STP port state, tcpdump's promiscuity, bridge timers, a route's expiry
-# and linkdown flag; nftables: rule counters and dynamic set elements' expiry.
+# and linkdown/dead flags; nftables: rule counters and dynamic set elements' expiry.
 VOLATILE: dict[str, tuple[tuple[re.Pattern, str], ...]] = {
     "ip": (
         (re.compile(r"^\s+valid_lft \S+ preferred_lft \S+\s*\n", re.M), ""),
@@ -53,6 +55,7 @@ VOLATILE: dict[str, tuple[tuple[re.Pattern, str], ...]] = {
         (re.compile(r" \w+_timer\s+[\d.]+"), ""),
         (re.compile(r" expires \S+"), ""),
         (re.compile(r" linkdown\b"), ""),
+        (re.compile(r" dead\b"), ""),
         (re.compile(r" (tentative|dadfailed|optimistic)\b"), ""),
     ),
     "nft": (
@@ -159,6 +162,31 @@ def facts(device: str, text: str, ts: int, interfaces: int, chassis_id: str | No
     return DeviceFacts(device=device, ts=ts, sys_name=lines[0].strip()[:255] or None,
                        sys_descr=lines[1].strip()[:1024] or None, uptime_ticks=uptime if uptime >= 0 else None,
                        interfaces=interfaces, lldp_chassis_id=chassis_id[:255] if chassis_id else None)
+
+
+def addresses(device: str, text: str, ts: int, keep: Callable[[str], bool],
+              notes: list[str]) -> list[InterfaceAddress]:
+    """`ip -4 -j address show` -> InterfaceAddress per IPv4 address of a kept interface."""
+    items = _json(text)
+    if not isinstance(items, list):
+        raise Bad(f"expected a JSON list of interfaces, got {type(items).__name__}")
+    found = []
+    for link in items:
+        name = link.get("ifname") if isinstance(link, dict) else None
+        if not isinstance(name, str) or not keep(name):
+            continue
+        for a in link.get("addr_info") or []:
+            if not isinstance(a, dict) or a.get("family") != "inet":
+                continue
+            local, plen = a.get("local"), a.get("prefixlen")
+            try:
+                if not isinstance(plen, int) or isinstance(plen, bool) or not 0 <= plen <= 32:
+                    raise ValueError(f"prefixlen {plen!r} is not 0..32")
+                found.append(InterfaceAddress(device=device, port=name[:128], ts=ts,
+                                              address=str(ipaddress.IPv4Address(local)), prefix_len=plen))
+            except ValueError as e:
+                notes.append(f"{name!r} {local!r}: {_reason(e)}")
+    return found
 
 
 def _named(value: Any) -> list[tuple[str | None, dict]]:

@@ -109,6 +109,7 @@ class _Session:
 class GnmiCollector(Collector):
     name = "gnmi"
     streaming = True
+    link_state_rank = 0  # ON_CHANGE: a status change arrives at once
     counter_bits: dict[str, int] = {}  # openconfig counters are counter64
 
     def __init__(self) -> None:

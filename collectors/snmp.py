@@ -88,6 +88,7 @@ class SnmpCollector(Collector):
     name = "snmp"
     # ifTable errors/discards are Counter32; the octet and packet counters come from ifXTable (64-bit),
     # or from the ifTable (32-bit) where a sample says so (PortSample.counter_bits)
+    link_state_rank = 30  # agents answer ifOperStatus from a cache (net-snmp: up to 15 s old)
     counter_bits = {"in_errors": 32, "out_errors": 32, "in_discards": 32, "out_discards": 32}
 
     def __init__(self, max_concurrency: int = 64, mib_dirs: list[str] | None = None,

@@ -44,6 +44,7 @@ SNAPSHOT_OBJECTS = 1000  # ports per monitoring snapshot request
 class UfmCollector(Collector):
     name = "ufm"
     counter_bits: dict[str, int] = {}  # every UFM counter is 64-bit
+    link_state_rank = 20  # the subnet manager's view, refreshed by its own sweeps
 
     def __init__(self, flap_count: int = 8, flap_window_s: float = 3600.0):
         self.flap_count, self.flap_window_s = flap_count, flap_window_s

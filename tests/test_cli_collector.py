@@ -27,7 +27,7 @@ from collectors.base import (CollectorAuthError, CollectorBadResponse, Collector
                              CollectorUnreachable)
 from collectors.cli import CliCollector
 from collectors.cli_config import DIFF_MAX, TEXT_MAX, ConfigTracker
-from collectors.cli_linux import Bad, neighbors, normalize, port_samples
+from collectors.cli_linux import Bad, addresses, neighbors, normalize, port_samples
 from nms.app.polling import Poller
 from nms.config import parse_config
 from nms.config.loader import ConfigError
@@ -467,6 +467,8 @@ def test_only_state_is_removed_from_configuration_text():
         "    inet6 2001:db8::1/64 scope global dynamic\n")
     assert normalize("default via 10.0.0.0 dev swp1 proto bgp metric 20 linkdown expires 298sec\n", "ip") == (
         "default via 10.0.0.0 dev swp1 proto bgp metric 20\n")
+    assert normalize("10.0.0.0/31 dev swp3 proto kernel scope link src 10.0.0.1 dead \n", "ip") == (
+        "10.0.0.0/31 dev swp3 proto kernel scope link src 10.0.0.1 \n")  # a carrier-less port's nexthop
     nft = "  ct state established,related counter packets 1234 bytes 99999 accept\n"
     assert normalize(nft, "nft") == "  ct state established,related counter accept\n"  # a rule's state match stays
     assert normalize("interface swp1\n  state up\n", None) == "interface swp1\n  state up\n"  # files as they are
@@ -483,6 +485,58 @@ def test_ip_link_items_without_what_is_needed_are_left_out():
     assert notes[2].startswith("'bad\\\\name': port:")
     with pytest.raises(Bad, match="not JSON"):
         port_samples("sw-1", "Option \"-j\" is unknown", 1, {}, lambda _: True, [])
+
+
+def test_ip_address_items_give_ipv4_addresses_and_bad_ones_are_left_out():
+    links = [{"ifname": "swp1", "addr_info": [{"family": "inet", "local": "10.0.0.1", "prefixlen": 31},
+                                              {"family": "inet6", "local": "2001:db8::1", "prefixlen": 64}]},
+             {"ifname": "swp2", "addr_info": [{"family": "inet", "local": "10.0.0.3", "prefixlen": 99}]},
+             {"ifname": "swp3", "addr_info": [{"family": "inet", "local": "10.0.0.256", "prefixlen": 31}]},
+             {"ifname": "mgmt0", "addr_info": [{"family": "inet", "local": "192.0.2.5", "prefixlen": 24}]},
+             {"addr_info": [{"family": "inet", "local": "10.9.9.9", "prefixlen": 32}]}]
+    found = addresses("sw-1", json.dumps(links), 7, lambda name: name.startswith("swp"), notes := [])
+    assert [(a.port, a.address, a.prefix_len, a.ts) for a in found] == [("swp1", "10.0.0.1", 31, 7)]
+    assert notes == ["'swp2' '10.0.0.3': prefixlen 99 is not 0..32",
+                     "'swp3' '10.0.0.256': Octet 256 (> 255) not permitted in '10.0.0.256'"]
+    with pytest.raises(Bad, match="JSON list"):
+        addresses("sw-1", "{}", 1, lambda _: True, [])
+
+
+def test_with_a_cli_and_snmp_on_one_switch_the_cli_gives_link_state(tmp_path):
+    """Two polled collectors with different freshness (snmpd answers ifOperStatus from a cache):
+    link state from the one of lower rank while it works, rates from both; SNMP's word counts again
+    when the CLI fails."""
+    from collectors.base import PollResult
+
+    cfg = parse_config(yaml.safe_dump({"data_dir": str(tmp_path / "data"), "fabric": {"switches": [
+        {"name": "sw", "mgmt_address": "127.0.0.1", "collectors": {
+            "snmp": {"community": "c"}, "cli": {"username": "u", "password": "p", "verify_host_key": False}}}]}}))
+    poller = Poller(cfg, EmbeddedStore(tmp_path / "t.duckdb"), registry=None)
+    t0 = time.time_ns()
+
+    def result(collector: str, dt: float, status: str, octets: int) -> PollResult:
+        s = PortSample(device="sw", port="swp1", ts=t0 + int(dt * 1e9), oper_status=status, in_octets=octets,
+                       out_octets=octets)
+        return PollResult(device="sw", collector=collector, started_ns=s.ts, records=[s])
+
+    async def run():
+        for name in ("cli", "snmp"):
+            poller.status[(name, "sw")].state = "ok"
+        events = []
+        for collector, dt, status, octets in [("cli", 0, "up", 1000), ("snmp", 0.5, "up", 1000),
+                                              ("cli", 1, "down", 1000), ("snmp", 1.5, "up", 2000),
+                                              ("cli", 2, "down", 1000), ("snmp", 2.5, "up", 3000)]:
+            before = len(poller.recent.events)
+            await poller.ingest(result(collector, dt, status, octets))
+            events += [(collector, e.state) for e in list(poller.recent.events)[before:]]
+        assert events == [("cli", "down")]
+        assert poller.recent.rates[("sw", "swp1")].in_bps == 1000 * 8 / 1.0  # SNMP's rates still count
+        poller.status[("cli", "sw")].state = "error"
+        await poller.ingest(result("snmp", 3.5, "up", 4000))
+        assert [e.state for e in poller.recent.events][-1] == "up"
+        await poller.close()
+
+    asyncio.run(run())
 
 
 # --- settings and the command line ---------------------------------------------------------------------

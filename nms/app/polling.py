@@ -144,14 +144,13 @@ class Poller:
         self.recent = RecentWindow(config.polling.recent_window)
         self.status: dict[tuple[str, str], _Status] = {}
         self._streams: dict[tuple[str, str], asyncio.Task] = {}  # streaming collectors' open streams
-        self._streamed: dict[str, list[str]] = {}  # device -> its streaming collectors
+        self._read_by: dict[str, list[str]] = {}  # device -> the collectors that read it
         for device in config.fabric.switches:
             for name, collector in self.collectors.items():
                 if collector.settings(device) is not None:
                     sched = collector.schedule(device)
                     self.status[(name, device.name)] = _Status(device, name, sched.interval_s, sched.deadline_s)
-                    if getattr(collector, "streaming", False):
-                        self._streamed.setdefault(device.name, []).append(name)
+                    self._read_by.setdefault(device.name, []).append(name)
 
     # -- scheduling ----------------------------------------------------------------------------
 
@@ -251,10 +250,12 @@ class Poller:
 
     def _sets_port_state(self, collector: str, device: str) -> bool:
         """Whether this collector's samples of the device give its link state (events, the topology's
-        oper status). With several collectors on one device, a streaming one while its stream is up:
-        it sees changes first, and a polled agent's cached state would read as false flaps."""
-        return not any(name != collector and self.status[(name, device)].state == "ok"
-                       for name in self._streamed.get(device, ()))
+        oper status). With several collectors on one device, the one of lowest `link_state_rank`
+        among those that work (a stream while it is up, a CLI before SNMP): two sources with
+        different freshness would read as false flaps."""
+        working = [name for name in self._read_by.get(device, [collector])
+                   if name == collector or self.status[(name, device)].state == "ok"]
+        return collector == min(working, key=lambda n: (getattr(self.collectors[n], "link_state_rank", 50), n))
 
     async def ingest(self, result) -> None:
         records = list(result.records)

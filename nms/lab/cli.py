@@ -20,7 +20,7 @@ from nms.lab import lab as lab_mod
 from nms.lab import paths, sh
 from nms.lab import traffic as traffic_mod
 from nms.lab.state import DEFAULT_LAB_DIR, LabDir, topology_of
-from nms.lab.topology import DEFAULT_MGMT, DEFAULT_PREFIX, SOUTHBOUND, Spec, format_rate, parse_rate
+from nms.lab.topology import DEFAULT_MGMT, DEFAULT_PREFIX, DEFAULT_SOUTHBOUND, Spec, format_rate, parse_rate
 
 app = typer.Typer(help="A leaf-spine AI fabric on this machine: namespaces as switches and hosts, "
                        "real snmpd/lldpd, real faults, iperf3 load. Needs root.", no_args_is_help=True)
@@ -58,9 +58,9 @@ def up(
     mtu: Annotated[int, typer.Option(help="MTU of fabric links.")] = 9000,
     mgmt_subnet: Annotated[str, typer.Option(help="Management network (inside 198.18.0.0/16).")] = DEFAULT_MGMT,
     prefix: Annotated[str, typer.Option(help="Name prefix of namespaces and root interfaces.")] = DEFAULT_PREFIX,
-    southbound: Annotated[str, typer.Option(help="What the switches serve the NMS: snmp (snmpd), gnmi "
-                                                 "(gNMI target, TLS, port 9339) or both, comma-separated.")]
-    = ",".join(SOUTHBOUND),
+    southbound: Annotated[str, typer.Option(help="What the switches serve the NMS, comma-separated: snmp "
+                                                 "(snmpd), gnmi (gNMI target, TLS, port 9339), cli (sshd, port 22).")]
+    = ",".join(DEFAULT_SOUTHBOUND),
     lab_dir: LabDirOpt = DEFAULT_LAB_DIR,
 ) -> None:
     """Build the lab (idempotent: an identical running lab is only checked)."""
@@ -73,7 +73,7 @@ def up(
     console.print(f"[green]lab {verb}[/green]: {lab_mod.describe(spec)}")
     console.print(f"  config:  {info['config']}   (nms serve --config {info['config']})")
     console.print(f"  state:   {info['state']}   (nms lab status --json)")
-    agents = {"snmp": "SNMP v2c/v3", "gnmi": "gNMI (TLS, port 9339)"}
+    agents = {"snmp": "SNMP v2c/v3", "gnmi": "gNMI (TLS, port 9339)", "cli": "SSH (key, port 22)"}
     console.print(f"  mgmt:    {info['mgmt']['subnet']} on {info['mgmt']['bridge']}, switches answer "
                   f"{' and '.join(agents[s] for s in spec.southbound)} on their mgmt address")
 

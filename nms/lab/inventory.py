@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from nms.config import load_config
-from nms.lab import tls
+from nms.lab import sh, tls
 from nms.lab.state import LabDir
 from nms.lab.topology import Topology
 
@@ -18,6 +18,8 @@ API_PORT = 8080
 GNMI_PORT = 9339  # IANA's gNMI port, on every switch's management address
 GNMI_USER = "nmslab"
 GNMI_INTERVAL = "1s"  # the counters' SAMPLE interval the generated config asks for
+CLI_USER = "nmslab"  # the CLI collector's login on every switch: not root, a key only
+CLI_INTERVAL, CLI_CONFIG_INTERVAL = "10s", "60s"
 TOKEN_SCOPES = ["read", "ingest", "act", "admin"]
 AGENT_SCOPES = ["ingest"]  # host agents (`nms lab agents start`): a token per host, bound to it, ingest only
 
@@ -49,6 +51,74 @@ def ca_file(lab: LabDir) -> Path:
 def switch_cert(lab: LabDir, switch: str) -> tuple[Path, Path]:
     """(certificate, key) of a switch's gNMI target: subjectAltName = its management address."""
     return tls_dir(lab) / f"{switch}.pem", tls_dir(lab) / f"{switch}.key"
+
+
+def cli_dir(lab: LabDir) -> Path:
+    """The CLI collector's files: its key, the switches' known_hosts, the login user's passwd/group
+    entries (bind-mounted over /etc in each switch's sshd, nowhere else) and home."""
+    return lab.run_dir / "cli"
+
+
+def cli_client_key(lab: LabDir) -> Path:
+    return cli_dir(lab) / "id_ed25519"
+
+
+def cli_known_hosts(lab: LabDir) -> Path:
+    return cli_dir(lab) / "known_hosts"
+
+
+def switch_host_key(lab: LabDir, switch: str) -> Path:
+    return lab.node(switch) / "ssh_host_ed25519_key"
+
+
+def _keygen(path: Path, comment: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for p in (path, Path(f"{path}.pub")):
+        p.unlink(missing_ok=True)
+    sh.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
+
+
+def _free_uid(start: int = 64242) -> int:
+    used = {int(line.split(":")[2]) for line in Path("/etc/passwd").read_text().splitlines() if line.count(":") >= 6}
+    return next(uid for uid in range(start, 65000) if uid not in used)
+
+
+def write_cli_files(topo: Topology, lab: LabDir) -> list[str]:
+    """The collector's key, a host key per switch, known_hosts with them, authorized_keys, and the
+    login user's passwd/group lines (in the groups that may run lldpcli). Kept when
+    present. Returns the switches whose host key is new (a running sshd must be restarted)."""
+    d = cli_dir(lab)
+    d.mkdir(parents=True, exist_ok=True)
+    d.chmod(0o755)  # sshd reads authorized_keys as the login user
+    key = cli_client_key(lab)
+    if not key.exists():
+        _keygen(key, f"nms-lab CLI collector ({topo.spec.prefix})")
+    (d / "authorized_keys").write_text(f"restrict,pty {Path(f'{key}.pub').read_text().strip()}\n")
+    (d / "authorized_keys").chmod(0o644)
+    home = d / "home"
+    if not (d / "passwd").exists():
+        uid = _free_uid()
+        home.mkdir(exist_ok=True)
+        os.chown(home, uid, uid)
+        (d / "passwd").write_text(Path("/etc/passwd").read_text() + f"{CLI_USER}:x:{uid}:{uid}:nms lab CLI collector:"
+                                  f"{home}:/bin/sh\n")
+        # Debian's lldpcli is setuid _lldpd and runs for the adm group only; the socket is _lldpd's
+        groups = [line + (f",{CLI_USER}" if line.split(":")[3] else CLI_USER)
+                  if line.split(":")[0] in ("_lldpd", "adm") else line
+                  for line in Path("/etc/group").read_text().splitlines()]
+        (d / "group").write_text("\n".join(groups) + f"\n{CLI_USER}:x:{uid}:\n")
+    issued = []
+    for node in topo.switches:
+        host_key = switch_host_key(lab, node.name)
+        if not host_key.exists():
+            _keygen(host_key, f"{node.name} ({topo.spec.prefix})")
+            issued.append(node.name)
+    lines = []
+    for node in topo.switches:
+        kind, value = Path(f"{switch_host_key(lab, node.name)}.pub").read_text().split()[:2]
+        lines.append(f"{node.mgmt_address} {kind} {value}\n")  # port 22: no [address]:port form
+    cli_known_hosts(lab).write_text("".join(lines))
+    return issued
 
 
 def _secret(n: int) -> str:
@@ -125,7 +195,7 @@ def write_token(lab: LabDir, path=None) -> None:
 
 def config_dict(topo: Topology, lab: LabDir, snmp: dict, gnmi: dict | None = None) -> dict:
     """The service's config; each switch gets the collectors of the lab's southbound protocols
-    (gNMI only when its credentials are given)."""
+    (gNMI only when its credentials are given; the CLI's files come from `write_cli_files`)."""
     collectors: dict = {}
     if "snmp" in topo.spec.southbound:
         collectors["snmp"] = {"version": "2c", "community": snmp["community"]}
@@ -133,6 +203,10 @@ def config_dict(topo: Topology, lab: LabDir, snmp: dict, gnmi: dict | None = Non
         collectors["gnmi"] = {"port": gnmi["port"], "username": gnmi["username"],
                               "password": f"${{file:{gnmi_password_file(lab)}}}", "ca_file": gnmi["ca_file"],
                               "interval": GNMI_INTERVAL}
+    if "cli" in topo.spec.southbound:
+        collectors["cli"] = {"username": CLI_USER, "key_file": str(cli_client_key(lab)),
+                             "known_hosts": str(cli_known_hosts(lab)), "interval": CLI_INTERVAL,
+                             "config_interval": CLI_CONFIG_INTERVAL}
     switches = [{"name": n.name, "mgmt_address": n.mgmt_address, "role": n.role,
                  "collectors": {k: dict(v) for k, v in collectors.items()}} for n in topo.switches]
     hosts, agent_tokens = [], []

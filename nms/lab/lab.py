@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -41,6 +43,7 @@ def up(lab: LabDir, spec: Spec, step: Step = lambda _: None) -> tuple[dict, bool
                                       "run `nms lab down` first")
                 step("lab already up: checking services")
                 _ensure_gnmi(topo, lab, state)
+                _ensure_cli(topo, lab, state)
                 _ensure_services(topo, lab, state)
                 lab.save(state)
                 inventory.write_config(topo, lab, state["snmp"], state.get("gnmi"))
@@ -68,6 +71,7 @@ def up(lab: LabDir, spec: Spec, step: Step = lambda _: None) -> tuple[dict, bool
                      "traffic": []}
             step(f"starting lldpd and the switches' {' and '.join(spec.southbound)} agents")
             _ensure_gnmi(topo, lab, state)
+            _ensure_cli(topo, lab, state)
             _ensure_services(topo, lab, state)
             lab.save(state)
             services.wait_ready(topo, lab, state)
@@ -121,6 +125,20 @@ def _ensure_gnmi(topo: Topology, lab: LabDir, state: dict) -> None:
     state.setdefault("gnmi", inventory.new_gnmi_credentials(lab))
     for name in inventory.write_gnmi_files(topo, lab, state["gnmi"]):
         pid = state["nodes"].get(name, {}).get("pids", {}).get("gnmi")
+        if services.alive(pid, topo.netns(name)):
+            services.kill([pid])
+
+
+def _ensure_cli(topo: Topology, lab: LabDir, state: dict) -> None:
+    """The CLI collector's key, the switches' host keys and known_hosts; an sshd still running with
+    a replaced host key is restarted."""
+    if "cli" not in topo.spec.southbound:
+        return
+    if not (shutil.which("ssh-keygen") and os.path.exists(services.SSHD)):
+        raise sh.LabError(f"--southbound cli needs OpenSSH's sshd ({services.SSHD}) and ssh-keygen: "
+                          "apt-get install openssh-server")
+    for name in inventory.write_cli_files(topo, lab):
+        pid = state["nodes"].get(name, {}).get("pids", {}).get("sshd")
         if services.alive(pid, topo.netns(name)):
             services.kill([pid])
 

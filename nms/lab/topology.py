@@ -28,7 +28,8 @@ IFNAMSIZ = 15
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,6}-$")
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:bit|bps|b)?\s*$", re.I)
 _RATE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-SOUTHBOUND = ("snmp", "gnmi")  # what the switches serve the NMS (`nms lab up --southbound`), in this order
+SOUTHBOUND = ("snmp", "gnmi", "cli")  # what the switches can serve the NMS (`nms lab up --southbound`), in this order
+DEFAULT_SOUTHBOUND = ("snmp", "gnmi")
 
 
 def parse_rate(text: str | int) -> int:
@@ -60,7 +61,7 @@ class Spec:
     mtu: int = 9000
     mgmt_subnet: str = DEFAULT_MGMT
     prefix: str = DEFAULT_PREFIX
-    southbound: tuple[str, ...] = SOUTHBOUND  # also given as "snmp,gnmi" or a list (state.json)
+    southbound: tuple[str, ...] = DEFAULT_SOUTHBOUND  # also given as "snmp,gnmi" or a list (state.json)
 
     def __post_init__(self) -> None:  # one canonical form, so specs compare equal however given
         sb = self.southbound.split(",") if isinstance(self.southbound, str) else self.southbound

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from nms.lab import cleanup, paths
@@ -108,8 +109,9 @@ def new_lab_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="nms-lab-test-"))
 
 
-def build_lab(root: Path, prefix: str = PREFIX, mgmt: str = MGMT) -> Lab:
+def build_lab(root: Path, prefix: str = PREFIX, mgmt: str = MGMT, southbound: str | None = None) -> Lab:
     d = LabDir(root)
     cleanup.remove(prefix, d)  # leftovers of a crashed earlier test run (same prefix)
-    lab_mod.up(d, Spec(link_rate_bps=RATE, mgmt_subnet=mgmt, prefix=prefix))
+    spec = Spec(link_rate_bps=RATE, mgmt_subnet=mgmt, prefix=prefix)
+    lab_mod.up(d, spec if southbound is None else replace(spec, southbound=southbound))
     return Lab(d)
