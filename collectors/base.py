@@ -9,7 +9,7 @@ device at `schedule(device).interval_s`; each call returns a `PollResult` of sha
 config). Messages name the device and the address, never a secret.
 
 A streaming collector (gNMI) sets `streaming` and implements `stream(device, emit)`: the service
-keeps one stream per device open instead of scheduling polls, and ingests each PollResult the
+keeps one stream per device for which `streams(device)` holds open instead of scheduling polls, and ingests each PollResult the
 stream emits as it comes; a stream that fails raises a CollectorError and is reopened with the same
 backoff as a failing poll. Its `collect` still answers one-shot polls (`nms collect ... --once`).
 
@@ -142,6 +142,10 @@ class Collector(ABC):
     # the lowest rank among those whose last poll or stream is ok. A stream sees changes first; a
     # command line reads the kernel's state as it is; an SNMP agent answers from a cache.
     link_state_rank: ClassVar[int] = 50
+
+    def streams(self, device: SwitchConfig) -> bool:
+        """Whether the service keeps a stream open for `device` instead of polling it."""
+        return self.streaming
 
     async def stream(self, device: SwitchConfig, emit: Callable[[PollResult], Awaitable[None]]) -> None:
         """Streaming collectors: run until cancelled, awaiting `emit` with each batch of records;

@@ -1,10 +1,13 @@
 """The gNMI collector: openconfig-interfaces over a Subscribe STREAM per device (docs/gnmi.md).
 
-The service keeps one stream open per device (`stream`): counters SAMPLEd every `interval`,
-oper-status, MTU and port speed ON_CHANGE, so a link going down reaches the poller (link events,
-the correlator) as soon as the target sends it, not at the next poll. `collect` (`nms collect gnmi
---once`, the poll contract) is one Subscribe ONCE. Capabilities opens each connection: it checks the
-credentials and that the target serves openconfig-interfaces.
+The service keeps one stream open per device (`stream`, `mode: stream`): counters SAMPLEd every
+`interval`, oper-status, MTU and port speed ON_CHANGE, so a link going down reaches the poller (link
+events, the correlator) as soon as the target sends it, not at the next poll. `collect` (the poll
+contract; `nms collect gnmi --once`) is one Subscribe ONCE, or with `mode: poll` one Poll on a
+Subscribe POLL kept open across polls. Capabilities opens each connection: it checks the
+credentials and that the target serves openconfig-interfaces; then a Get of openconfig-system's
+/system/state gives the facts (hostname, software version, uptime; collectors/gnmi_inventory.py)
+where the target serves it.
 
 Updates are emitted in batches: counters of the interfaces a SAMPLE tick brought, when the stream
 has been quiet for `BATCH_GAP_S` or `BATCH_MAX_S` after the first of them (a target sends a tick as
@@ -28,9 +31,10 @@ from pygnmi.spec.v080 import gnmi_pb2, gnmi_pb2_grpc
 
 from collectors.base import (Collector, CollectorAuthError, CollectorBadResponse, CollectorConfigError,
                              CollectorTimeout, CollectorUnreachable, PollResult)
+from collectors import gnmi_inventory as inventory
+from collectors.gnmi_inventory import SystemState
 from collectors.gnmi_model import Port, apply, sample
 from nms.config.models import GnmiSettings, SwitchConfig
-from nms.records import DeviceFacts
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +106,102 @@ class _Session:
             raise CollectorBadResponse(self.device, f"{self.target}: the target does not serve {', '.join(MODELS)}")
         return answer
 
+    async def inventory(self, caps: gnmi_pb2.CapabilityResponse, problems: list[str]) -> SystemState:
+        """Get /system/state (openconfig-system) when the target serves it and `inventory` is on;
+        a refused or unusable answer is noted, the facts then come from Capabilities."""
+        models = {m.name for m in caps.supported_models}
+        if not self.settings.inventory or (models and "openconfig-system" not in models):
+            return SystemState()
+        request = gnmi_pb2.GetRequest(path=[inventory.PATH], type=gnmi_pb2.GetRequest.STATE,
+                                      encoding=gnmi_pb2.JSON_IETF)
+        try:
+            answer = await self.stub.Get(request, metadata=self.metadata, timeout=self.settings.timeout)
+        except grpc.aio.AioRpcError as e:
+            if e.code() in AUTH_CODES or e.code() == grpc.StatusCode.UNAVAILABLE:
+                raise self.error("Get /system/state", e) from None
+            problems.append(f"Get /system/state: {e.code().name}: {(e.details() or '')[:200]}")
+            return SystemState()
+        return inventory.system_state(answer, time.time_ns(), problems)
+
     async def close(self) -> None:
         await self.channel.close()
+
+
+class _Responses:
+    """A Subscribe call's responses through a reader task and a queue: timing out a grpc.aio
+    read() would cancel the whole call."""
+
+    def __init__(self, call) -> None:
+        self.call, self.queue = call, asyncio.Queue()
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                response = await self.call.read()
+                self.queue.put_nowait(response)
+                if response is grpc.aio.EOF:
+                    return
+        except grpc.aio.AioRpcError as e:
+            self.queue.put_nowait(e)
+
+    async def get(self, timeout: float):
+        """The next response (grpc.aio.EOF at the end); raises TimeoutError or the call's error."""
+        response = await asyncio.wait_for(self.queue.get(), timeout)
+        if isinstance(response, grpc.aio.AioRpcError):
+            raise response
+        return response
+
+    def close(self) -> None:
+        self.call.cancel()
+        self.reader.cancel()
+
+
+class _PollCall:
+    """A Subscribe POLL kept open across polls: each poll sends a Poll request and reads the
+    answer up to its sync_response. Targets differ on the subscription's own first answer: one that
+    sends it unasked has it taken as the first poll's."""
+
+    FIRST_WAIT_S = 1.0
+
+    def __init__(self, session: _Session, caps: gnmi_pb2.CapabilityResponse, system: SystemState) -> None:
+        self.session, self.caps, self.system = session, caps, system
+        self.requests: asyncio.Queue = asyncio.Queue()
+        self.requests.put_nowait(subscribe_request(gnmi_pb2.SubscriptionList.POLL, 0))
+
+        async def outgoing():
+            while True:
+                yield await self.requests.get()
+
+        self.responses = _Responses(session.stub.Subscribe(outgoing(), metadata=session.metadata))
+        self.polls = 0
+
+    async def poll(self, wanted, timeout: float) -> tuple[dict[str, Port], list[str], int]:
+        ports: dict[str, Port] = {}
+        problems: list[str] = []
+        values, first, self.polls = 0, self.polls == 0, self.polls + 1
+        if not first:
+            self.requests.put_nowait(gnmi_pb2.SubscribeRequest(poll=gnmi_pb2.Poll()))
+        while True:
+            try:
+                response = await self.responses.get(self.FIRST_WAIT_S if first and values == 0 else timeout)
+            except TimeoutError:
+                if not (first and values == 0):
+                    raise
+                first = False  # this target answers Poll requests only
+                self.requests.put_nowait(gnmi_pb2.SubscribeRequest(poll=gnmi_pb2.Poll()))
+                continue
+            if response is grpc.aio.EOF:
+                raise CollectorUnreachable(self.session.device, f"{self.session.target}: the target ended "
+                                                                "the POLL subscription")
+            if response.HasField("update"):
+                problems += apply(ports, response.update, wanted).problems
+                values += len(response.update.update)
+            elif response.sync_response:
+                return ports, problems, values
+
+    def close(self) -> None:
+        self.responses.close()
 
 
 class GnmiCollector(Collector):
@@ -114,6 +212,7 @@ class GnmiCollector(Collector):
 
     def __init__(self) -> None:
         self._sessions: dict[str, _Session] = {}
+        self._polls: dict[str, _PollCall] = {}  # device -> its kept Subscribe POLL (`mode: poll`)
         self.problems: dict[str, list[str]] = {}  # device -> values its latest answer left out
 
     def settings(self, device: SwitchConfig) -> GnmiSettings | None:
@@ -141,21 +240,37 @@ class GnmiCollector(Collector):
             return lambda name: True
         return functools.cache(lambda name: any(fnmatch.fnmatchcase(name, p) for p in patterns))
 
+    def streams(self, device: SwitchConfig) -> bool:
+        return self.settings(device).mode == "stream"
+
     async def collect(self, device: SwitchConfig) -> PollResult:
-        """One Subscribe ONCE: every interface's counters and status."""
-        session = await self._session(device)
+        """One poll: on the device's kept Subscribe POLL (`mode: poll`), else one Subscribe ONCE."""
         started_ns, t0 = time.time_ns(), time.perf_counter()
+        if self.settings(device).mode == "poll":
+            ports, problems, values, caps, system = await self._poll(device)
+        else:
+            ports, problems, values, caps, system = await self._once(device)
+        self._note(device.name, problems)
+        now = time.time_ns()
+        records: list[Any] = [system.facts(device.name, now, len(ports), caps.gNMI_version)]
+        records += [sample(device.name, name, p, p.counters_ts or now, True) for name, p in sorted(ports.items())]
+        return PollResult(device=device.name, collector=self.name, started_ns=started_ns,
+                          duration_s=time.perf_counter() - t0, records=records, counter_bits=self.counter_bits,
+                          values=values)
+
+    async def _once(self, device: SwitchConfig):
+        session = await self._session(device)
         caps = await session.capabilities()
-        ports: dict[str, Port] = {}
         problems: list[str] = []
+        system = await session.inventory(caps, problems)
+        ports: dict[str, Port] = {}
         values, wanted = 0, self._wanted(device)
         call = session.stub.Subscribe(iter([subscribe_request(gnmi_pb2.SubscriptionList.ONCE, 0)]),
                                       metadata=session.metadata, timeout=self.schedule(device).deadline_s)
         try:
             async for response in call:
                 if response.HasField("update"):
-                    update = apply(ports, response.update, wanted)
-                    problems += update.problems
+                    problems += apply(ports, response.update, wanted).problems
                     values += len(response.update.update)
                 elif response.sync_response:
                     break
@@ -163,19 +278,39 @@ class GnmiCollector(Collector):
             raise session.error("Subscribe ONCE", e) from None
         finally:
             call.cancel()
-        self._note(device.name, problems)
-        now = time.time_ns()
-        records: list[Any] = [_facts(device.name, caps, now, len(ports))]
-        records += [sample(device.name, name, p, p.counters_ts or now, True) for name, p in sorted(ports.items())]
-        return PollResult(device=device.name, collector=self.name, started_ns=started_ns,
-                          duration_s=time.perf_counter() - t0, records=records, counter_bits=self.counter_bits,
-                          values=values)
+        return ports, problems, values, caps, system
+
+    async def _poll(self, device: SwitchConfig):
+        """A poll on the device's Subscribe POLL, opened (Capabilities, inventory) when there is none;
+        a poll that fails or is cut off at its deadline closes it, the next opens a new one."""
+        poll_call = self._polls.get(device.name)
+        session = await self._session(device)
+        problems: list[str] = []
+        if poll_call is None or poll_call.session is not session:
+            caps = await session.capabilities()
+            poll_call = self._polls[device.name] = _PollCall(session, caps, await session.inventory(caps, problems))
+        try:
+            ports, more, values = await poll_call.poll(self._wanted(device), float(self.settings(device).timeout))
+        except BaseException as e:
+            poll_call.close()
+            self._polls.pop(device.name, None)
+            if isinstance(e, grpc.aio.AioRpcError):
+                raise session.error("Subscribe POLL", e) from None
+            if isinstance(e, TimeoutError):
+                raise CollectorTimeout(device.name, f"{session.target}: no answer to a Poll within "
+                                                    f"{self.settings(device).timeout:g} s") from None
+            raise
+        return ports, problems + more, values, poll_call.caps, poll_call.system
 
     async def stream(self, device: SwitchConfig, emit: Callable[[PollResult], Awaitable[None]]) -> None:
         """Subscribe STREAM until cancelled; raises a CollectorError when the stream fails or goes
         quiet for `stale_after` (the caller reopens it)."""
         session = await self._session(device)
         caps = await session.capabilities()
+        problems: list[str] = []
+        system = await session.inventory(caps, problems)
+        if problems:
+            self._note(device.name, problems)
         s, wanted, stale = self.settings(device), self._wanted(device), self.stale_after(device)
         ports: dict[str, Port] = {}
 
@@ -183,30 +318,14 @@ class GnmiCollector(Collector):
             yield subscribe_request(gnmi_pb2.SubscriptionList.STREAM, float(s.interval))
             await asyncio.Event().wait()
 
-        call = session.stub.Subscribe(outgoing(), metadata=session.metadata)
-        # a reader task feeds a queue: timing out a grpc.aio read() would cancel the whole call
-        responses: asyncio.Queue = asyncio.Queue()
-
-        async def read() -> None:
-            try:
-                while True:
-                    response = await call.read()
-                    responses.put_nowait(response)
-                    if response is grpc.aio.EOF:
-                        return
-            except grpc.aio.AioRpcError as e:
-                responses.put_nowait(e)
-
-        reader = asyncio.create_task(read())
+        responses = _Responses(session.stub.Subscribe(outgoing(), metadata=session.metadata))
         pending: set[str] = set()  # interfaces whose new counters wait for their batch to close
         values, first_at, synced = 0, 0.0, False
         try:
             while True:
                 wait = stale if not pending else max(0.0, min(BATCH_GAP_S, first_at + BATCH_MAX_S - time.monotonic()))
                 try:
-                    response = await asyncio.wait_for(responses.get(), wait)
-                    if isinstance(response, grpc.aio.AioRpcError):
-                        raise response
+                    response = await responses.get(wait)
                 except TimeoutError:
                     if not pending:
                         raise CollectorTimeout(device.name, f"{session.target}: the stream sent nothing for "
@@ -231,7 +350,7 @@ class GnmiCollector(Collector):
                         values = 0
                 if (response is None or sync) and (pending or sync):
                     now = time.time_ns()
-                    records: list[Any] = [_facts(device.name, caps, now, len(ports))] if sync else []
+                    records: list[Any] = [system.facts(device.name, now, len(ports), caps.gNMI_version)] if sync else []
                     records += [sample(device.name, n, ports[n], ports[n].counters_ts or now, True)
                                 for n in sorted(pending) if n in ports]
                     await emit(self._result(device.name, records, values))
@@ -240,8 +359,7 @@ class GnmiCollector(Collector):
         except grpc.aio.AioRpcError as e:
             raise session.error("Subscribe STREAM", e) from None
         finally:
-            call.cancel()
-            reader.cancel()
+            responses.close()
 
     def _result(self, device: str, records: list[Any], values: int) -> PollResult:
         return PollResult(device=device, collector=self.name, started_ns=time.time_ns(), records=records,
@@ -253,12 +371,9 @@ class GnmiCollector(Collector):
         self.problems[device] = problems
 
     async def close(self) -> None:
+        for poll_call in self._polls.values():
+            poll_call.close()
+        self._polls.clear()
         for session in self._sessions.values():
             await session.close()
         self._sessions.clear()
-
-
-def _facts(device: str, caps: gnmi_pb2.CapabilityResponse, ts: int, interfaces: int) -> DeviceFacts:
-    version = caps.gNMI_version or "?"
-    return DeviceFacts(device=device, ts=ts, sys_name=device[:255], interfaces=interfaces,
-                       sys_descr=f"gNMI {version} target"[:1024])

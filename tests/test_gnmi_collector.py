@@ -6,6 +6,7 @@ once), a stale stream, a restarted target, wrong credentials, TLS."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from collectors.base import CollectorAuthError, CollectorUnreachable
+from collectors.base import CollectorAuthError, CollectorTimeout, CollectorUnreachable
 from collectors.gnmi import GnmiCollector
 from nms.app.polling import Poller
 from nms.config import parse_config
@@ -66,7 +67,7 @@ class Target:
 
 @pytest.fixture
 def target(tmp_path):
-    t = Target(tmp_path, "--insecure", "--interfaces", "lo").start()
+    t = Target(tmp_path, "--insecure", "--interfaces", "lo", "--hostname", "leaf9").start()
     yield t
     t.stop()
 
@@ -153,8 +154,54 @@ def test_once_reads_the_kernel_counters_of_the_interface(target):
     assert before <= s.in_octets <= after and before <= s.out_octets
     assert s.in_pkts > 0 and s.in_errors == 0 and s.mtu == int(Path("/sys/class/net/lo/mtu").read_text())
     assert s.oper_status in ("up", "unknown")
-    facts = [r for r in result.records if isinstance(r, DeviceFacts)]
-    assert facts and facts[0].interfaces == 1 and "gNMI" in facts[0].sys_descr
+    [facts] = [r for r in result.records if isinstance(r, DeviceFacts)]
+    # inventory from Get /system/state: the target's hostname and version, the machine's uptime
+    uptime_ticks = float(Path("/proc/uptime").read_text().split()[0]) * 100
+    assert (facts.device, facts.sys_name, facts.interfaces) == ("gnmi-sw", "leaf9", 1)
+    assert facts.sys_descr.startswith("nms-lab gNMI target") and abs(facts.uptime_ticks - uptime_ticks) < 500
+    [plain] = [r for r in collect_once(device(target, inventory=False)).records if isinstance(r, DeviceFacts)]
+    assert (plain.sys_name, plain.sys_descr, plain.uptime_ticks) == ("gnmi-sw", "gNMI 0.8.0 target", None)
+
+
+def test_poll_mode_keeps_one_subscription_and_each_poll_reads_the_counters_anew(target, tmp_path):
+    """`mode: poll`: one Subscribe POLL for the device, a Poll request per poll; counters between two
+    polls grow by at least what was sent over lo; a poll cut off at its deadline closes the
+    subscription and the next poll opens another."""
+    collector = GnmiCollector()
+    dev = device(target, mode="poll")
+    assert not collector.streams(dev) and collector.streams(device(target))
+
+    def octets(result) -> int:
+        [s] = [r for r in result.records if isinstance(r, PortSample)]
+        return s.in_octets
+
+    async def run():
+        try:
+            first = await collector.collect_with_deadline(dev, 10)
+            sent = blast(2_000_000)
+            second = await collector.collect_with_deadline(dev, 10)
+            call = collector._polls["gnmi-sw"]
+            third = await collector.collect_with_deadline(dev, 10)
+            assert collector._polls["gnmi-sw"] is call and call.polls == 3
+            os.kill(target.proc.pid, signal.SIGSTOP)  # a target that stops answering
+            try:
+                with pytest.raises(CollectorTimeout):
+                    await collector.collect_with_deadline(dev, 0.5)
+            finally:
+                os.kill(target.proc.pid, signal.SIGCONT)
+            assert "gnmi-sw" not in collector._polls
+            fourth = await collector.collect_with_deadline(dev, 10)
+            return first, second, third, fourth, sent
+        finally:
+            await collector.close()
+
+    first, second, third, fourth, sent = asyncio.run(run())
+    assert octets(second) - octets(first) >= sent
+    assert octets(first) <= octets(second) <= octets(third) <= octets(fourth)
+    facts = [r for r in second.records if isinstance(r, DeviceFacts)]
+    assert facts[0].sys_name == "leaf9"
+    log = (tmp_path / "target.log").read_text()
+    assert log.count("Subscribe POLL") == 2 and "Subscribe ONCE" not in log
 
 
 def test_a_wrong_password_is_an_auth_error_that_names_no_secret(target):
@@ -371,3 +418,39 @@ def test_with_snmp_and_gnmi_on_one_switch_the_stream_gives_link_state_while_it_i
         await poller.close()
 
     asyncio.run(run())
+
+
+def test_inventory_answers_in_other_vendors_shapes():
+    """/system/state as a JSON value at /system ({"state": ...}), as typed leaves with a full path and
+    no prefix, and with leaves of the wrong kind (noted, the rest kept)."""
+    from pygnmi.spec.v080 import gnmi_pb2 as pb
+
+    from collectors.gnmi_inventory import system_state
+
+    def elems(*names):
+        return pb.Path(elem=[pb.PathElem(name=n) for n in names])
+
+    now = 2_000_000_000 * 10**9
+    at_system = pb.GetResponse(notification=[pb.Notification(update=[pb.Update(
+        path=elems("openconfig-system:system"),
+        val=pb.TypedValue(json_ietf_val=json.dumps({"openconfig-system:state": {
+            "hostname": "spine3", "software-version": "EOS-4.31.1F", "boot-time": str(now - 86_400 * 10**9)}}).encode()))])])
+    problems: list[str] = []
+    state = system_state(at_system, now, problems)
+    assert (state.hostname, state.software_version, problems) == ("spine3", "EOS-4.31.1F", [])
+    facts = state.facts("sw", now, 3, "0.10.0")
+    assert (facts.sys_name, facts.sys_descr, facts.uptime_ticks) == ("spine3", "EOS-4.31.1F", 86_400 * 100)
+    leaves = pb.GetResponse(notification=[pb.Notification(update=[
+        pb.Update(path=elems("system", "state", "hostname"), val=pb.TypedValue(string_val="leaf4")),
+        pb.Update(path=elems("system", "state", "up-time"), val=pb.TypedValue(uint_val=5 * 10**9)),
+        pb.Update(path=elems("system", "state", "software-version"), val=pb.TypedValue(int_val=7))])])
+    state = system_state(leaves, now, problems)
+    assert (state.hostname, state.software_version, state.boot_ns) == ("leaf4", None, now - 5 * 10**9)
+    assert problems == ["/system/state/software-version: expected a string, got 7"]
+    bad = pb.GetResponse(notification=[pb.Notification(prefix=elems("system", "state"), update=[
+        pb.Update(path=elems("boot-time"), val=pb.TypedValue(string_val="yesterday"))])])
+    problems = []
+    state = system_state(bad, now, problems)
+    assert state.boot_ns is None and problems == ["/system/state/boot-time: expected nanoseconds (uint64), "
+                                                  "got 'yesterday'"]
+    assert state.facts("sw", now, 0, "").sys_descr == "gNMI ? target"

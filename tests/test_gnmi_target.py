@@ -59,7 +59,8 @@ def auth_args(tmp: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gnmi-target")
-    t = Target(tmp, "--insecure", "--interfaces", "lo", "--port-speed-bps", "100000000", *auth_args(tmp))
+    t = Target(tmp, "--insecure", "--interfaces", "lo", "--port-speed-bps", "100000000", "--hostname", "leaf7",
+               *auth_args(tmp))
     yield t
     assert t.stop() == 0, t.log.read_text()
     assert PASSWORD not in t.log.read_text()  # never logged, even after failed logins
@@ -130,7 +131,7 @@ async def test_capabilities(target):
     models = {m.name: m for m in caps.supported_models}
     assert models["openconfig-interfaces"].version == "3.0.0"
     assert models["openconfig-interfaces"].organization == "OpenConfig working group"
-    assert "openconfig-if-ethernet" in models
+    assert "openconfig-if-ethernet" in models and "openconfig-system" in models
     assert set(caps.supported_encodings) == {g.JSON, g.JSON_IETF, g.PROTO} and caps.gNMI_version == "0.8.0"
 
 
@@ -333,6 +334,31 @@ async def test_get_errors_name_the_problem(target):
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await st.Get(g.GetRequest(path=[path("/interfaces")], encoding=g.BYTES), metadata=AUTH, timeout=5)
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_get_system_state_in_every_encoding(target):
+    """openconfig-system /system/state: the hostname given, the machine's boot time and uptime."""
+    boot_ns = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                   if line.startswith("btime ")) * 10**9
+    uptime_ns = float(Path("/proc/uptime").read_text().split()[0]) * 1e9
+    channel, st = stub(target.address)
+    async with channel:
+        proto = await st.Get(g.GetRequest(path=[path("/system/state")], encoding=g.PROTO), metadata=AUTH, timeout=5)
+        ietf = await st.Get(g.GetRequest(path=[path("/system")], encoding=g.JSON_IETF), metadata=AUTH, timeout=5)
+        plain = await st.Get(g.GetRequest(path=[path("/openconfig-system:system/state/hostname")], encoding=g.JSON),
+                             metadata=AUTH, timeout=5)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await st.Get(g.GetRequest(path=[path("/system/clock")], encoding=g.JSON), metadata=AUTH, timeout=5)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND and "/system/state" in e.value.details()
+    [n] = proto.notification
+    assert [x.name for x in n.prefix.elem] == ["system", "state"]
+    values = leaves(n)
+    assert values["hostname"] == "leaf7" and values["software-version"].startswith("nms-lab gNMI target")
+    assert values["boot-time"] == boot_ns and abs(values["up-time"] - uptime_ns) < 5e9
+    [n] = ietf.notification
+    doc = json.loads(n.update[0].val.json_ietf_val)
+    assert doc["openconfig-system:hostname"] == "leaf7" and doc["openconfig-system:boot-time"] == str(boot_ns)
+    assert json.loads(plain.notification[0].update[0].val.json_val) == {"hostname": "leaf7"}
 
 
 def test_path_selection():

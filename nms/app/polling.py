@@ -158,7 +158,7 @@ class Poller:
         """One interval job per (collector, device), the first runs spread over one interval; one
         stream per device of a streaming collector (call with the event loop running)."""
         now = datetime.now(timezone.utc)
-        streamed = {k for k in self.status if getattr(self.collectors[k[0]], "streaming", False)}
+        streamed = {k for k, st in self.status.items() if self.collectors[k[0]].streams(st.device)}
         polled = sorted((k, st) for k, st in self.status.items() if k not in streamed)
         n = max(len(polled), 1)
         for key in sorted(streamed):

@@ -405,7 +405,9 @@ class UfmSettings(Strict):
 
 class GnmiSettings(Strict):
     """gNMI (collectors/gnmi.py, docs/gnmi.md): a Subscribe STREAM per device, openconfig-interfaces
-    counters SAMPLEd every `interval`, oper-status ON_CHANGE. TLS unless `insecure`."""
+    counters SAMPLEd every `interval`, oper-status ON_CHANGE (`mode: stream`); or a poll every
+    `interval` on a kept Subscribe POLL (`poll`) or by Subscribe ONCE (`once`), for targets that do
+    not stream. TLS unless `insecure`."""
 
     port: int = Field(9339, ge=1, le=65535)  # IANA gnmi; many vendors use 57400 or 6030
     username: str | None = None  # sent as gRPC metadata username/password
@@ -420,6 +422,8 @@ class GnmiSettings(Strict):
     deadline: Seconds | None = None  # a ONCE poll still running then is cancelled (default: 0.8 x interval)
     stale_after: Seconds | None = None  # a stream silent this long is dropped and reopened (default: 2 x interval + 2 s)
     interfaces: list[str] = []  # fnmatch patterns of interface names to keep (all when empty)
+    mode: Literal["stream", "poll", "once"] = "stream"
+    inventory: bool = True  # Get /system/state (openconfig-system) for hostname, version, uptime
 
     @model_validator(mode="after")
     def _tls(self) -> GnmiSettings:

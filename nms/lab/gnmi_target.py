@@ -1,18 +1,22 @@
 """A gNMI target serving openconfig-interfaces state of the network namespace it runs in.
 
     python -m nms.lab.gnmi_target --listen ADDR:PORT (--tls-cert F --tls-key F | --insecure)
-        [--username U --password-file F] [--interfaces GLOB]... [--port-speed-bps N] [--log FILE]
+        [--username U --password-file F] [--interfaces GLOB]... [--port-speed-bps N] [--hostname NAME]
+        [--log FILE]
 
 `nms lab up` runs one in every switch namespace (nms/lab/services.py); tests run it on loopback.
 The values are the kernel's (nms/lab/gnmi_tree.py). What a client gets (collectors/gnmi.py parses it):
 
-* Capabilities: openconfig-interfaces 3.0.0 and openconfig-if-ethernet; JSON_IETF, JSON, PROTO; 0.8.0.
+* Capabilities: openconfig-interfaces 3.0.0, openconfig-if-ethernet, openconfig-system; JSON_IETF,
+  JSON, PROTO; 0.8.0.
 * Every notification of Subscribe (and of Get with PROTO) is one interface: prefix
   /interfaces/interface[name=X], timestamp = when its values were read, updates relative to the
   prefix with typed scalars (leaves are scalars, so whatever the requested encoding); an interface
   that disappears is a notification deleting its prefix.
 * Get: per requested path one notification; JSON/JSON_IETF: one update at /interfaces whose value
-  is {"openconfig-interfaces:interface": [...]} pruned to the path; PROTO: as Subscribe.
+  is {"openconfig-interfaces:interface": [...]} pruned to the path; PROTO: as Subscribe. Get of
+  /system/state (or one of its leaves): hostname, software-version, boot-time, up-time,
+  current-datetime (nms/lab/gnmi_system.py).
 * Subscribe: ONCE, POLL, STREAM with SAMPLE (sample_interval, default 10 s), ON_CHANGE (rtnetlink
   link events, plus a rescan every second) and TARGET_DEFINED (counters SAMPLE, the rest ON_CHANGE);
   sync_response after the first complete set (also with updates_only, which skips that set).
@@ -36,6 +40,7 @@ from pygnmi.spec.v080 import gnmi_pb2, gnmi_pb2_grpc
 
 from nms.lab.gnmi_tree import (COUNTERS, INTERFACES, STATUS, Kernel, PathError, Selection, json_doc, names_of,
                                path_text, responses, select, wanted_of)
+from nms.lab import gnmi_system
 from nms.lab.gnmi_watch import LinkWatch, OnChange
 
 log = logging.getLogger("nms.lab.gnmi_target")
@@ -43,7 +48,8 @@ log = logging.getLogger("nms.lab.gnmi_target")
 GNMI_VERSION = "0.8.0"
 OC = "OpenConfig working group"
 MODELS = [gnmi_pb2.ModelData(name="openconfig-interfaces", organization=OC, version="3.0.0"),
-          gnmi_pb2.ModelData(name="openconfig-if-ethernet", organization=OC, version="2.13.0")]
+          gnmi_pb2.ModelData(name="openconfig-if-ethernet", organization=OC, version="2.13.0"),
+          gnmi_pb2.ModelData(name="openconfig-system", organization=OC, version="2.1.0")]
 ENCODINGS = (gnmi_pb2.JSON_IETF, gnmi_pb2.JSON, gnmi_pb2.PROTO)
 DEFAULT_SAMPLE_NS = 10 * 10**9
 MIN_SAMPLE_NS = 100 * 10**6
@@ -60,8 +66,9 @@ async def _guarded(coro, queue: asyncio.Queue) -> None:
 
 
 class Target(gnmi_pb2_grpc.gNMIServicer):
-    def __init__(self, kernel: Kernel, username: str | None = None, password: str | None = None):
-        self.kernel, self.watch = kernel, LinkWatch(kernel)
+    def __init__(self, kernel: Kernel, username: str | None = None, password: str | None = None,
+                 hostname: str = "nms-lab-switch"):
+        self.kernel, self.watch, self.hostname = kernel, LinkWatch(kernel), hostname
         self._user = username.encode() if username is not None else None
         self._password = (password or "").encode()
 
@@ -108,7 +115,10 @@ class Target(gnmi_pb2_grpc.gNMIServicer):
         if request.type == gnmi_pb2.GetRequest.CONFIG:
             await context.abort(Code.UNIMPLEMENTED, "this target serves state only (no config data)")
         prefix = request.prefix if request.HasField("prefix") else None
-        selections = await self._selections(context, prefix, list(request.path) or [gnmi_pb2.Path()])
+        paths = list(request.path) or [gnmi_pb2.Path()]
+        if any(gnmi_system.is_system(prefix, p) for p in paths):
+            return await self._get_system(request, context, prefix, paths)
+        selections = await self._selections(context, prefix, paths)
         snapshot = await asyncio.to_thread(self.kernel.read, True, True, names_of(selections))
         for sel in selections:
             if sel.name is not None and sel.name not in snapshot:
@@ -129,6 +139,17 @@ class Target(gnmi_pb2_grpc.gNMIServicer):
                 u.val.json_val = doc
             out.append(n)
         return gnmi_pb2.GetResponse(notification=out)
+
+    async def _get_system(self, request, context, prefix, paths) -> gnmi_pb2.GetResponse:
+        """/system/state (openconfig-system), alone in its request."""
+        wanted = [gnmi_system.selected(prefix, p) if gnmi_system.is_system(prefix, p) else None for p in paths]
+        for p, leaves in zip(paths, wanted):
+            if leaves is None:
+                await context.abort(Code.NOT_FOUND, f"no such path {path_text(prefix, p)}: this target serves "
+                                                    "/system/state and /interfaces/interface (not both in one Get)")
+        values = await asyncio.to_thread(gnmi_system.state, self.hostname)
+        return gnmi_pb2.GetResponse(notification=[gnmi_system.notification(values, leaves, request.encoding)
+                                                  for leaves in wanted])
 
     async def Set(self, request, context):
         await self._check(context, "Set")
@@ -266,6 +287,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--interfaces", action="append", metavar="GLOB", help="interfaces to serve (fnmatch, "
                     "repeatable; default all but lo)")
     ap.add_argument("--port-speed-bps", type=int, default=0, help="port speed reported for every interface")
+    ap.add_argument("--hostname", default="nms-lab-switch", help="/system/state/hostname (namespaces share the "
+                    "machine's own)")
     ap.add_argument("--log", metavar="FILE", help="log here instead of stderr")
     args = ap.parse_args(argv)
     try:
@@ -288,7 +311,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 async def serve(args, password: str | None, credentials) -> None:
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])  # never share the port with another target
     gnmi_pb2_grpc.add_gNMIServicer_to_server(Target(Kernel(args.interfaces, args.port_speed_bps),
-                                                    args.username, password), server)
+                                                    args.username, password, args.hostname), server)
     address = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"
     try:
         port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
