@@ -157,9 +157,10 @@ def _check_query(query: str, schema: dict, defined: set) -> list[str]:
             problems.append(f"measurement {measurement!r} is not in the stored schema")
             continue
         known |= set(m.tags) | set(m.fields)
-    names_in_from = {n for s in _SOURCE.finditer(query) for n in _QUOTED.findall(s.group(0))}
-    aliases = set(_ALIAS.findall(query))
-    for name in set(_QUOTED.findall(query)) - names_in_from - aliases:
-        if sources and known and name not in known:
+    # Every quoted name left once the sources and the AS "alias" parts are taken out is a tag or
+    # a field (a subquery's outer names are its aliases: ours name them after their fields).
+    rest = _ALIAS.sub("", _SOURCE.sub("", query))
+    for name in set(_QUOTED.findall(rest)):
+        if "*" not in known and name not in known:  # "*": fields that vary (agent_stats)
             problems.append(f"{name!r} is neither a tag nor a field of {', '.join(sorted(set(sources)))}")
     return problems
