@@ -11,6 +11,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from nms.app.clock import ClockService
 from nms.app.correlation import MIN_GAP_S, CorrelationService
+from nms.app.dashboards.incident_points import IncidentPoints
 from nms.app.incidents import IncidentManager
 from nms.app.metrics import ServiceMetrics
 from nms.app.notify import Notifier
@@ -41,6 +42,7 @@ class Service:
         self.notifier = Notifier(config.notifications, config.data_dir / "notifications.sqlite", config.site,
                                  self.metrics.registry)  # incident events -> sinks, durable retries
         self.incidents.add_listener(self.notifier.submit)
+        self.incidents.add_listener(IncidentPoints(self.store))  # incident_event points for dashboards
         self.correlation = None  # telemetry -> findings -> incidents, one step per correlator.interval
         if config.correlator.enabled:
             self.correlation = CorrelationService(config, self.state, self.incidents, self.metrics.registry)

@@ -72,6 +72,56 @@ class EmbeddedStoreConfig(Strict):
     retention: Seconds = 7 * 86400.0
 
 
+InfluxName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")]
+_HOUR, _DAY = 3600.0, 86400.0
+
+
+class DownsampleTier(Strict):
+    """One downsampled resolution: a retention policy filled by continuous queries."""
+
+    retention_policy: InfluxName
+    every: Seconds  # GROUP BY time(every)
+    duration: Seconds  # how long the retention policy keeps it
+    resample_for: Seconds | None = None  # window each run recomputes (late points); default 2 x every
+
+    @model_validator(mode="after")
+    def _check(self) -> DownsampleTier:
+        for name in ("every", "duration", "resample_for"):
+            value = getattr(self, name)
+            if value is not None and value != int(value):
+                raise ValueError(f"{name} must be a whole number of seconds")
+        if self.duration < _HOUR:
+            raise ValueError("duration must be at least 1h (InfluxDB's minimum retention)")
+        if self.every >= self.duration:
+            raise ValueError("every must be shorter than duration")
+        if self.resample_for is not None and self.resample_for < self.every:
+            raise ValueError("resample_for must be at least every")
+        return self
+
+
+class InfluxDownsamplingConfig(Strict):
+    """Retention policies and continuous queries created at start (docs/configuration.md)."""
+
+    enabled: bool = False
+    raw_duration: Seconds | None = None  # set the raw retention policy's duration; None: leave it as it is
+    tiers: list[DownsampleTier] = Field(default_factory=lambda: [
+        DownsampleTier(retention_policy="nms_1m", every=60, duration=30 * _DAY),
+        DownsampleTier(retention_policy="nms_1h", every=_HOUR, duration=365 * _DAY)])
+
+    @model_validator(mode="after")
+    def _check(self) -> InfluxDownsamplingConfig:
+        if self.raw_duration is not None and (self.raw_duration < _HOUR or self.raw_duration != int(self.raw_duration)):
+            raise ValueError("raw_duration must be a whole number of seconds, at least 1h")
+        names = [t.retention_policy for t in self.tiers]
+        if len(set(names)) != len(names):
+            raise ValueError("tiers: each needs its own retention_policy")
+        for coarse, fine in zip(self.tiers[1:], self.tiers):
+            if coarse.every <= fine.every or coarse.every % fine.every:
+                raise ValueError(f"tiers: {coarse.retention_policy}.every must be a multiple of "
+                                 f"{fine.retention_policy}.every (each tier is computed from the one before)")
+        return self
+
+
 class InfluxStoreConfig(Strict):
     url: HttpUrl = "http://127.0.0.1:8086"
     database: str = "nms"
@@ -89,6 +139,7 @@ class InfluxStoreConfig(Strict):
     # Points InfluxDB refused for good (type conflict, beyond retention), kept in the spool directory.
     quarantine_max_bytes: ByteSize = 256 << 20
     verify_tls: bool = True
+    downsampling: InfluxDownsamplingConfig = InfluxDownsamplingConfig()
 
     @model_validator(mode="after")
     def _one_auth(self) -> InfluxStoreConfig:

@@ -52,6 +52,7 @@ from nms.store.base import (
     type_conflict,
     validate_point,
 )
+from nms.store.influx_downsampling import reconcile as reconcile_downsampling
 from nms.store.lineprotocol import encode_point, parse_line, split_batch, unsigned_from_signed
 from nms.store.quarantine import Quarantine
 from nms.store.spool import Spool
@@ -174,6 +175,9 @@ class InfluxStore(TimeSeriesStore):
         # Sender state (only the sender thread changes these).
         self._up = True
         self._db_ready = not config.create_database
+        # Retention policies and continuous queries (nms.store.influx_downsampling), once per start.
+        self._downsampling_due = config.downsampling.enabled
+        self._downsampling: dict | None = None
         self._next_retry = 0.0
         self._backoff = _RETRY_MIN
         self._last_error: str | None = None
@@ -379,6 +383,8 @@ class InfluxStore(TimeSeriesStore):
         due = time.monotonic() >= self._next_retry
         if not final and due and not self._db_ready:
             self._ensure_database()
+        if not final and due and self._db_ready and self._downsampling_due:
+            self._ensure_downsampling()
         if not final and due and len(self._spool):
             self._replay()
         self._drain_buffer(force=True, final=final)
@@ -594,6 +600,23 @@ class InfluxStore(TimeSeriesStore):
         except StoreError as e:
             self._mark_down(f"cannot create database: {e}")
 
+    def _ensure_downsampling(self) -> None:
+        """Create/alter the configured retention policies and continuous queries. Unreachable: tried
+        again next round; refused (no admin rights, a bad definition): reported in health, not retried."""
+        try:
+            outcome = reconcile_downsampling(lambda q: self._run_query(q, client=self._send_http), self.cfg)
+        except StoreUnavailable as e:
+            self._mark_down(f"cannot set up downsampling: {e}")
+            return
+        except StoreError as e:
+            log.error("InfluxDB downsampling not set up (retention policies / continuous queries): %s", e)
+            self._downsampling = {"error": str(e)}
+        else:
+            for change in outcome.created + outcome.altered + outcome.dropped:
+                log.info("InfluxDB downsampling: %s", change)
+            self._downsampling = outcome.as_dict()
+        self._downsampling_due = False
+
     def _mark_down(self, reason: str) -> None:
         if self._up or reason != self._last_error:
             log.warning("InfluxDB at %s unavailable, spooling to disk: %s", self._url, reason)
@@ -749,4 +772,5 @@ class InfluxStore(TimeSeriesStore):
             "quarantine": {"points": self._quarantine.points, "bytes": self._quarantine.bytes,
                            "dropped": self._quarantine.dropped, "last_reason": self._quarantine.last_reason,
                            "path": str(self._quarantine.path)},
+            **({"downsampling": self._downsampling} if self.cfg.downsampling.enabled else {}),
         }

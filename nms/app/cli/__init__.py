@@ -19,6 +19,7 @@ from nms import __version__
 from nms.app.cli.agents import agents_app
 from nms.app.cli.client import ApiClient, TokenOpt, UrlOpt, err_console, fmt_time
 from nms.app.cli.clock import clock as clock_cmd
+from nms.app.cli.dashboards import dashboards_app
 from nms.app.cli.fabric import collect_app, devices as devices_cmd, topology as topology_cmd
 from nms.app.cli.incidents import incidents_app
 from nms.app.cli.jobs import jobs_app
@@ -39,6 +40,7 @@ app.add_typer(agents_app, name="agents")
 app.add_typer(incidents_app, name="incidents")
 app.add_typer(collect_app, name="collect")
 app.add_typer(store_app, name="store")
+app.add_typer(dashboards_app, name="dashboards")
 app.command("topology")(topology_cmd)
 app.command("devices")(devices_cmd)
 app.command("clock")(clock_cmd)
