@@ -236,6 +236,9 @@ def test_firmware_drift_from_device_facts():
     res = run("config_drift", snap)
     assert brief(res) == [("spine3", "device", "minor")]
     assert res.findings[0].evidence["role_majority"] == "NOS 4.2"
+    for s in ("spine1", "spine2", "spine3"):  # a description naming the switch itself (net-snmp's default)
+        snap.facts[s] = DeviceFacts(device=s, ts=T0, sys_descr=f"Linux {s} 6.1.0 #1 SMP x86_64")
+    assert run("config_drift", snap).status == "clean"
 
 
 def test_normalized_lines_mask_name_and_addresses():

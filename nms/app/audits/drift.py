@@ -15,6 +15,11 @@ _ADDRESS = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?:/\d+)?\b|\b[0-9a-fA-F]{0,4}(
                       r"|\b(?:[0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}\b")
 
 
+def masked(device: str, line: str) -> str:
+    """A line with the switch's own name and addresses masked (they differ by design)."""
+    return _ADDRESS.sub("<addr>", line.replace(device, "<self>"))
+
+
 def normalized_lines(device: str, text: str, ignore: list[re.Pattern]) -> set[str]:
     """The comparable lines of one switch's configuration: its own name and addresses masked
     (they differ by design), blanks, comments and ignored lines left out."""
@@ -23,7 +28,7 @@ def normalized_lines(device: str, text: str, ignore: list[re.Pattern]) -> set[st
         line = " ".join(raw.split())
         if not line or line[0] in "#!" or any(p.search(line) for p in ignore):
             continue
-        out.add(_ADDRESS.sub("<addr>", line.replace(device, "<self>")))
+        out.add(masked(device, line))
     return out
 
 
@@ -35,7 +40,7 @@ def _roles(snap: Snapshot) -> dict[str, list[str]]:
 
 
 def _firmware(snap: Snapshot, role: str, members: list[str]) -> list[AuditFinding]:
-    descr = {d: snap.facts[d].sys_descr for d in members if d in snap.facts and snap.facts[d].sys_descr}
+    descr = {d: masked(d, snap.facts[d].sys_descr) for d in members if d in snap.facts and snap.facts[d].sys_descr}
     counts = Counter(descr.values()).most_common()
     if len(counts) < 2:
         return []
