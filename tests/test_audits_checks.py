@@ -131,6 +131,7 @@ def test_errors_above_ber_threshold_name_the_link_and_receiving_port():
     assert brief(res) == [("leaf1:swp2--spine1:swp1", "link", "major")]
     assert res.findings[0].evidence["port"] == "spine1:swp1"
     assert res.findings[0].evidence["ber"] == pytest.approx(5e-9)
+    assert res.notes == ["probe loss per link unknown (correlator disabled)"]
     assert run("errors", snap, ber_threshold=1e-8).findings == []
 
 
@@ -140,6 +141,7 @@ def test_errors_probe_loss_with_clean_counters_is_silent_corruption():
     res = run("errors", snap)
     assert brief(res) == [("leaf1:swp2--spine1:swp1", "link", "major")]
     assert "4.8% across this link" in res.findings[0].message
+    assert res.notes == []
 
 
 def test_errors_without_rates_is_not_enough_data():

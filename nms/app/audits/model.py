@@ -38,7 +38,8 @@ class Snapshot:
     clock: list[ClockSolution] | None = None  # newest solution per host; None: clock sync disabled
     probed: list[ProbedPath] | None = None  # None: not read (no store)
     configs: dict[str, str] = field(default_factory=dict)  # device -> newest configuration snapshot text
-    lossy_links: dict[str, dict[str, Any]] = field(default_factory=dict)  # link -> probe loss evidence
+    # link -> probe loss evidence (the correlator's corrupting links); None: no correlator
+    lossy_links: dict[str, dict[str, Any]] | None = None
 
 
 class AuditFinding(BaseModel):

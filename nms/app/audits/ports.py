@@ -104,7 +104,7 @@ def check_errors(snap: Snapshot, settings: ErrorsAudit) -> AuditResult:
                         f"{ber:.2e} above {settings.ber_threshold:.0e}",
                 remediation="Clean or reseat the connectors, then replace the optic or cable on this link "
                             "(the receiving port names the suspect direction).")
-    for element, loss in sorted(snap.lossy_links.items()):
+    for element, loss in sorted((snap.lossy_links or {}).items()):
         checked += 1
         if element in findings:
             continue
