@@ -269,8 +269,14 @@ def test_probe_coverage_hosts_pairs_and_ecmp_paths():
     assert {f.element: f.evidence for f in res.findings}["host2<>host3"] == {"paths_probed": 1, "ecmp_paths": 2}
     snap.probed.append(ProbedPath("host4", "host1", "p5"))  # host4 probes: its unprobed pairs show
     res = run("probe_coverage", snap)
-    assert brief(res) == [("host1<>host4", "host_pair", "warning"), ("host2<>host3", "host_pair", "warning"),
-                          ("host2<>host4", "host_pair", "warning"), ("host3<>host4", "host_pair", "warning")]
+    # unprobed pairs are counted per host: host2-host4 and host3-host4 are probed neither way
+    assert brief(res) == [("host1<>host4", "host_pair", "warning"), ("host2", "host", "warning"),
+                          ("host2<>host3", "host_pair", "warning"), ("host3", "host", "warning"),
+                          ("host4", "host", "warning")]
+    by = {f.element: f for f in res.findings}
+    assert by["host4"].evidence == {"unprobed_peers": ["host2", "host3"], "unprobed_count": 2, "hosts": 4}
+    assert by["host4"].message == "not probed with 2 of 3 other probing hosts (either way)"
+    assert res.checked == 6
 
 
 def test_probe_coverage_without_windows_is_not_enough_data():
