@@ -9,6 +9,9 @@ import time
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from nms.app.audits.escalation import IncidentFeed
+from nms.app.audits.history import AuditHistory
+from nms.app.audits.runner import AuditRunner
 from nms.app.clock import ClockService
 from nms.app.correlation import MIN_GAP_S, CorrelationService
 from nms.app.dashboards.incident_points import IncidentPoints
@@ -43,9 +46,12 @@ class Service:
                                  self.metrics.registry)  # incident events -> sinks, durable retries
         self.incidents.add_listener(self.notifier.submit)
         self.incidents.add_listener(IncidentPoints(self.store))  # incident_event points for dashboards
+        # fabric audits (nms/app/audits): their standing findings join every window's incidents
+        self.audits = AuditRunner(config.audits, AuditHistory(config.data_dir / "audits.sqlite", config.audits.history))
+        self.incident_feed = IncidentFeed(self.incidents, self.audits.standing)
         self.correlation = None  # telemetry -> findings -> incidents, one step per correlator.interval
         if config.correlator.enabled:
-            self.correlation = CorrelationService(config, self.state, self.incidents, self.metrics.registry)
+            self.correlation = CorrelationService(config, self.state, self.incident_feed, self.metrics.registry)
             self.poller.on_records = lambda records: self.correlation.add(records, "collectors")
 
     def on_ingest(self, kind: str, records: list) -> list:
@@ -85,6 +91,11 @@ class Service:
             self.poller.schedule(self.scheduler)
         if self.config.clock.enabled:
             self.scheduler.add_job(self.solve_clock, "interval", seconds=self.config.clock.window_s, id="clock-solve")
+        if self.config.audits.enabled:
+            self.audits.schedule(self.scheduler, self)
+            if self.correlation is None:  # no correlator windows: the audits' incidents get their own
+                self.scheduler.add_job(self._audit_incidents, "interval", seconds=self.config.correlator.interval,
+                                       id="audit-incidents")
         self.scheduler.start()
         if self.correlation is not None:
             self._correlating = asyncio.create_task(self._correlate_loop(), name="correlate")
@@ -114,6 +125,9 @@ class Service:
                                        time.time_ns() - int(retention_s * 1e9))
         if deleted:
             log.info("incident retention: deleted %d incidents resolved more than %.0f s ago", deleted, retention_s)
+
+    async def _audit_incidents(self) -> None:
+        await self._threaded("audit-incidents", self.incident_feed.apply_standing, time.time_ns())
 
     async def solve_clock(self) -> None:
         """The clock job: solve the finished slots (nms.app.clock) in a worker thread."""
@@ -154,5 +168,6 @@ class Service:
         await self.poller.close()
         await self.notifier.stop()
         await asyncio.to_thread(self.store.close)
+        self.audits.history.close()
         self.state.close()
         log.info("service stopped; store flushed")

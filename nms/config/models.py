@@ -601,6 +601,96 @@ class FabricConfig(Strict):
         return self
 
 
+# --- fabric audits (nms/app/audits, docs/audits.md) -------------------------------------------
+
+AUDIT_NAMES = ("cabling", "mtu", "speed", "errors", "ecmp_balance", "clock", "config_drift", "probe_coverage")
+IncidentLevel = Literal["critical", "major", "minor", "warning", "never"]
+
+
+def _crontab(v: str | None) -> str | None:
+    if v is not None:
+        from apscheduler.triggers.cron import CronTrigger  # the service schedules it; checked here
+        try:
+            CronTrigger.from_crontab(v, timezone="UTC")
+        except ValueError as e:
+            raise ValueError(f"expected a crontab 'minute hour day month weekday': {e}") from None
+    return v
+
+
+class AuditSettings(Strict):
+    """One audit: on or off, when it runs (default: audits.interval), which findings open incidents."""
+
+    enabled: bool = True
+    interval: Seconds | None = None  # run this often (default: audits.interval)
+    cron: Annotated[str | None, AfterValidator(_crontab)] = None  # crontab in UTC; replaces interval
+    open_incidents: IncidentLevel | None = None  # findings at least this severe open incidents (default: audits')
+
+
+class CablingAudit(AuditSettings):
+    pass
+
+
+class MtuAudit(AuditSettings):
+    expected_mtu: int | None = Field(None, ge=68, le=1 << 20)  # every fabric port; default: the common MTU
+
+
+class SpeedAudit(AuditSettings):
+    pass
+
+
+class ErrorsAudit(AuditSettings):
+    ber_threshold: float = Field(1e-12, gt=0, lt=1)  # errored frames per line-rate bit above this: noisy
+
+
+class EcmpBalanceAudit(AuditSettings):
+    skew_threshold: float = Field(2.0, gt=1)  # busiest / mean utilization of parallel uplinks
+    min_utilization: float = Field(0.1, gt=0, le=1)  # groups whose busiest uplink is below this are not judged
+
+
+class ClockAudit(AuditSettings):
+    max_bound_us: float = Field(10.0, gt=0)  # a solution's error bound above this is poor sync
+    max_offset_us: float = Field(1000.0, gt=0)  # host clock this far from fabric time: its discipline is off
+    max_drift_ppm: float = Field(100.0, gt=0)
+    max_age: Seconds = 60.0  # a host's newest solution older than this: sync stopped
+
+
+class ConfigDriftAudit(AuditSettings):
+    ignore: list[str] = []  # regular expressions of configuration lines never compared
+
+    @field_validator("ignore")
+    @classmethod
+    def _regexes(cls, v: list[str]) -> list[str]:
+        for pattern in v:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"invalid regular expression {pattern!r}: {e}") from None
+        return v
+
+
+class ProbeCoverageAudit(AuditSettings):
+    max_age: Seconds = 300.0  # a pair or path counts as probed when a window this recent exists
+
+
+class AuditsConfig(Strict):
+    enabled: bool = True
+    interval: Seconds = 3600.0  # default schedule of every audit
+    start_delay: Seconds = 120.0  # first scheduled runs this long after start (polls and LLDP settle)
+    open_incidents: IncidentLevel = "major"  # default per audit: findings this severe open incidents
+    history: int = Field(1000, ge=1)  # reports kept
+    cabling: CablingAudit = CablingAudit()
+    mtu: MtuAudit = MtuAudit()
+    speed: SpeedAudit = SpeedAudit()
+    errors: ErrorsAudit = ErrorsAudit()
+    ecmp_balance: EcmpBalanceAudit = EcmpBalanceAudit()
+    clock: ClockAudit = ClockAudit()
+    config_drift: ConfigDriftAudit = ConfigDriftAudit()
+    probe_coverage: ProbeCoverageAudit = ProbeCoverageAudit()
+
+    def settings(self, name: str) -> AuditSettings:
+        return getattr(self, name)
+
+
 class NmsConfig(Strict):
     site: Name = "default"
     data_dir: Path = Path("./data")
@@ -614,6 +704,7 @@ class NmsConfig(Strict):
     clock: ClockConfig = ClockConfig()
     correlator: CorrelatorConfig = CorrelatorConfig()
     notifications: NotificationsConfig = NotificationsConfig()
+    audits: AuditsConfig = AuditsConfig()
     fabric: FabricConfig = FabricConfig()
 
     @model_validator(mode="after")

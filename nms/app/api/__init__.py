@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from nms import __version__
-from nms.app.api import agents, clock, fabric, incidents, ingest, jobs, notifications, system, telemetry
+from nms.app.api import agents, audits, clock, fabric, incidents, ingest, jobs, notifications, system, telemetry
 from nms.app.auth import TokenRegistry
 from nms.app.service import Service
 from nms.store import StoreError, StoreUnavailable
@@ -152,7 +152,7 @@ def create_app(service: Service, manage_lifecycle: bool = True) -> FastAPI:
     async def store_error(request: Request, exc: StoreError):
         return JSONResponse({"detail": f"telemetry store error: {exc}"}, status_code=502)
 
-    for module in (system, ingest, telemetry, jobs, fabric, agents, clock, notifications, incidents):
+    for module in (system, ingest, telemetry, jobs, fabric, agents, clock, notifications, incidents, audits):
         app.include_router(module.router)
     _add_ingest_schemas(app)
     app.add_middleware(RequestMetrics, metrics=service.metrics)

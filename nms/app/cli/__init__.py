@@ -17,6 +17,7 @@ from rich.table import Table
 
 from nms import __version__
 from nms.app.cli.agents import agents_app
+from nms.app.cli.audits import audit_app
 from nms.app.cli.client import ApiClient, TokenOpt, UrlOpt, err_console, fmt_time
 from nms.app.cli.clock import clock as clock_cmd
 from nms.app.cli.dashboards import dashboards_app
@@ -38,6 +39,7 @@ app.add_typer(token_app, name="token")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(agents_app, name="agents")
 app.add_typer(incidents_app, name="incidents")
+app.add_typer(audit_app, name="audit")
 app.add_typer(collect_app, name="collect")
 app.add_typer(store_app, name="store")
 app.add_typer(dashboards_app, name="dashboards")

@@ -1,0 +1,52 @@
+"""Audit findings -> incidents, through the one IncidentManager the correlator feeds.
+
+An audit finding becomes a correlator `Finding` of the fault kind it shows, on the element it names,
+so it shares the element's incident (dedup key `element_kind:element`) and its notifications. The
+IncidentManager resolves incidents that a window no longer reports, so the audits' findings must be
+in every window: `IncidentFeed` sits between the correlator and the manager and adds the audits'
+standing findings (the latest run of each audit) to each window's. Without a correlator, the
+service applies the standing findings alone once per window (`apply_standing`).
+
+Audits whose findings have no fault kind in nms.records (speed, clock, config_drift,
+probe_coverage) are reported but open no incident."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from nms.app.audits.model import AuditFinding
+from nms.records import Finding
+
+INCIDENT_KIND = {"cabling": "miscabling", "mtu": "mtu_mismatch", "errors": "corrupting_link",
+                 "ecmp_balance": "path_imbalance"}
+INCIDENT_ELEMENT = {"link": "link", "device": "device"}
+
+
+def can_escalate(f: AuditFinding) -> bool:
+    return f.audit in INCIDENT_KIND and f.element_kind in INCIDENT_ELEMENT
+
+
+def to_finding(f: AuditFinding, window_ns: int) -> Finding:
+    return Finding(kind=INCIDENT_KIND[f.audit], element=f.element, element_kind=INCIDENT_ELEMENT[f.element_kind],
+                   ts=window_ns, confidence=1.0, severity=f.severity, summary=f"audit {f.audit}: {f.message}"[:1024],
+                   evidence={"audit": f.audit, "remediation": f.remediation, **f.evidence})
+
+
+class IncidentFeed:
+    """Stands in for the IncidentManager in the correlation service: each window's findings plus
+    the audits' standing ones. Everything else is the manager's."""
+
+    def __init__(self, incidents, standing: Callable[[int], list[Finding]]):
+        self.incidents = incidents
+        self.standing = standing
+        self.correlator_findings: list[Finding] = []  # the correlator's latest window (the errors audit reads it)
+
+    def apply(self, findings: list[Finding], window_ns: int):
+        self.correlator_findings = list(findings)
+        return self.incidents.apply([*findings, *self.standing(window_ns)], window_ns)
+
+    def apply_standing(self, window_ns: int):
+        return self.incidents.apply(self.standing(window_ns), window_ns)
+
+    def __getattr__(self, name: str):
+        return getattr(self.incidents, name)

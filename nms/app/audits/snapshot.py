@@ -1,0 +1,56 @@
+"""The service's parts -> one Snapshot for a run: the poller's recent window and topology (on the
+event loop, where the poller changes them), then the clock's newest solutions, the correlator's
+lossy links and what the store holds (probe windows, configuration snapshots) in a worker thread."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from nms.app.audits.model import ProbedPath, Snapshot
+from nms.store.base import Query
+
+log = logging.getLogger(__name__)
+NS = 10**9
+
+
+def from_poller(service, now_ns: int | None = None) -> Snapshot:
+    """The in-memory part (call on the event loop)."""
+    poller = service.poller
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    polled = {d for (_, d), st in poller.status.items() if st.state == "ok"}
+    for device in list(polled):
+        polled |= poller.recent.covered.get(device, set())
+    return Snapshot(now_ns=now_ns, fabric=service.config.fabric, topology=poller.topology() if poller.status else None,
+                    polled=polled, samples=dict(poller.recent.samples), rates=dict(poller.recent.rates),
+                    facts=dict(poller.recent.facts))
+
+
+def complete(snap: Snapshot, service, probe_max_age_s: float) -> Snapshot:
+    """The rest (blocking reads; call in a worker thread)."""
+    if service.config.clock.enabled:
+        snap.clock = service.clock.snapshot()[0]
+    feed = getattr(service, "incident_feed", None)
+    if feed is not None and service.correlation is not None:
+        snap.lossy_links = {f.element: f.evidence.get("loss", {}) for f in feed.correlator_findings
+                            if f.kind == "corrupting_link" and f.element_kind == "link"}
+    try:
+        snap.probed = probed_paths(service.store, snap.now_ns, probe_max_age_s)
+    except Exception as e:
+        log.warning("audit: probe windows unreadable: %s", e)
+    try:
+        for series in service.store.latest("device_config", fields=["text"]):
+            device, text = series.tags.get("device"), series.values[0][1] if series.values else None
+            if device and isinstance(text, str):
+                snap.configs[device] = text
+    except Exception as e:
+        log.warning("audit: configuration snapshots unreadable: %s", e)
+    return snap
+
+
+def probed_paths(store, now_ns: int, max_age_s: float) -> list[ProbedPath]:
+    series = store.query(Query(measurement="probe_window", start=max(0, now_ns - int(max_age_s * NS)),
+                               end=now_ns + NS, fields=["sent"], limit=1))
+    return sorted({ProbedPath(s.tags["src_host"], s.tags["dst_host"], s.tags["path_id"]) for s in series
+                   if s.values and {"src_host", "dst_host", "path_id"} <= s.tags.keys()},
+                  key=lambda p: (p.src_host, p.dst_host, p.path_id))

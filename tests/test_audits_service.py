@@ -1,0 +1,211 @@
+"""The audit runner on a real Service: /audits API and its auth, report history and formats, probe
+windows read back from the store, escalation into incidents (open, kept across runs and restarts,
+resolved when a run no longer finds it), the config's errors, and `nms audit` against a real server."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+from test_audits_checks import T0, clean_snapshot
+from test_topology import fabric
+from typer.testing import CliRunner
+
+from nms.app.api import create_app
+from nms.app.audits.escalation import IncidentFeed
+from nms.app.audits.history import AuditHistory
+from nms.app.audits.runner import AuditRunner
+from nms.app.cli import app as cli
+from nms.app.incidents import IncidentManager
+from nms.app.service import Service
+from nms.config import ConfigError, parse_config
+from nms.config.models import AuditsConfig
+from nms.state import StateStore
+from tests.helpers import TOKENS, auth, make_config
+
+W = 10**9
+ALL = ["cabling", "mtu", "speed", "errors", "ecmp_balance", "clock", "config_drift", "probe_coverage"]
+
+
+def config(tmp_path, **audits):
+    return make_config(tmp_path, fabric=fabric(hosts_per_leaf=2).model_dump(mode="json"), polling={"enabled": False},
+                       audits={"start_delay": 3600, **audits})
+
+
+@pytest.fixture
+def client(tmp_path):
+    with TestClient(create_app(Service(config(tmp_path)))) as c:
+        yield c
+
+
+def test_run_without_data_reports_not_enough_data_and_no_finding(client):
+    assert client.post("/audits/run", headers=auth("read")).status_code == 403
+    assert client.post("/audits/run").status_code == 401
+    r = client.post("/audits/run", headers=auth("act"))
+    assert r.status_code == 200, r.text
+    report = r.json()
+    assert [x["audit"] for x in report["results"]] == ALL
+    assert {x["audit"]: x["status"] for x in report["results"]} == dict.fromkeys(ALL, "no_data")
+    assert all(x["reason"] and x["findings"] == [] for x in report["results"])
+    assert report["trigger"] == "manual" and report["id"] == 1
+    # clock sync is on but no agent sent edges; the store has no probe window
+    reasons = {x["audit"]: x["reason"] for x in report["results"]}
+    assert "no host agent" in reasons["clock"] and "no host agent" in reasons["probe_coverage"]
+
+
+def test_list_history_formats_and_errors(client):
+    one = client.post("/audits/run", headers=auth("admin"), json={"name": "mtu"}).json()
+    two = client.post("/audits/run", headers=auth("act"), json={}).json()
+    audits = client.get("/audits", headers=auth("read")).json()
+    assert [a["name"] for a in audits] == ALL
+    by = {a["name"]: a for a in audits}
+    assert by["mtu"]["last_report_id"] == two["id"] and by["mtu"]["last"]["status"] == "no_data"
+    assert by["errors"]["settings"]["ber_threshold"] == 1e-12 and by["errors"]["schedule"] == "every 3600 s"
+    assert by["mtu"]["open_incidents"] == "major"
+    history = client.get("/audits/reports", headers=auth("read")).json()
+    assert [h["id"] for h in history] == [two["id"], one["id"]] and history[1]["audits"] == {"mtu": "no_data"}
+    only = client.get("/audits/reports", params={"audit": "clock"}, headers=auth("read")).json()
+    assert [h["id"] for h in only] == [two["id"]]
+    md = client.get(f"/audits/reports/{one['id']}", params={"format": "md"}, headers=auth("read"))
+    assert md.headers["content-type"].startswith("text/markdown")
+    assert md.text.startswith(f"# Fabric audit report {one['id']}") and "| mtu | not enough data:" in md.text
+    html = client.get(f"/audits/reports/{one['id']}", params={"format": "html"}, headers=auth("read"))
+    assert html.headers["content-type"].startswith("text/html") and "<td>mtu</td>" in html.text
+    assert client.get(f"/audits/reports/{one['id']}", headers=auth("read")).json() == one
+    assert client.get("/audits/reports/999", headers=auth("read")).status_code == 404
+    assert client.get("/audits/reports/1", params={"format": "pdf"}, headers=auth("read")).status_code == 422
+    assert client.post("/audits/run", headers=auth("act"), json={"name": "gremlins"}).status_code == 404
+    assert client.post("/audits/run", headers=auth("act"), json={"nme": "mtu"}).status_code == 422
+    assert client.get("/audits", headers=auth("ingest")).status_code == 403
+
+
+def test_probe_windows_from_the_store_give_coverage(client):
+    windows = [{"src_host": "host1", "src_nic": "eth0", "dst_host": "host3", "dst_nic": "eth0", "path_id": pid,
+                "window_start": time.time_ns() - 5 * W, "sent": 10, "received": 10} for pid in ("pa", "pb")]
+    assert client.post("/ingest/probe_windows", headers=auth("ingest"), json={"items": windows}).status_code == 200
+    client.app.state.service.store.flush()
+    report = client.post("/audits/run", headers=auth("act"), json={"name": "probe_coverage"}).json()
+    [res] = report["results"]
+    # host1 and host3 probe each other (their two ECMP paths are unknown: no topology), host2/host4 nothing
+    assert res["status"] == "findings"
+    assert sorted((f["element"], f["severity"]) for f in res["findings"]) == [("host2", "minor"), ("host4", "minor")]
+    assert res["notes"] == ["topology unknown: ECMP path counts not compared"]
+
+
+def mtu_fault_snapshot(now_ns: int):
+    snap = clean_snapshot()
+    snap.now_ns = now_ns
+    snap.samples[("spine2", "swp1")] = snap.samples[("spine2", "swp1")].model_copy(update={"mtu": 1500})
+    snap.samples[("spine1", "swp2")] = snap.samples[("spine1", "swp2")].model_copy(update={"speed_bps": 10**9})
+    return snap
+
+
+def test_findings_open_incidents_until_a_run_no_longer_finds_them(tmp_path):
+    state = StateStore(tmp_path / "state.sqlite")
+    incidents = IncidentManager(state, resolve_after=2)
+    history = AuditHistory(tmp_path / "audits.sqlite")
+    runner = AuditRunner(AuditsConfig(), history)
+    feed = IncidentFeed(incidents, runner.standing)
+    report = runner.run(mtu_fault_snapshot(T0), ["mtu", "speed"])
+    assert [len(r.findings) for r in report.results] == [1, 1]
+    events = feed.apply([], T0)  # the correlator's window (here: nothing of its own)
+    assert [(e.event, e.incident.kind, e.incident.element) for e in events] == [
+        ("opened", "mtu_mismatch", "leaf1:swp3--spine2:swp1")]  # speed has no incident kind: reported only
+    assert events[0].incident.evidence["audit"] == "mtu" and "Set both ends" in events[0].incident.evidence["remediation"]
+    assert feed.apply([], T0 + 5 * W) == []  # standing: stays open across windows
+    # a restart: the standing findings come back from the history, the incident stays open
+    runner = AuditRunner(AuditsConfig(), history)
+    feed = IncidentFeed(IncidentManager(state, resolve_after=2), runner.standing)
+    assert feed.apply([], T0 + 6 * W) == [] and len(feed.open_incidents()) == 1
+    runner.run(clean_snapshot(), ["mtu"])  # fixed
+    assert feed.apply([], T0 + 7 * W) == []  # one clean window
+    [resolved] = feed.apply([], T0 + 8 * W)
+    assert resolved.event == "resolved" and resolved.incident.kind == "mtu_mismatch"
+    state.close()
+    history.close()
+
+
+def test_no_data_keeps_standing_findings_and_levels_filter(tmp_path):
+    history = AuditHistory(tmp_path / "audits.sqlite")
+    runner = AuditRunner(AuditsConfig(mtu={"open_incidents": "never"}, errors={"open_incidents": "critical"}), history)
+    snap = mtu_fault_snapshot(T0)
+    snap.rates[("spine1", "swp1")] = snap.rates[("spine1", "swp1")].model_copy(update={"in_errors_ps": 10.0})
+    report = runner.run(snap, ["mtu", "errors"])
+    assert [r.status for r in report.results] == ["findings", "findings"]
+    assert runner.standing(T0) == []  # mtu never, errors (major) below critical
+    runner = AuditRunner(AuditsConfig(), history)
+    assert sorted(f.kind for f in runner.standing(T0)) == ["corrupting_link", "mtu_mismatch"]
+    snap.samples, snap.rates = {}, {}
+    runner.run(snap, ["mtu", "errors"])  # no data: unknown is not fixed
+    assert sorted(f.kind for f in runner.standing(T0)) == ["corrupting_link", "mtu_mismatch"]
+    history.close()
+
+
+def test_history_keeps_the_newest(tmp_path):
+    history = AuditHistory(tmp_path / "audits.sqlite", keep=2)
+    runner = AuditRunner(AuditsConfig(), history)
+    ids = [runner.run(clean_snapshot(), ["cabling"]).id for _ in range(3)]
+    assert ids == [1, 2, 3] and [r.id for r in history.list()] == [3, 2] and history.get(1) is None
+    history.close()
+
+
+@pytest.mark.parametrize("doc, where", [
+    ("audits: {errors: {ber_threshold: 2}}", "audits.errors.ber_threshold"),
+    ("audits: {cabling: {cron: '61 * * * *'}}", "audits.cabling.cron"),
+    ("audits: {mtu: {open_incidents: sometimes}}", "audits.mtu.open_incidents"),
+    ("audits: {clock: {max_age: soon}}", "audits.clock.max_age"),
+    ("audits: {config_drift: {ignore: ['(']}}", "audits.config_drift.ignore"),
+    ("audits: {ecmp_balance: {skew: 3}}", "audits.ecmp_balance.skew"),
+    ("audits: {fancy: {}}", "audits.fancy"),
+])
+def test_invalid_audit_config_names_the_field(doc, where):
+    with pytest.raises(ConfigError) as e:
+        parse_config(doc)
+    assert where in str(e.value)
+
+
+def test_scheduled_jobs_run_and_store_reports(tmp_path):
+    cfg = config(tmp_path, start_delay=0.2, interval=3600, mtu={"interval": 0.5}, clock={"enabled": False})
+    with TestClient(create_app(Service(cfg))) as c:
+        jobs = {j.id for j in c.app.state.service.scheduler.get_jobs()}
+        assert {f"audit-{n}" for n in ALL if n != "clock"} <= jobs and "audit-clock" not in jobs
+        deadline = time.monotonic() + 10
+        while len(c.get("/audits/reports", params={"audit": "mtu"}, headers=auth("read")).json()) < 2:
+            assert time.monotonic() < deadline, "the mtu audit did not run twice on its schedule"
+            time.sleep(0.1)
+        assert c.get("/audits/reports", headers=auth("read")).json()[0]["trigger"] == "schedule"
+
+
+def test_cli_list_run_report_against_a_real_server(tmp_path):
+    service = Service(config(tmp_path))
+    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive()
+        time.sleep(0.02)
+    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    try:
+        runner = CliRunner()
+        env = {"NMS_URL": url, "NMS_TOKEN": TOKENS["admin"], "COLUMNS": "200"}
+        out = runner.invoke(cli, ["audit", "run", "cabling", "--json"], env=env)
+        assert out.exit_code == 0, out.output
+        report = json.loads(out.stdout)
+        assert report["results"][0]["status"] == "no_data"
+        out = runner.invoke(cli, ["audit", "report", "--format", "md"], env=env)
+        assert out.exit_code == 0 and out.stdout.startswith(f"# Fabric audit report {report['id']}")
+        out = runner.invoke(cli, ["audit", "report", str(report["id"]), "--format", "json"], env=env)
+        assert json.loads(out.stdout)["id"] == report["id"]
+        out = runner.invoke(cli, ["audit", "list"], env=env)
+        assert out.exit_code == 0 and "cabling" in out.stdout and "not enough data" in out.stdout
+        assert runner.invoke(cli, ["audit", "report", "--format", "pdf"], env=env).exit_code == 2
+        out = runner.invoke(cli, ["audit", "run"], env={**env, "NMS_TOKEN": TOKENS["read"]})
+        assert out.exit_code == 1
+    finally:
+        server.should_exit = True
+        thread.join(20)
