@@ -181,6 +181,8 @@ static void* comm_thread(void* arg) {
     proxy(ctx, coll, rank % 2, (rank + 1) % 2, i % 4, 1000 + rank, 0);
     proxy(ctx, p2p, rank % 2, (rank + 1) % 2, 0, 50 + rank, 1);
   }
+  const char* hold = getenv("DRIVER_HOLD_MS"); /* a communicator that lives on after its work */
+  if (hold) usleep((useconds_t)atoi(hold) * 1000);
   fn_finalize(ctx);
   return NULL;
 }
@@ -243,6 +245,7 @@ static int init_only(void) {
   int mask = -1;
   int rc = do_init(&ctx, &mask, 0x1234, "init-test", 2, 0);
   printf("init=%d\ncontext_null=%d\n", rc, ctx == NULL);
+  if (rc == 0) printf("mask=%d\n", mask);
   if (rc == 0) fn_finalize(ctx);
   return 0;
 }
