@@ -29,11 +29,46 @@ MAX_DATAGRAM = 1 << 17  # the plugin sends at most 128 records (16.5 KiB); room 
 MAX_PROCESSES = 4096  # plugin processes whose drop counters are remembered
 
 
+class NcclIntake:
+    """Datagrams -> records handed to `put(ingest kind, record)`, with the counters in `stats`."""
+
+    def __init__(self, host: str, put: Callable[[str, object], None], stats: dict):
+        self.host, self.put, self.stats = host, put, stats
+        for key in ("nccl_batches", "nccl_bad_batches", "nccl_records", "nccl_bad_records", "nccl_plugin_dropped"):
+            stats.setdefault(key, 0)
+        self._drops: OrderedDict[int, int] = OrderedDict()  # pid -> its plugin's cumulative drops
+
+    def handle(self, data: bytes) -> int:
+        """Decodes one datagram and hands its records on; returns how many."""
+        self.stats["nccl_batches"] += 1
+        try:
+            batch = decode_batch(data)
+        except WireError as e:
+            self.stats["nccl_bad_batches"] += 1
+            log.warning("NCCL plugin batch dropped: %s", e)
+            return 0
+        records, errors = to_records(batch, self.host)
+        for kind, record in records:
+            self.put(kind, record)
+        self.stats["nccl_records"] += len(records)
+        if errors:
+            self.stats["nccl_bad_records"] += len(errors)
+            log.warning("NCCL plugin (pid %d): %d bad record(s), first: %s", batch.pid, len(errors), errors[0])
+        self._drops[batch.pid] = batch.dropped
+        self._drops.move_to_end(batch.pid)
+        while len(self._drops) > MAX_PROCESSES:
+            self._drops.popitem(last=False)
+        self.stats["nccl_plugin_dropped"] = sum(self._drops.values())
+        return len(records)
+
+
 class NcclListener(threading.Thread):
+    """The socket and the thread reading it into an NcclIntake."""
+
     def __init__(self, path: Path, mode: int, host: str, put: Callable[[str, object], None], stats: dict):
         super().__init__(name="nccl-listener", daemon=True)
-        self.path, self.host, self.put, self.stats = Path(path), host, put, stats
-        self._drops: OrderedDict[int, int] = OrderedDict()  # pid -> its plugin's cumulative drops
+        self.path = Path(path)
+        self.intake = NcclIntake(host, put, stats)
         self._halt = threading.Event()
         self.sock = self._bind(mode)
 
@@ -74,32 +109,9 @@ class NcclListener(threading.Thread):
                     return
                 raise
             try:
-                self.handle(data)
+                self.intake.handle(data)
             except Exception:  # a bug here must not silence the listener for good
                 log.exception("NCCL batch handling failed")
-
-    def handle(self, data: bytes) -> int:
-        """Decodes one datagram and hands its records to the reporter; returns how many."""
-        self.stats["nccl_batches"] += 1
-        try:
-            batch = decode_batch(data)
-        except WireError as e:
-            self.stats["nccl_bad_batches"] += 1
-            log.warning("NCCL plugin batch dropped: %s", e)
-            return 0
-        records, errors = to_records(batch, self.host)
-        for kind, record in records:
-            self.put(kind, record)
-        self.stats["nccl_records"] += len(records)
-        if errors:
-            self.stats["nccl_bad_records"] += len(errors)
-            log.warning("NCCL plugin (pid %d): %d bad record(s), first: %s", batch.pid, len(errors), errors[0])
-        self._drops[batch.pid] = batch.dropped
-        self._drops.move_to_end(batch.pid)
-        while len(self._drops) > MAX_PROCESSES:
-            self._drops.popitem(last=False)
-        self.stats["nccl_plugin_dropped"] = sum(self._drops.values())
-        return len(records)
 
     def stop(self, timeout: float = 2.0) -> None:
         self._halt.set()

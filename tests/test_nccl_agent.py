@@ -120,3 +120,18 @@ def test_a_second_agent_does_not_take_over_a_live_socket(bed):
     with pytest.raises(OSError, match="in use"):
         NcclListener(bed["socket"], 0o666, "h1", lambda kind, record: None, {})
     assert bed["socket"].exists() and bed["agent"].poll() is None
+
+
+def test_intake_counts_bad_batches_and_the_plugins_drops():
+    from hostprobe.nccl import NcclIntake
+    from tests.test_nccl_decode import coll, header
+
+    got, stats = [], {}
+    intake = NcclIntake("h1", lambda kind, record: got.append((kind, record.event_id)), stats)
+    assert intake.handle(header(2) + coll(1) + coll(2, kind=9)) == 1  # the bad record is dropped, the good kept
+    assert intake.handle(b"garbage") == 0
+    assert intake.handle(header(1, pid=7, d_ring=10, d_slots=0, d_send=5) + coll(3)) == 1
+    assert intake.handle(header(1, pid=7, d_ring=12, d_slots=0, d_send=5) + coll(4)) == 1  # cumulative: latest wins
+    assert got == [("nccl_collectives", 1), ("nccl_collectives", 3), ("nccl_collectives", 4)]
+    assert stats == {"nccl_batches": 4, "nccl_bad_batches": 1, "nccl_records": 3, "nccl_bad_records": 1,
+                     "nccl_plugin_dropped": 6 + 17}  # pid 4242: 1+2+3; pid 7: 12+0+5

@@ -86,5 +86,7 @@ class Sink:
 
     def close(self) -> None:
         self._halt.set()
+        if self.thread.is_alive():
+            self.thread.join()
         self.sock.close()
         shutil.rmtree(self.path.parent, ignore_errors=True)
