@@ -168,3 +168,23 @@ def test_init_activates_collectives_p2p_proxy_ops_steps_and_network_events(drive
     default = 0b10011110  # Coll | P2p | ProxyOp | ProxyStep | NetPlugin
     assert run_driver(driver, 6, "init") == {"init": "0", "context_null": "0", "mask": str(default)}
     assert run_driver(driver, 6, "init", NMS_NCCL_EVENT_MASK="0x6")["mask"] == "6"
+
+
+def test_slot_table_exhaustion_is_counted_and_the_rest_recorded(driver, sink):
+    """Groups of 12 collectives + 12 p2ps in flight on 4 threads against 16 event slots: events that
+    find none are counted, never waited for."""
+    out = run_driver(driver, 5, "run", 4, 240, NMS_NCCL_SOCKET=str(sink.path), NMS_NCCL_SLOTS="16",
+                     NMS_NCCL_RING_SIZE="65536", DRIVER_GROUP="12")
+    expected, recorded, no_slot = int(out["expected"]), int(out["recorded"]), int(out["dropped_slots"])
+    assert no_slot > 0 and recorded + no_slot == expected and out["dropped_ring"] == "0"
+    assert int(out["max_call_ns"]) < MAX_CALL_NS
+    batches = sink.batches()
+    records = [r for b in batches for r in to_records(b, "h1")[0]]
+    assert len(records) == recorded == int(out["sent"])
+    ids = [(r.pid, r.event_id) for _, r in records]
+    assert len(set(ids)) == len(ids)
+    # a parent handle whose slot was reused by then is recognised as stale, never linked wrongly
+    tasks = {(r.pid, r.event_id): r for kind, r in records if kind == "nccl_collectives"}
+    for kind, r in records:
+        if kind == "nccl_proxy_ops" and r.parent_id is not None:
+            assert (r.pid, r.parent_id) in tasks and tasks[(r.pid, r.parent_id)].rank == r.rank

@@ -171,15 +171,24 @@ static void* comm_thread(void* arg) {
   void* ctx = NULL;
   int mask = 0;
   if (do_init(&ctx, &mask, comm, "driver-comm", 2, rank % 2) != 0) { fprintf(stderr, "init failed\n"); exit(3); }
-  for (int i = 0; i < iters; i++) {
+  /* DRIVER_GROUP=N: N collectives + N p2ps in one group (ncclGroupStart ... ncclGroupEnd), all in flight */
+  const char* group_env = getenv("DRIVER_GROUP");
+  int group_size = group_env ? atoi(group_env) : 1;
+  if (group_size < 1 || group_size > 256) group_size = 1;
+  void *colls[256], *p2ps[256];
+  for (int i0 = 0; i0 < iters; i0 += group_size) {
+    int n = iters - i0 < group_size ? iters - i0 : group_size;
     void* group = group_start(ctx);
-    void* coll = coll_start(ctx, group, comm, rank % 2, (uint64_t)i, 1024 + (size_t)i);
-    void* p2p = p2p_start(ctx, group, comm, rank % 2, (rank + 1) % 2, 100 + (size_t)i);
-    stop(coll);
-    stop(p2p);
+    for (int k = 0; k < n; k++) {
+      colls[k] = coll_start(ctx, group, comm, rank % 2, (uint64_t)(i0 + k), 1024 + (size_t)(i0 + k));
+      p2ps[k] = p2p_start(ctx, group, comm, rank % 2, (rank + 1) % 2, 100 + (size_t)(i0 + k));
+    }
+    for (int k = 0; k < n; k++) { stop(colls[k]); stop(p2ps[k]); }
     stop(group);
-    proxy(ctx, coll, rank % 2, (rank + 1) % 2, i % 4, 1000 + rank, 0);
-    proxy(ctx, p2p, rank % 2, (rank + 1) % 2, 0, 50 + rank, 1);
+    for (int k = 0; k < n; k++) {
+      proxy(ctx, colls[k], rank % 2, (rank + 1) % 2, (i0 + k) % 4, 1000 + rank, 0);
+      proxy(ctx, p2ps[k], rank % 2, (rank + 1) % 2, 0, 50 + rank, 1);
+    }
   }
   const char* hold = getenv("DRIVER_HOLD_MS"); /* a communicator that lives on after its work */
   if (hold) usleep((useconds_t)atoi(hold) * 1000);
