@@ -220,7 +220,7 @@ static ncclResult_t record_state(void* handle, int state, int64_t trans_size) {
 static ncclResult_t stop_event(void* handle) {
   uint32_t gen;
   nms_slot* s = slot_of(handle, &gen);
-  if (s == NULL) return NCCL_OK;
+  if (s == NULL || atomic_load_explicit(&s->busy, memory_order_relaxed) == 0) return NCCL_OK; /* stopped already */
   s->rec.stop_ns = now_ns();
   if (s->kind == NMS_REC_PROXY_STEP) {
     nms_slot* op = slot_of(s->parent, &gen);
