@@ -97,8 +97,8 @@ def ingest_ratio(steps: list, workdir: Path, batch: int) -> tuple[float, float]:
             except httpx.HTTPError:
                 time.sleep(0.05)
         bodies = [gzip.compress(json.dumps({"items": b}).encode(), 5) for b in batches]  # as the agent sends
-        with httpx.Client(base_url=url, timeout=120, headers={
-                "Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json", "Content-Encoding": "gzip"}) as c:
+        headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json", "Content-Encoding": "gzip"}
+        with httpx.Client(base_url=url, timeout=120, headers=headers) as c:
             started = time.perf_counter()
             for body in bodies:
                 r = c.post("/ingest/nccl_proxy_steps", content=body)

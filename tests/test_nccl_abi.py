@@ -23,7 +23,8 @@ def _probe_program(fields: list[tuple[str, str]]) -> str:
         if member == "-":
             lines.append(f'  printf("{struct} - %zu\\n", sizeof({struct}));')
         else:
-            lines.append(f'  {{ {struct} x; printf("{struct} {member} %zu\\n", (size_t)((char*)&x.{member} - (char*)&x)); }}')
+            offset = f"(size_t)((char*)&x.{member} - (char*)&x)"
+            lines.append(f'  {{ {struct} x; printf("{struct} {member} %zu\\n", {offset}); }}')
     return "\n".join([*lines, "  return 0;", "}"])
 
 
@@ -37,7 +38,8 @@ def test_layouts_match_nvidias_headers(tmp_path):
     source.write_text(_probe_program(fields))
     subprocess.run(["cc", "-std=c11", "-Wall", "-Werror", "-o", str(tmp_path / "probe"), str(source)], check=True)
     got = {}
-    for line in subprocess.run([str(tmp_path / "probe")], capture_output=True, text=True, check=True).stdout.splitlines():
+    probe = subprocess.run([str(tmp_path / "probe")], capture_output=True, text=True, check=True)
+    for line in probe.stdout.splitlines():
         s, m, v = line.split()
         got[(s, m)] = int(v)
     assert got == want

@@ -28,8 +28,9 @@ def bed(tmp_path_factory):
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     (tmp / "nms.yaml").write_text(yaml.safe_dump({
-        "data_dir": str(tmp / "data"), "fabric": {"hosts": [{"name": "h1", "nics": [{"name": "lo", "address": "127.0.0.2"}]},
-                                                          {"name": "h2", "nics": [{"name": "lo", "address": "127.0.0.3"}]}]},
+        "data_dir": str(tmp / "data"),
+        "fabric": {"hosts": [{"name": h, "nics": [{"name": "lo", "address": a}]}
+                             for h, a in (("h1", "127.0.0.2"), ("h2", "127.0.0.3"))]},
         "api": {"port": port, "tokens": [{"name": "admin", "scopes": ["admin"], "token": ADMIN},
                                          {"name": "agent-h1", "scopes": ["ingest"], "token": AGENT, "host": "h1"}]}}))
     (tmp / "h1.yaml").write_text(yaml.safe_dump({
@@ -91,7 +92,8 @@ def test_plugin_records_reach_the_store_through_the_agent(bed, tmp_path):
     _wait(complete, bed["tmp"] / "agent.log")
     assert {(r["job_id"], r["host"]) for m in MEASUREMENTS for r in rows[m]} == {("job-9", "h1")}
     colls = [r for r in rows["nccl_collective"] if r["kind"] == "coll"]
-    assert len(colls) == 80 and {r["op"] for r in colls} == {"AllReduce"} and all(r["bytes"] == 4 * r["count"] for r in colls)
+    assert len(colls) == 80 and {r["op"] for r in colls} == {"AllReduce"}
+    assert all(r["bytes"] == 4 * r["count"] for r in colls)
     tasks = {(r["pid"], r["event_id"]) for r in rows["nccl_collective"]}
     assert all((r["pid"], r["parent_id"]) in tasks for r in rows["nccl_proxy_op"])
     steps = rows["nccl_proxy_step"]

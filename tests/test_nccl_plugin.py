@@ -80,7 +80,7 @@ def test_every_record_arrives_once_with_its_fields(driver, sink, version):
         assert 0 < s.send_gpu_wait_ns <= s.send_wait_ns <= s.stop_ns - s.start_ns
         assert (s.send_peer_wait_ns is not None) == (version >= 4)
         assert s.trans_size == (4096 if version >= 4 else 0)
-        is_coll = op.parent_id in {c.event_id for c in colls if c.pid == op.pid}
+        is_coll = tasks[(op.pid, op.parent_id)].kind == "coll"
         if version >= 3:  # the network plugin's event names the step's QP (collectives) or socket (p2p)
             thread = 2 * (int(s.comm_id, 16) - 0xC0FFEE0000) + int(s.rank)  # the driver's numbering
             want = ("ib", 1000 + thread, 1) if is_coll else ("socket", 50 + thread, None)
