@@ -6,9 +6,10 @@
  *   driver PLUGIN VERSION bench ITERS         ns per event: the plugin vs no-op functions
  *
  * Per group (NCCL's order): group start, collective start, p2p start, collective and p2p stop
- * (enqueued), group stop; then, as the proxy thread does after that, per task a proxy op (parent:
- * the task's handle) with 2 steps, each with wait states, a network plugin event (v3+: an IB QP
- * for collectives, a socket for p2p) and a stop. Prints key=value lines. */
+ * (enqueued), group stop; then on the communicator's proxy thread, as NCCL's does after that, per
+ * task a proxy op (parent: the task's handle, made on the other thread) with 2 steps, each with
+ * wait states, a network plugin event (v3+: an IB QP for collectives, a socket for p2p) and a
+ * stop. Prints key=value lines. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -165,12 +166,52 @@ static void proxy(void* ctx, void* task, int rank, int peer, int channel, int qp
   stop(op_handle);
 }
 
+/* The communicator's proxy thread: NCCL starts proxy ops there, after the main thread stopped the
+ * tasks they belong to. Tasks are handed over through a small queue. */
+typedef struct { void* handle; int is_coll, channel; } task_t;
+typedef struct {
+  pthread_mutex_t lock;
+  pthread_cond_t changed;
+  task_t items[64];
+  int head, count, done;
+  void* ctx;
+  int rank;
+} proxy_queue_t;
+
+static void proxy_push(proxy_queue_t* q, task_t t) {
+  pthread_mutex_lock(&q->lock);
+  while (q->count == 64) pthread_cond_wait(&q->changed, &q->lock);
+  q->items[(q->head + q->count++) % 64] = t;
+  pthread_cond_broadcast(&q->changed);
+  pthread_mutex_unlock(&q->lock);
+}
+
+static void* proxy_thread(void* arg) {
+  proxy_queue_t* q = arg;
+  for (;;) {
+    pthread_mutex_lock(&q->lock);
+    while (q->count == 0 && !q->done) pthread_cond_wait(&q->changed, &q->lock);
+    if (q->count == 0) { pthread_mutex_unlock(&q->lock); return NULL; }
+    task_t t = q->items[q->head];
+    q->head = (q->head + 1) % 64;
+    q->count--;
+    pthread_cond_broadcast(&q->changed);
+    pthread_mutex_unlock(&q->lock);
+    int rank = q->rank;
+    if (t.is_coll) proxy(q->ctx, t.handle, rank % 2, (rank + 1) % 2, t.channel, 1000 + rank, 0);
+    else proxy(q->ctx, t.handle, rank % 2, (rank + 1) % 2, 0, 50 + rank, 1);
+  }
+}
+
 static void* comm_thread(void* arg) {
   int rank = (int)(intptr_t)arg;
   uint64_t comm = 0xC0FFEE0000ull + (uint64_t)rank / 2; /* two ranks per communicator */
   void* ctx = NULL;
   int mask = 0;
   if (do_init(&ctx, &mask, comm, "driver-comm", 2, rank % 2) != 0) { fprintf(stderr, "init failed\n"); exit(3); }
+  proxy_queue_t q = {.lock = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER, .ctx = ctx, .rank = rank};
+  pthread_t proxy_tid;
+  pthread_create(&proxy_tid, NULL, proxy_thread, &q);
   /* DRIVER_GROUP=N: N collectives + N p2ps in one group (ncclGroupStart ... ncclGroupEnd), all in flight */
   const char* group_env = getenv("DRIVER_GROUP");
   int group_size = group_env ? atoi(group_env) : 1;
@@ -186,10 +227,15 @@ static void* comm_thread(void* arg) {
     for (int k = 0; k < n; k++) { stop(colls[k]); stop(p2ps[k]); }
     stop(group);
     for (int k = 0; k < n; k++) {
-      proxy(ctx, colls[k], rank % 2, (rank + 1) % 2, (i0 + k) % 4, 1000 + rank, 0);
-      proxy(ctx, p2ps[k], rank % 2, (rank + 1) % 2, 0, 50 + rank, 1);
+      proxy_push(&q, (task_t){colls[k], 1, (i0 + k) % 4});
+      proxy_push(&q, (task_t){p2ps[k], 0, 0});
     }
   }
+  pthread_mutex_lock(&q.lock);
+  q.done = 1;
+  pthread_cond_broadcast(&q.changed);
+  pthread_mutex_unlock(&q.lock);
+  pthread_join(proxy_tid, NULL);
   const char* hold = getenv("DRIVER_HOLD_MS"); /* a communicator that lives on after its work */
   if (hold) usleep((useconds_t)atoi(hold) * 1000);
   fn_finalize(ctx);
