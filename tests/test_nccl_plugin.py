@@ -4,6 +4,7 @@ failures. No GPU or NCCL here: the driver calls the ABI the way NCCL's src/plugi
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 from collections import Counter, defaultdict
@@ -21,6 +22,13 @@ MAX_CALL_NS = 50_000_000  # a call that takes this long has waited (2 shared cor
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory):
     return build_driver(tmp_path_factory.mktemp("driver"))
+
+
+@pytest.fixture
+def sock_dir():
+    path = short_dir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
@@ -104,8 +112,8 @@ def test_no_launcher_variable_no_job_id(driver, sink):
     assert all(r.job_id is None for b in batches for _, r in to_records(b, "h1")[0])
 
 
-def test_no_agent_socket_counts_drops_and_never_blocks(driver):
-    path = short_dir() / "absent.sock"
+def test_no_agent_socket_counts_drops_and_never_blocks(driver, sock_dir):
+    path = sock_dir / "absent.sock"
     out = run_driver(driver, 6, "run", THREADS, 2000, NMS_NCCL_SOCKET=str(path), NMS_NCCL_RING_SIZE="256")
     expected, recorded = int(out["expected"]), int(out["recorded"])
     assert int(out["dropped_ring"]) > 0 and recorded + int(out["dropped_ring"]) == expected
@@ -128,9 +136,9 @@ def test_a_stalled_agent_costs_drops_not_waits(driver):
         stalled.close()
 
 
-def test_an_agent_that_comes_late_gets_the_records_after(driver):
+def test_an_agent_that_comes_late_gets_the_records_after(driver, sock_dir):
     """The plugin starts before the agent: records wait in the ring, then flow once the socket exists."""
-    path = short_dir() / "late.sock"
+    path = sock_dir / "late.sock"
     proc = subprocess.Popen([str(driver), str(library_path()), "6", "run", "1", "3000"],
                             env={"NMS_NCCL_SOCKET": str(path), "NMS_NCCL_RING_SIZE": "65536",
                                  "DRIVER_HOLD_MS": "1500"},
