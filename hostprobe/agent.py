@@ -33,6 +33,7 @@ from hostprobe.clock import Clock
 from hostprobe.clocksync import ClockSync
 from hostprobe.config import AgentConfig
 from hostprobe.counters import NicCounters
+from hostprobe.nccl import NcclListener
 from hostprobe.netlink import LinkMonitor
 from hostprobe.prober import LocalNic, Prober
 from hostprobe.report import Reporter
@@ -108,6 +109,7 @@ class Agent:
         self.client = ServiceClient(cfg.service, cfg.host)
         self.reporter = Reporter(self.client, self.buffer_dir, cfg.report.buffer_max_bytes, cfg.report.interval,
                                  self.stats)
+        self.nccl = self._nccl_listener()
         self.prober = Prober(cfg.host, self.nics, cfg.probe, key, self.session, self.clock, self.stats,
                              self.reporter.put)
         self.clock.step_threshold_ns = int(cfg.clock_sync.step_threshold_us * 1000)
@@ -127,6 +129,18 @@ class Agent:
         self.control = Control(self.client, info, cfg.peers.refresh, self.buffer_dir, self.inbox)
         self.running = True
         self.started = time.monotonic()
+
+    def _nccl_listener(self) -> NcclListener | None:
+        """The NCCL plugin's socket; the agent runs without it when it cannot be bound."""
+        settings = self.cfg.nccl
+        if not settings.enabled:
+            return None
+        path = settings.socket or self.buffer_dir / "nccl.sock"
+        try:
+            return NcclListener(path, settings.socket_mode, self.cfg.host, self.reporter.put, self.stats)
+        except OSError as e:
+            log.warning("NCCL plugin socket not opened: %s", e)
+            return None
 
     # -- the loop ----------------------------------------------------------------------------------
     def run(self) -> None:
@@ -149,6 +163,8 @@ class Agent:
         for fd in handlers:
             ep.register(fd, select.EPOLLIN)
         self.reporter.start()
+        if self.nccl is not None:
+            self.nccl.start()
         self.control.start()
         if not self.control.registered.wait(3.0):
             cached = self.control.cached_peers()
@@ -306,6 +322,8 @@ class Agent:
 
     def close(self) -> None:
         self.control.stop()
+        if self.nccl is not None:
+            self.nccl.stop()  # before the reporter's last flush: what it received goes out too
         self.reporter.stop()
         self.prober.close()
         for r in self.responders:

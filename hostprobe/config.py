@@ -87,6 +87,16 @@ class CounterSettings(Strict):
     ethtool: Literal["auto", "off"] = "auto"
 
 
+class NcclSettings(Strict):
+    """The NCCL profiler plugin's socket (hostprobe/nccl.py, docs/nccl_plugin.md). Jobs point the
+    plugin at it with NMS_NCCL_SOCKET; the default matches the plugin's default for the default
+    buffer_dir."""
+
+    enabled: bool = True
+    socket: Path | None = None  # default: <report.buffer_dir>/nccl.sock
+    socket_mode: int = Field(0o666, ge=0, le=0o777)  # the jobs' users must be able to write to it
+
+
 class LabClock(Strict):
     """Emulated clock error for the fabric lab: t_host = t_real + offset + drift * (t_real - ref).
 
@@ -115,6 +125,7 @@ class AgentConfig(Strict):
     report: ReportSettings = ReportSettings()
     counters: CounterSettings = CounterSettings()
     clock_sync: ClockSyncSettings = ClockSyncSettings()
+    nccl: NcclSettings = NcclSettings()
     lab_clock: LabClock | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

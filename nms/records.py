@@ -360,6 +360,102 @@ class GenericPoint(Record):
         return Point(self.measurement, dict(self.tags), dict(self.fields), self.ts)
 
 
+# --- NCCL profiler plugin (nccl_plugin/, decoded by nccl_plugin/decode.py, sent by the host agent) -----
+# Tags: the host, the job, the communicator (hex id) and the rank (decimal, a tag so that two ranks'
+# events at the same nanosecond stay two points). Times are the plugin's CLOCK_REALTIME stamps.
+# `event_id` / `parent_id` are unique within one process (`pid`): a proxy step's parent is its proxy
+# op, a proxy op's parent the collective or p2p it moves data for.
+
+
+class _NcclEvent(TelemetryRecord):
+    tag_keys: ClassVar[tuple[str, ...]] = ("host", "job_id", "comm_id", "rank")
+    time_attr: ClassVar[str] = "start_ns"
+
+    host: Ident
+    job_id: Ident | None = Field(None, description="from the launcher's environment at plugin init (SLURM_JOB_ID, "
+                                                   "the variable NMS_JOB_ID_VAR names, ...); None when none was set")
+    comm_id: Ident = Field(description="communicator id as 16 hex digits (0000000000000000: not known yet, "
+                                       "profiler ABI v1-v3 before the first collective)")
+    rank: Ident = Field(description="rank in the communicator, decimal")
+    start_ns: TimestampNs
+    stop_ns: TimestampNs = Field(description="the event's duration is stop_ns - start_ns")
+    pid: int = Field(ge=0, le=2**32 - 1)
+    event_id: Counter
+
+
+class NcclComm(_NcclEvent):
+    """A rank joined a communicator (plugin init, profiler ABI v4+): which process on which host is
+    which rank of which communicator of which job."""
+
+    measurement: ClassVar[str] = "nccl_comm"
+
+    nranks: int = Field(ge=1)
+    nnodes: int = Field(ge=0)
+    comm_name: str | None = Field(None, max_length=64)
+    abi_version: int = Field(ge=1, le=6, description="the ncclProfiler_vN NCCL loaded")
+
+
+class NcclCollective(_NcclEvent):
+    """One collective or point-to-point call as NCCL enqueued it: start = startEvent, stop = stopEvent
+    (for NCCL, stop means enqueued, not completed: the proxy ops' stops say when the network was done)."""
+
+    measurement: ClassVar[str] = "nccl_collective"
+
+    kind: Literal["coll", "p2p"]
+    op: str = Field(max_length=16, description="AllReduce, AllGather, Send, Recv, ...")
+    count: Counter
+    datatype: str = Field(max_length=16)
+    bytes: Counter | None = Field(None, description="count x datatype size; None for a datatype the decoder "
+                                                    "does not know")
+    algo: str | None = Field(None, max_length=16)
+    proto: str | None = Field(None, max_length=16)
+    channels: int | None = Field(None, ge=0, le=255)
+    warps: int | None = Field(None, ge=0, le=255)
+    seq: Counter | None = Field(None, description="NCCL's per-communicator sequence number of this collective")
+    root: int | None = None
+    peer: int | None = Field(None, description="p2p: the remote rank")
+
+
+class NcclProxyOp(_NcclEvent):
+    """One network proxy operation: a channel's share of a collective/p2p towards one peer."""
+
+    measurement: ClassVar[str] = "nccl_proxy_op"
+
+    parent_id: Counter | None = Field(None, description="the collective's / p2p's event_id, when known")
+    channel: int = Field(ge=0, le=255)
+    peer: int
+    is_send: bool
+    n_steps: int
+    chunk_size: int
+    steps: int = Field(ge=0, description="proxy steps that stopped under this op")
+    trans_bytes: Counter = Field(description="bytes its steps transferred")
+
+
+class NcclProxyStep(_NcclEvent):
+    """One network transfer step of a proxy op, with the connection it went over and when it entered
+    each wait state (ns after its start; None: not seen)."""
+
+    measurement: ClassVar[str] = "nccl_proxy_step"
+
+    parent_id: Counter | None = Field(None, description="the proxy op's event_id, when known")
+    step: int
+    peer: int | None = Field(None, description="the remote rank (from the proxy op)")
+    channel: int | None = Field(None, ge=0, le=255)
+    is_send: bool | None = None
+    trans_size: Counter
+    net: Literal["ib", "socket"] | None = Field(None, description="the network plugin that reported the transfer")
+    connection: int | None = Field(None, description="IB: the QP number; sockets: the file descriptor")
+    net_device: int | None = Field(None, description="IB: the network device index")
+    net_events: int = Field(ge=0, description="network requests (work requests / socket ops) in this step")
+    net_bytes: Counter
+    send_gpu_wait_ns: int | None = Field(None, ge=0)
+    send_peer_wait_ns: int | None = Field(None, ge=0)
+    send_wait_ns: int | None = Field(None, ge=0)
+    recv_wait_ns: int | None = Field(None, ge=0)
+    recv_flush_wait_ns: int | None = Field(None, ge=0)
+    recv_gpu_wait_ns: int | None = Field(None, ge=0)
+
+
 # Record kinds accepted by POST /ingest/<kind>.
 INGEST_KINDS: dict[str, type[TelemetryRecord] | type[GenericPoint]] = {
     "port_samples": PortSample,
@@ -371,6 +467,10 @@ INGEST_KINDS: dict[str, type[TelemetryRecord] | type[GenericPoint]] = {
     "clock_edges": ClockEdge,
     "clock_solutions": ClockSolution,
     "points": GenericPoint,
+    "nccl_comms": NcclComm,
+    "nccl_collectives": NcclCollective,
+    "nccl_proxy_ops": NcclProxyOp,
+    "nccl_proxy_steps": NcclProxyStep,
 }
 
 

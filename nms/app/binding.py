@@ -18,6 +18,10 @@ from nms.records import (
     ClockSolution,
     GenericPoint,
     HostNicSample,
+    NcclCollective,
+    NcclComm,
+    NcclProxyOp,
+    NcclProxyStep,
     PathEvent,
     PortRates,
     PortSample,
@@ -27,7 +31,8 @@ from nms.records import (
 
 # the attribute that names the host a record comes from
 HOST_FIELD: dict[type, str] = {ProbeWindow: "src_host", PathEvent: "src_host", ProbePath: "src_host",
-                               ClockEdge: "host_a", HostNicSample: "host"}
+                               ClockEdge: "host_a", HostNicSample: "host", NcclComm: "host", NcclCollective: "host",
+                               NcclProxyOp: "host", NcclProxyStep: "host"}
 REFUSED: dict[type, str] = {
     ClockSolution: "clock solutions are computed by the service",
     PortSample: "switch data is not a host's to send",
