@@ -4,6 +4,6 @@
 # API-only demo on the embedded store.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/apt.sh snmpd snmp lldpd iperf3 nftables iproute2 procps
+bash scripts/apt.sh snmpd snmp lldpd iperf3 nftables iproute2 procps gcc libc6-dev
 bash scripts/install.sh
 exec .venv/bin/nms demo "$@"
