@@ -7,7 +7,7 @@
 3. ingest: the decoded proxy-step records through `POST /ingest/nccl_proxy_steps` of a real
    `nms serve` (embedded store), as a ratio to writing the same points straight into the store.
 
-    PYTHONPATH=. .venv/bin/python bench/nccl_plugin.py [--events 100000] [--batches 10]
+    PYTHONPATH=. .venv/bin/python bench/nccl_profiler.py [--events 100000] [--batches 10]
 
 Target (issue 14): < 1 us added per event.
 """
