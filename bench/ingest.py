@@ -10,6 +10,7 @@ Target (issue 2): ratio >= 0.5 for 5,000-point batches on each backend.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -78,12 +80,13 @@ def bench_direct(backend: str, batches: list[list[dict]], workdir: Path, influx_
     return sum(map(len, batches)) / elapsed
 
 
-def bench_api(backend: str, batches: list[list[dict]], workdir: Path, influx_url: str | None) -> float:
+@contextlib.contextmanager
+def running_service(workdir: Path, store: dict | None = None) -> Iterator[str]:
+    """`nms serve` as a process with an admin token (TOKEN) on a free port; yields its URL once healthy."""
     port = free_port()
     config = workdir / "api.yaml"
     config.write_text(yaml.safe_dump({
-        "data_dir": str(workdir / "api"), "log_level": "warning",
-        "store": store_config(backend, workdir, influx_url, "bench_api"),
+        "data_dir": str(workdir / "api"), "log_level": "warning", **({"store": store} if store else {}),
         "api": {"port": port, "tokens": [{"name": "bench", "scopes": ["admin"], "token": TOKEN}]}}))
     server = subprocess.Popen([sys.executable, "-m", "nms", "serve", "--config", str(config)],
                               stdout=subprocess.DEVNULL, stderr=open(workdir / "server.log", "w"))
@@ -95,6 +98,14 @@ def bench_api(backend: str, batches: list[list[dict]], workdir: Path, influx_url
                     break
             except httpx.HTTPError:
                 time.sleep(0.05)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def bench_api(backend: str, batches: list[list[dict]], workdir: Path, influx_url: str | None) -> float:
+    with running_service(workdir, store_config(backend, workdir, influx_url, "bench_api")) as url:
         bodies = [json.dumps({"items": batch}).encode() for batch in batches]
         with httpx.Client(base_url=url, timeout=120,
                           headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}) as c:
@@ -107,9 +118,6 @@ def bench_api(backend: str, batches: list[list[dict]], workdir: Path, influx_url
             while written(c) < total:
                 time.sleep(0.01)
             elapsed = time.perf_counter() - started
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
     return sum(map(len, batches)) / elapsed
 
 

@@ -18,7 +18,6 @@ import argparse
 import gzip
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,13 +29,12 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.ingest import free_port, written  # noqa: E402
+from bench.ingest import TOKEN, running_service, written  # noqa: E402
 from hostprobe.nccl import NcclIntake  # noqa: E402
 from nms.app.plugins import open_store  # noqa: E402
 from nms.config import parse_config  # noqa: E402
 from tests.nccl.harness import Sink, build_driver, run_driver, short_dir  # noqa: E402
 
-TOKEN = "bench-token-0123456789abcdef"
 
 
 def per_event_cost(driver: Path, events: int) -> dict[str, float]:
@@ -82,20 +80,7 @@ def ingest_ratio(steps: list, workdir: Path, batch: int) -> tuple[float, float]:
     direct = len(steps) / (time.perf_counter() - started)
     store.close()
 
-    port = free_port()
-    (workdir / "api.yaml").write_text(yaml.safe_dump({
-        "data_dir": str(workdir / "api"), "log_level": "warning",
-        "api": {"port": port, "tokens": [{"name": "bench", "scopes": ["admin"], "token": TOKEN}]}}))
-    server = subprocess.Popen([sys.executable, "-m", "nms", "serve", "--config", str(workdir / "api.yaml")],
-                              stdout=subprocess.DEVNULL, stderr=open(workdir / "server.log", "w"))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                if httpx.get(f"{url}/health", timeout=0.5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.05)
+    with running_service(workdir) as url:
         bodies = [gzip.compress(json.dumps({"items": b}).encode(), 5) for b in batches]  # as the agent sends
         headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json", "Content-Encoding": "gzip"}
         with httpx.Client(base_url=url, timeout=120, headers=headers) as c:
@@ -106,9 +91,6 @@ def ingest_ratio(steps: list, workdir: Path, batch: int) -> tuple[float, float]:
             while written(c) < len(steps):
                 time.sleep(0.01)
             api = len(steps) / (time.perf_counter() - started)
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
     return direct, api
 
 
