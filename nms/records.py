@@ -632,8 +632,10 @@ class InterfaceAddress(TelemetryRecord):
 # --- the correlator's output: findings -> incidents -> notifications ------------------------------
 
 FaultKind = Literal["link_down", "link_flapping", "corrupting_link", "congestion", "path_imbalance",
-                    "nic_down", "device_down", "mtu_mismatch", "miscabling"]
-ElementKind = Literal["link", "nic", "device"]
+                    "nic_down", "device_down", "mtu_mismatch", "miscabling",
+                    # from the fabric audits (nms/app/audits/escalation.py)
+                    "speed_mismatch", "clock_unsynced", "config_drift", "probe_gap"]
+ElementKind = Literal["link", "nic", "device", "host", "host_pair", "role"]
 Severity = Literal["critical", "major", "minor", "warning"]
 
 

@@ -16,7 +16,8 @@ from test_topology import fabric
 from typer.testing import CliRunner
 
 from nms.app.api import create_app
-from nms.app.audits.escalation import IncidentFeed
+from nms.app.audits.escalation import IncidentFeed, can_escalate, to_finding
+from nms.app.audits.model import AuditFinding
 from nms.app.audits.history import AuditHistory
 from nms.app.audits.runner import AuditRunner
 from nms.app.cli import app as cli
@@ -113,20 +114,43 @@ def test_findings_open_incidents_until_a_run_no_longer_finds_them(tmp_path):
     report = runner.run(mtu_fault_snapshot(T0), ["mtu", "speed"])
     assert [len(r.findings) for r in report.results] == [1, 1]
     events = feed.apply([], T0)  # the correlator's window (here: nothing of its own)
-    assert [(e.event, e.incident.kind, e.incident.element) for e in events] == [
-        ("opened", "mtu_mismatch", "leaf1:swp3--spine2:swp1")]  # speed has no incident kind: reported only
-    assert events[0].incident.evidence["audit"] == "mtu" and "Set both ends" in events[0].incident.evidence["remediation"]
+    assert sorted((e.event, e.incident.kind, e.incident.element) for e in events) == [
+        ("opened", "mtu_mismatch", "leaf1:swp3--spine2:swp1"), ("opened", "speed_mismatch", "leaf2:swp2--spine1:swp2")]
+    mtu = next(e.incident for e in events if e.incident.kind == "mtu_mismatch")
+    assert mtu.evidence["audit"] == "mtu" and "Set both ends" in mtu.evidence["remediation"]
     assert feed.apply([], T0 + 5 * W) == []  # standing: stays open across windows
     # a restart: the standing findings come back from the history, the incident stays open
     runner = AuditRunner(AuditsConfig(), history)
     feed = IncidentFeed(IncidentManager(state, resolve_after=2), runner.standing)
-    assert feed.apply([], T0 + 6 * W) == [] and len(feed.open_incidents()) == 1
-    runner.run(clean_snapshot(), ["mtu"])  # fixed
+    assert feed.apply([], T0 + 6 * W) == [] and len(feed.open_incidents()) == 2
+    runner.run(clean_snapshot(), ["mtu"])  # fixed (the speed mismatch is not)
     assert feed.apply([], T0 + 7 * W) == []  # one clean window
     [resolved] = feed.apply([], T0 + 8 * W)
     assert resolved.event == "resolved" and resolved.incident.kind == "mtu_mismatch"
+    assert [i.kind for i in feed.open_incidents()] == ["speed_mismatch"]
     state.close()
     history.close()
+
+
+@pytest.mark.parametrize("audit,element,element_kind,kind", [
+    ("clock", "host3", "host", "clock_unsynced"),
+    ("probe_coverage", "host1<>host4", "host_pair", "probe_gap"),
+    ("config_drift", "leaf", "role", "config_drift"),
+    ("speed", "leaf1:swp1--spine1:swp1", "link", "speed_mismatch"),
+])
+def test_every_audit_has_an_incident_kind_on_its_own_element_kind(tmp_path, audit, element, element_kind, kind):
+    state = StateStore(tmp_path / "state.sqlite")
+    incidents = IncidentManager(state, resolve_after=1)
+    f = AuditFinding(audit=audit, severity="major", element=element, element_kind=element_kind, message="m",
+                     remediation="r", evidence={"x": 1})
+    assert can_escalate(f)
+    [opened] = incidents.apply([to_finding(f, T0)], T0)
+    assert (opened.incident.kind, opened.incident.element_kind, opened.incident.dedup_key) == (
+        kind, element_kind, f"{element_kind}:{element}")
+    # persisted and read back with its kinds (a restart)
+    [again] = IncidentManager(state, resolve_after=1).open_incidents()
+    assert (again.kind, again.element_kind) == (kind, element_kind)
+    state.close()
 
 
 def test_no_data_keeps_standing_findings_and_levels_filter(tmp_path):

@@ -7,8 +7,8 @@ in every window: `IncidentFeed` sits between the correlator and the manager and 
 standing findings (the latest run of each audit) to each window's. Without a correlator, the
 service applies the standing findings alone once per window (`apply_standing`).
 
-Audits whose findings have no fault kind in nms.records (speed, clock, config_drift,
-probe_coverage) are reported but open no incident."""
+Every audit has its fault kind; an audit's element kinds beyond the correlator's (a host, a host
+pair, a role) are element kinds of their own, so their incidents never merge with a link's."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from nms.app.audits.model import AuditFinding
 from nms.records import Finding
 
 INCIDENT_KIND = {"cabling": "miscabling", "mtu": "mtu_mismatch", "errors": "corrupting_link",
-                 "ecmp_balance": "path_imbalance"}
-INCIDENT_ELEMENT = {"link": "link", "device": "device"}
+                 "ecmp_balance": "path_imbalance", "speed": "speed_mismatch", "clock": "clock_unsynced",
+                 "config_drift": "config_drift", "probe_coverage": "probe_gap"}
+INCIDENT_ELEMENT = {"link": "link", "device": "device", "host": "host", "host_pair": "host_pair", "role": "role"}
 
 
 def can_escalate(f: AuditFinding) -> bool:
