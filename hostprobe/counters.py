@@ -88,6 +88,9 @@ class NicCounters:
             fields["oper_status"] = OPER.get((base / "operstate").read_text().strip(), "unknown")
         except OSError:
             fields["oper_status"] = "notPresent"
+        fields["mtu"] = _read_int(base / "mtu")
+        speed = _read_int(base / "speed")  # Mb/s; -1 or unreadable (EINVAL) when the link is down or unknown
+        fields["speed_bps"] = speed * 1_000_000 if speed is not None and speed > 0 else None
         if self.ib.get(nic) is not None:
             fields.update(ib_counters(self.ib[nic]))
         if self.ethtool and nic not in self._ethtool_failed:

@@ -168,6 +168,8 @@ class HostNicSample(TelemetryRecord):
     cnp_sent: Counter | None = None
     cnp_received: Counter | None = None
     oper_status: OperStatus | None = None
+    mtu: int | None = Field(None, ge=0, le=1_000_000, description="the NIC's MTU (the audits' end-to-end MTU check)")
+    speed_bps: int | None = Field(None, ge=0, description="negotiated speed; absent when the NIC does not say")
 
 
 class ProbeWindow(TelemetryRecord):

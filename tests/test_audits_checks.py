@@ -97,6 +97,22 @@ def test_mtu_mismatch_across_a_cable_and_a_consistent_but_low_cable():
     assert "below the fabric's 9000" in by["leaf2:swp3--spine2:swp2"].message
 
 
+def test_host_nic_mtu_and_speed_from_the_agents_judge_host_links_end_to_end():
+    snap = clean_snapshot()
+    res = run("mtu", snap)
+    assert res.findings == [] and len(res.notes) == 1 and "host NIC" in res.notes[0]  # no agent data: said so
+    hosts = [parse_end(e) for link in snap.topology.links for e in (link.a, link.b) if parse_end(e)[0].startswith("h")]
+    assert hosts
+    snap.host_nics = {e: {"mtu": 9000, "speed_bps": SPEED} for e in hosts}
+    snap.host_nics[hosts[0]] = {"mtu": 1500, "speed_bps": SPEED // 4}
+    res = run("mtu", snap)
+    [f] = res.findings
+    assert f.element_kind == "link" and f"{hosts[0][0]}:{hosts[0][1]}" in f.element and res.notes == []
+    assert f.evidence["mtu"][f"{hosts[0][0]}:{hosts[0][1]}"] == 1500
+    res = run("speed", snap)
+    assert [g.element for g in res.findings] == [f.element] and res.checked == 4 + len(hosts)
+
+
 def test_mtu_expected_value_overrides_the_common_one():
     res = run("mtu", clean_snapshot(), expected_mtu=9216)
     assert len(res.findings) == 6 and {f.evidence["fabric_mtu"] for f in res.findings} == {9216}

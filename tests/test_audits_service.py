@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from nms.app.api import create_app
 from nms.app.audits.escalation import IncidentFeed, can_escalate, to_finding
 from nms.app.audits.model import AuditFinding
+from nms.app.audits.snapshot import host_nic_settings
 from nms.app.audits.history import AuditHistory
 from nms.app.audits.runner import AuditRunner
 from nms.app.cli import app as cli
@@ -95,6 +96,17 @@ def test_probe_windows_from_the_store_give_coverage(client):
     assert res["status"] == "findings"
     assert sorted((f["element"], f["severity"]) for f in res["findings"]) == [("host2", "minor"), ("host4", "minor")]
     assert res["notes"] == ["topology unknown: ECMP path counts not compared"]
+
+
+def test_host_nic_mtu_and_speed_read_back_from_the_store(client):
+    now = time.time_ns()
+    nics = [{"host": "host1", "nic": "eth0", "ts": now - W, "mtu": 9000, "speed_bps": 10**11},
+            {"host": "host2", "nic": "eth0", "ts": now - 3600 * W, "mtu": 1500},  # stale: not used
+            {"host": "host3", "nic": "eth0", "ts": now - W, "rx_bytes": 5}]  # an agent that says nothing of MTU
+    assert client.post("/ingest/host_nic_samples", headers=auth("ingest"), json={"items": nics}).status_code == 200
+    store = client.app.state.service.store
+    store.flush()
+    assert host_nic_settings(store, now, 60) == {("host1", "eth0"): {"mtu": 9000, "speed_bps": 10**11}}
 
 
 def mtu_fault_snapshot(now_ns: int):

@@ -87,8 +87,9 @@ def test_sysfs_counters_of_loopback():
     assert sample.host == "h1" and sample.nic == "lo" and sample.rx_bytes is not None and sample.tx_packets is not None
     assert sample.oper_status == "unknown"  # what the kernel says for lo
     assert sample.pause_rx is None and sample.ecn_marked is None  # nothing guessed without ethtool or RDMA
+    assert sample.mtu == int(open("/sys/class/net/lo/mtu").read()) and sample.speed_bps is None  # lo has no speed
     gone = NicCounters("h1", ["nope0"], ethtool="off").sample("nope0", 1)
-    assert gone.oper_status == "notPresent" and gone.rx_bytes is None
+    assert gone.oper_status == "notPresent" and gone.rx_bytes is None and gone.mtu is None
 
 
 def test_ethtool_pause_and_ecn_parsing():

@@ -38,6 +38,8 @@ class Snapshot:
     clock: list[ClockSolution] | None = None  # newest solution per host; None: clock sync disabled
     probed: list[ProbedPath] | None = None  # None: not read (no store)
     configs: dict[str, str] = field(default_factory=dict)  # device -> newest configuration snapshot text
+    # (host, nic) -> {"mtu": .., "speed_bps": ..}: the agents' newest NIC samples (host ends of cables)
+    host_nics: dict[End, dict[str, int]] = field(default_factory=dict)
     # link -> probe loss evidence (the correlator's corrupting links); None: no correlator
     lossy_links: dict[str, dict[str, Any]] | None = None
 

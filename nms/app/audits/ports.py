@@ -1,8 +1,9 @@
 """Per-cable port checks: MTU consistency, speed/duplex agreement, error-counter hygiene (BER).
 
 Each cable of the reconciled topology that is physically there (every check but `missing`) is
-judged from the latest port samples and rates of its polled ends; host ends are not polled, so a
-host link is judged by its switch end alone."""
+judged from the latest port samples and rates of its polled ends; a host end by the MTU and speed
+its agent reports for the NIC (`Snapshot.host_nics`), else the host link is judged by its switch end
+alone."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ def _element(link: TopologyLink) -> str:
 def check_mtu(snap: Snapshot, settings: MtuAudit) -> AuditResult:
     name = "mtu"
     mtus = {end: s.mtu for end, s in snap.samples.items() if s.mtu is not None}
+    mtus |= {end: v["mtu"] for end, v in snap.host_nics.items() if "mtu" in v}
     links = [(link, a, b) for link, a, b in present_links(snap) if a in mtus or b in mtus]
     if not links:
         return result(name, [], 0, no_data="no MTU of any cabled port is known (no port samples with ifMtu)")
@@ -51,13 +53,17 @@ def check_mtu(snap: Snapshot, settings: MtuAudit) -> AuditResult:
                 message=f"MTU {min(values)} is below the fabric's {common}: every path across this cable "
                         f"drops frames above {min(values)} bytes end to end",
                 remediation=f"Set the ports of this cable to {common}."))
-    notes = ["host NIC MTUs are not collected: host ends are judged by their switch port"]
+    host_names = {h.name for h in snap.fabric.hosts}
+    unknown = sorted({f"{e[0]}:{e[1]}" for _, a, b in links for e in (a, b) if e[0] in host_names and e not in mtus})
+    notes = [f"no agent reports the MTU of {len(unknown)} host NIC(s) (e.g. {unknown[0]}): "
+             "those host links are judged by their switch port"] if unknown else []
     return result(name, findings, len(links), notes)
 
 
 def check_speed(snap: Snapshot, settings: SpeedAudit) -> AuditResult:
     name = "speed"
     speeds = {end: s.speed_bps for end, s in snap.samples.items() if s.speed_bps}
+    speeds |= {end: v["speed_bps"] for end, v in snap.host_nics.items() if "speed_bps" in v}
     links = [(link, a, b) for link, a, b in present_links(snap) if a in speeds and b in speeds]
     notes = ["duplex: no collector reports duplex; only speeds are compared"]
     if not links:

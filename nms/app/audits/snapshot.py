@@ -45,7 +45,25 @@ def complete(snap: Snapshot, service, probe_max_age_s: float) -> Snapshot:
                 snap.configs[device] = text
     except Exception as e:
         log.warning("audit: configuration snapshots unreadable: %s", e)
+    try:
+        snap.host_nics = host_nic_settings(service.store, snap.now_ns, probe_max_age_s)
+    except Exception as e:
+        log.warning("audit: host NIC samples unreadable: %s", e)
     return snap
+
+
+def host_nic_settings(store, now_ns: int, max_age_s: float) -> dict[tuple[str, str], dict[str, int]]:
+    """The newest MTU and speed each agent reported per NIC, if not older than `max_age_s`."""
+    out: dict[tuple[str, str], dict[str, int]] = {}
+    for series in store.latest("host_nic", fields=["mtu", "speed_bps"]):
+        host, nic = series.tags.get("host"), series.tags.get("nic")
+        if not (host and nic and series.values) or series.values[0][0] < now_ns - int(max_age_s * NS):
+            continue
+        row = dict(zip(series.columns[1:], series.values[0][1:]))
+        values = {k: int(v) for k, v in row.items() if k in ("mtu", "speed_bps") and isinstance(v, int) and v > 0}
+        if values:
+            out[(host, nic)] = values
+    return out
 
 
 def probed_paths(store, now_ns: int, max_age_s: float) -> list[ProbedPath]:
