@@ -18,6 +18,12 @@ and the host agent. The rules (docs/snmp.md explains them with examples):
   a wrap consistent with the wall clock is not a restart.
 * A rate above what the interface can carry (its speed x `max_utilization`, or 10 Tbit/s when the
   speed is unknown) is impossible: that counter's rate is dropped rather than stored.
+* Devices that refresh their counters less often than they are polled (net-snmp caches IF-MIB for
+  a few seconds; many switch agents do the like): a sample whose traffic counters all equal the
+  previous one is "not refreshed yet" for up to `unchanged_hold`: no rate, and the previous sample
+  stays the base, so the next change is measured over the whole time it took. Otherwise such a
+  device gives 0 and then a multiple of the true rate, which the bound above drops. A port idle
+  longer than the hold gets its rate of 0 then.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ TICKS_PER_S = 100
 MIN_FRAME_WIRE_BITS = 84 * 8  # 64-byte frame + preamble + inter-frame gap: the most packets a link carries
 ABSOLUTE_MAX_BPS = 10 * 10**12  # no single interface carries 10 Tbit/s: cap when the speed is unknown
 DEFAULT_MAX_UTILIZATION = 1.5  # samples are timed on our side: allow jitter, not 2x line rate
+DEFAULT_UNCHANGED_HOLD_S = 5.0  # longer than agents' counter caches (net-snmp: a few seconds)
+FIRST = "first sample"
+HELD = "counters unchanged since the previous sample (not refreshed yet): held"
 
 # PortSample counter -> (PortRates field, multiplier, kind)
 RATE_FIELDS: dict[str, tuple[str, int, str]] = {
@@ -153,12 +162,22 @@ def port_rates(prev: PortSample, cur: PortSample, bits: Mapping[str, int],
     return RateResult(rates, None, tuple(implausible))
 
 
+def not_refreshed(prev: PortSample, cur: PortSample) -> bool:
+    """All traffic counters present and equal in both samples, with the same uptime base: the device
+    has not refreshed them yet (or the port is idle: told apart by how long it lasts)."""
+    counters = [(getattr(prev, c), getattr(cur, c)) for c in PortSample.traffic_counters]
+    return (all(a is not None and a == b for a, b in counters)
+            and prev.discontinuity_ticks == cur.discontinuity_ticks and prev.counter_bits == cur.counter_bits)
+
+
 class RateTracker:
     """Keeps the previous sample per (device, port) and turns each new sample into rates."""
 
-    def __init__(self, bits: Mapping[str, int] | None = None, max_utilization: float = DEFAULT_MAX_UTILIZATION):
+    def __init__(self, bits: Mapping[str, int] | None = None, max_utilization: float = DEFAULT_MAX_UTILIZATION,
+                 unchanged_hold_s: float = DEFAULT_UNCHANGED_HOLD_S):
         self.bits = dict(bits or {})
         self.max_utilization = max_utilization
+        self.unchanged_hold_ns = int(unchanged_hold_s * NS)
         self._last: dict[tuple[str, str], PortSample] = {}
         self.dropped = 0
 
@@ -167,9 +186,11 @@ class RateTracker:
         prev = self._last.get(key)
         if prev is not None and sample.ts <= prev.ts:
             return RateResult(None, "sample is not newer than the previous one")
+        if prev is not None and sample.ts - prev.ts < self.unchanged_hold_ns and not_refreshed(prev, sample):
+            return RateResult(None, HELD)
         self._last[key] = sample
         if prev is None:
-            return RateResult(None, "first sample")
+            return RateResult(None, FIRST)
         result = port_rates(prev, sample, bits if bits is not None else self.bits, self.max_utilization)
         if result.rates is None:
             self.dropped += 1

@@ -135,6 +135,30 @@ def test_tracker_first_sample_then_rates_and_stale_samples():
     assert t.update(sample(ts=T0, in_octets=0)).rates is None  # older than the last one
 
 
+def test_counters_a_device_has_not_refreshed_are_held_then_measured_over_the_whole_time():
+    """An agent that refreshes its counters every 3 s, polled every 1 s: without the hold, rates
+    would go 0, 0, 3x (dropped as impossible above 1.5x)."""
+    t = RateTracker(SNMP_BITS, unchanged_hold_s=5)
+    rate = 10**8 // 8  # 100 Mb/s in bytes/s on a 100 Mb/s port
+    def polled(second: int, refreshed_at: int):
+        return sample(ts=T0 + second * S, uptime=100_000 + 100 * second, in_octets=rate * refreshed_at,
+                      out_octets=0, in_pkts=refreshed_at, out_pkts=0, speed_bps=10**8)
+    assert t.update(polled(0, 0)).dropped == "first sample"
+    got = [t.update(polled(s, s - s % 3)) for s in range(1, 7)]
+    assert [r.dropped is not None for r in got] == [True, True, False, True, True, False]
+    assert "not refreshed" in got[0].dropped and t.dropped == 0
+    assert got[2].rates.in_bps == pytest.approx(10**8) and got[2].rates.interval_s == 3.0
+    assert got[5].rates.in_utilization == pytest.approx(1.0)
+    # an idle port: held no longer than the hold, then a rate of 0 over the whole time
+    idle = [t.update(polled(s, 6)) for s in range(7, 13)]
+    assert [r.rates is not None for r in idle] == [False, False, False, False, True, False]
+    assert idle[4].rates.in_bps == 0.0 and idle[4].rates.interval_s == 5.0
+    # no hold: every poll gives a rate (the old behaviour, `polling.unchanged_hold: 0`)
+    t0 = RateTracker(SNMP_BITS, unchanged_hold_s=0)
+    t0.update(polled(0, 0))
+    assert t0.update(polled(1, 0)).rates.in_bps == 0.0
+
+
 # --- properties --------------------------------------------------------------------------------
 
 speeds = st.one_of(st.none(), st.sampled_from([0, 10**6, 10**8, 10**9, 25 * 10**9, G100, 400 * 10**9, 800 * 10**9]))

@@ -198,8 +198,9 @@ def test_scheduled_polling_isolates_a_failing_device_and_backs_off(snmpd, tmp_pa
     # backoff 1, 2, 4 s: at most 3 attempts in ~5.6 s, where the good device polled every second
     assert 2 <= bad.polls <= 3 and bad.consecutive_failures == bad.polls
     rates = [p for p in service.store.points if p.measurement == "port_rates"]
-    assert len(rates) >= 3 and all(p.tags == {"device": "good", "port": "lo"} for p in rates)
-    assert all(p.fields["in_bps"] >= 0 for p in rates)
+    # snmpd refreshes IF-MIB every few seconds: polls in between are held, not rates of 0 (nms/counters.py)
+    assert len(rates) >= 1 and all(p.tags == {"device": "good", "port": "lo"} for p in rates)
+    assert all(p.fields["in_bps"] > 0 and p.fields["interval_s"] > 1.5 for p in rates)  # lo carries the polls
 
 
 def test_extra_objects_numeric_and_by_mib_name(snmpd, tmp_path):
@@ -299,7 +300,7 @@ def test_address_fallback_table_and_a_device_without_addresses(snmpd, tmp_path):
         switch("full", snmpd.settings(interfaces=["lo"])),
         switch("newtable", snmpd.settings(community=COMMUNITY_NO_IPADDRTABLE, interfaces=["lo"])),
         switch("noaddr", snmpd.settings(community=COMMUNITY_NO_ADDRESSES, interfaces=["lo"])),
-    ])
+    ], unchanged_hold=0)  # polls 0.3 s apart inside snmpd's counter cache: every poll a rate
     store = EmbeddedStore(tmp_path / "telemetry.duckdb")
     batches: list[list] = []
 
@@ -532,10 +533,10 @@ class _ListStore:
         pass
 
 
-def _config(tmp_path, switches: list[SwitchConfig]):
+def _config(tmp_path, switches: list[SwitchConfig], **polling):
     from nms.config import parse_config
 
-    doc = {"data_dir": str(tmp_path / "data"),
+    doc = {"data_dir": str(tmp_path / "data"), "polling": polling,
            "fabric": {"switches": [s.model_dump(mode="json") for s in switches]}}
     for s, d in zip(switches, doc["fabric"]["switches"]):  # SecretStr dumps as stars: put the values back
         snmp = s.collectors.snmp

@@ -31,7 +31,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from nms.app.plugins import load_plugin
 from nms.config import NmsConfig
 from nms.config.models import SwitchConfig
-from nms.counters import RateTracker
+from nms.counters import FIRST, HELD, RateTracker
 from nms.linkstate import LinkStateTracker
 from nms.records import (
     DeviceFacts,
@@ -139,7 +139,8 @@ class Poller:
         self.metrics = _Metrics(registry)
         t = config.thresholds
         self.links = LinkStateTracker(t.flap_count, t.flap_window)
-        self.rates = {name: RateTracker(c.counter_bits, config.polling.max_utilization)
+        self.rates = {name: RateTracker(c.counter_bits, config.polling.max_utilization,
+                                         config.polling.unchanged_hold)
                       for name, c in self.collectors.items()}
         self.recent = RecentWindow(config.polling.recent_window)
         self.status: dict[tuple[str, str], _Status] = {}
@@ -270,7 +271,7 @@ class Poller:
                 if rate.rates is not None:
                     derived.append(rate.rates)
                     self.recent.rates[(sample.device, sample.port)] = rate.rates
-                elif rate.dropped != "first sample":
+                elif rate.dropped not in (FIRST, HELD):  # not a rate yet: nothing was dropped
                     self.metrics.dropped.labels(result.collector).inc()
             if not sets_state:  # rates only: another collector gives this device's link state
                 continue

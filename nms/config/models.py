@@ -253,6 +253,8 @@ class PollingConfig(Strict):
     backoff_max: Seconds = 300.0  # a failing device is retried after interval x 2^n, at most this
     recent_window: Seconds = 900.0  # how much recent data the service keeps in memory for the API
     max_utilization: float = Field(1.5, gt=1, le=10)  # rates above speed x this are impossible: dropped
+    # counters all unchanged since the last poll: not refreshed yet (device caches) for this long
+    unchanged_hold: Annotated[float, BeforeValidator(parse_duration), Field(ge=0, le=3600)] = 5.0
     mib_dirs: list[Path] = []  # MIB sources for extra SNMP objects named MIB::object (besides ./mibs)
 
 

@@ -8,6 +8,7 @@ two uplinks, so LLDP contradicts it)."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from lab_helpers import skip_reason, wait_for
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from agent_lab import MeshLab  # noqa: E402
 
-from nms.lab import faults  # noqa: E402
+from nms.lab import faults, paths, traffic  # noqa: E402
 
 pytestmark = pytest.mark.root
 AUDITS = {"cabling", "mtu", "speed", "errors", "ecmp_balance", "clock", "config_drift", "probe_coverage"}
@@ -76,6 +77,47 @@ def test_a_clean_lab_gives_no_finding_and_every_audit_has_data(mesh):
     statuses = {r["audit"]: r["status"] for r in report["results"]}
     assert statuses == dict.fromkeys(AUDITS, "clean"), statuses  # ecmp: judged idle, so clean too
     assert mesh.api("GET", f"/audits/reports/{report['id']}", params={"format": "md"}).text.count("| clean |") == 8
+
+
+def load_via(mesh, spines: list[str], duration: float, base: int) -> threading.Thread:
+    """TCP flows host1 -> host3 and host2 -> host5 (both from leaf1), the i-th pinned by its source
+    port onto spines[i]: real load on leaf1's uplinks, as even or as skewed as the spines say. Each
+    run takes its own ports (`base`): a port a finished run used may still be in TIME_WAIT."""
+    flows = []
+    for i, ((src, dst), spine) in enumerate(zip([("host1", "host3"), ("host2", "host5")], spines, strict=True)):
+        dport = base + i
+        sport = paths.sport_via(mesh.topo, src, dst, spine, "tcp", dport, 10 * base + 600 * i)
+        flows.append(traffic.Flow(src, dst, "tcp", sport, dport, 0, spine))
+    t = threading.Thread(target=lambda: t.results.extend(traffic.run_flows(mesh.topo, flows, duration)), daemon=True)
+    t.results = []
+    t.start()
+    return t
+
+
+def ran(t: threading.Thread) -> list:
+    t.join()
+    assert len(t.results) == 2 and all(r["error"] is None and r["received_bps"] for r in t.results), t.results
+    return t.results
+
+
+def test_ecmp_balance_under_real_load_even_then_skewed(mesh):
+    leaf1 = ["swp3", "swp4"]  # leaf1's uplinks (swp1, swp2 go to its hosts)
+    t = load_via(mesh, ["spine1", "spine2"], 12, 5301)
+    try:  # even: leaf1 is busy, so judged (the two other leaves only receive: idle), and clean
+        judged = ["2 switch(es) below 10% utilization: balance not judged"]
+        result = run_until(mesh, "ecmp_balance", lambda r: r["checked"] == 3 and r["notes"] == judged, 20)
+        assert result["status"] == "clean" and result["findings"] == [] and result["notes"] == judged, result
+    finally:
+        ran(t)
+    t = load_via(mesh, ["spine1", "spine1"], 12, 5401)
+    try:  # skewed: both flows hash onto spine1
+        result = run_until(mesh, "ecmp_balance", lambda r: r["findings"], 20)
+        [f] = result["findings"]
+        assert (f["element"], f["element_kind"], f["severity"]) == ("leaf1", "device", "minor"), result
+        util = f["evidence"]["out_utilization"]
+        assert sorted(util) == leaf1 and max(util.values()) > 0.5 and f["evidence"]["skew"] >= 2, f
+    finally:
+        ran(t)
 
 
 def test_mtu_mismatch_is_found_by_the_mtu_audit_only(mesh):
