@@ -5,7 +5,9 @@ against known_hosts), kept across polls and logged into again when it broke. net
 are synchronous: a poll runs in a thread of the collector's own pool (`polling.max_concurrency`
 threads); a poll cut off at its deadline closes its session, which ends the thread's blocked read.
 
-Per poll, on the `linux` platform (collectors/cli_linux.py; the only command set so far):
+Per poll, on the `linux` platform (collectors/cli_linux.py; `arista_eos` (cli_eos.py) and
+`cisco_nxos` (cli_nxos.py) run their `| json` equivalents, without 2 (the speed is in 1) and with
+the chassis id from the facts):
 
 1. `ip -s -s -j link show`            -> PortSample per interface (64-bit kernel counters, oper
                                           status, MTU): the poll fails without it
@@ -33,13 +35,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from collectors import cli_linux as linux
+from collectors import cli_eos, cli_linux, cli_nxos
 from collectors.base import Collector, CollectorBadResponse, CollectorConfigError, CollectorUnreachable, PollResult
 from collectors.cli_config import ConfigTracker
 from collectors.cli_ssh import Output, Session
 from nms.config.models import CliSettings, SwitchConfig
 
 log = logging.getLogger(__name__)
+# netmiko device type -> its command set and parsers (each module has the same names as cli_linux)
+PLATFORMS = {"linux": cli_linux, "arista_eos": cli_eos, "cisco_nxos": cli_nxos}
 
 
 class CliCollector(Collector):
@@ -117,6 +121,7 @@ class _Poll:
         self.session, self.collector = session, collector
         self.s: CliSettings = session.settings
         self.device = session.device
+        self.p = PLATFORMS[self.s.platform]
         self.problems: list[CollectorBadResponse] = []
         self.commands = 0
         self.addresses_read = False  # this poll read the complete set of interface addresses
@@ -128,20 +133,21 @@ class _Poll:
     def run(self) -> _Poll:
         """Read the device; the records are in `records`, what was left out in `problems`."""
         before = time.time_ns()
-        links = self._run(linux.LINKS)
+        p = self.p
+        links = self._run(p.LINKS)
         ts = (before + time.time_ns()) // 2  # the counters were read during the command
         if not links.ok:
             raise self._failed(links)
-        speed_bps = linux.speeds(self._run(linux.SPEEDS).stdout)
+        speed_bps = p.speeds(self._run(p.SPEEDS).stdout) if p.SPEEDS else {}
         notes: list[str] = []
         try:
-            samples, interfaces = linux.port_samples(self.device, links.stdout, ts, speed_bps, self.keep, notes)
-        except linux.Bad as e:
-            raise self._bad(linux.LINKS, str(e)) from None
-        self._notes(linux.LINKS, notes)
+            samples, interfaces = p.port_samples(self.device, links.stdout, ts, speed_bps, self.keep, notes)
+        except p.Bad as e:
+            raise self._bad(p.LINKS, str(e)) from None
+        self._notes(p.LINKS, notes)
         neighbors, chassis = self._lldp() if self.s.lldp else ([], None)
         records: list[Any] = []
-        facts = self._optional(linux.FACTS, lambda out: linux.facts(self.device, out, ts, interfaces, chassis))
+        facts = self._optional(p.FACTS, lambda out: p.facts(self.device, out, ts, interfaces, chassis))
         if facts is not None:
             records.append(facts)  # first: the service files a poll's facts under the polled device by it
         self.records = records + samples + neighbors + self._addresses() + self._config()
@@ -149,9 +155,9 @@ class _Poll:
 
     def _addresses(self) -> list:
         notes: list[str] = []
-        found = self._optional(linux.ADDRESSES, lambda out: linux.addresses(
+        found = self._optional(self.p.ADDRESSES, lambda out: self.p.addresses(
             self.device, out, time.time_ns(), self.keep, notes), "interface addresses left out")
-        self._notes(linux.ADDRESSES, notes)
+        self._notes(self.p.ADDRESSES, notes)
         if found is None:
             return []
         self.addresses_read = True
@@ -159,22 +165,25 @@ class _Poll:
 
     def _lldp(self) -> tuple[list, str | None]:
         notes: list[str] = []
-        found = self._optional(linux.LLDP_NEIGHBORS, lambda out: linux.neighbors(
+        p = self.p
+        found = self._optional(p.LLDP_NEIGHBORS, lambda out: p.neighbors(
             self.device, out, time.time_ns(), self.keep, notes), "LLDP neighbours left out")
         if found is None:
             return [], None
-        self._notes(linux.LLDP_NEIGHBORS, notes)
-        chassis = self._optional(linux.LLDP_CHASSIS, linux.local_chassis_id, "no chassis id in the facts")
+        self._notes(p.LLDP_NEIGHBORS, notes)
+        if not p.LLDP_CHASSIS:  # the facts carry it
+            return found, None
+        chassis = self._optional(p.LLDP_CHASSIS, p.local_chassis_id, "no chassis id in the facts")
         return found, chassis
 
     def _config(self) -> list:
         if not self.s.config or time.monotonic() < self.collector._config_due.get(self.device, 0.0):
             return []
         sections = []
-        for name, what, command, required, state in linux.CONFIG_SECTIONS:
+        for name, what, command, required, state in self.p.CONFIG_SECTIONS:
             out = self._run(command)
             if out.ok:
-                text = linux.normalize(out.stdout, state)
+                text = self.p.normalize(out.stdout, state)
                 if required or text.strip():
                     sections.append((name, what, text))
             elif required:
@@ -184,13 +193,13 @@ class _Poll:
                 self.problems.append(self._failed(out, "noted in the configuration snapshot", what))
                 sections.append((name, what, f"(not readable: exit status {out.status}: {_last_line(out.stderr)})"))
         self.collector._config_due[self.device] = time.monotonic() + self.s.config_interval
-        return self.collector.configs.snapshot(self.device, linux.config_text(sections), time.time_ns())
+        return self.collector.configs.snapshot(self.device, self.p.config_text(sections), time.time_ns())
 
     # -- helpers -----------------------------------------------------------------------------------
 
     def _run(self, command: str) -> Output:
         self.commands += 1
-        return self.session.run(command, linux.PREAMBLE)
+        return self.session.run(command, self.p.PREAMBLE)
 
     def _optional(self, command: str, parse, consequence: str = "left out"):
         """A command that adds to the poll: a failure is noted and None returned."""
@@ -200,7 +209,7 @@ class _Poll:
             return None
         try:
             return parse(out.stdout)
-        except (linux.Bad, ValueError) as e:
+        except ValueError as e:  # the platforms' Bad is a ValueError
             self.problems.append(self._bad(command, f"{_first_line(str(e))}; {consequence}"))
             return None
 

@@ -32,7 +32,7 @@ from nms.app.polling import Poller
 from nms.config import parse_config
 from nms.config.loader import ConfigError
 from nms.config.models import CliSettings, SwitchConfig
-from nms.records import DeviceFacts, GenericPoint, LldpNeighbor, PortSample
+from nms.records import DeviceFacts, GenericPoint, InterfaceAddress, LldpNeighbor, PortSample
 from nms.store import Query
 from nms.store.embedded import EmbeddedStore
 
@@ -553,8 +553,8 @@ def test_settings_errors_name_the_field_and_secrets_stay_hidden(tmp_path):
     assert "known_hosts is required" in error(username="u", password="p")
     assert "key_passphrase needs key_file" in error(username="u", password="p", known_hosts="/k",
                                                     key_passphrase="s3cret-phrase")
-    assert "collectors.cli.platform: Value error, no command set for platform 'cisco_nxos'" in error(
-        username="u", password="p", known_hosts="/k", platform="cisco_nxos")
+    assert "collectors.cli.platform: Value error, no command set for platform 'juniper_junos'" in error(
+        username="u", password="p", known_hosts="/k", platform="juniper_junos")
     assert "collectors.cli.username" in error(password="p", known_hosts="/k")
     assert "collectors.cli.timeout" in error(username="u", password="p", known_hosts="/k", timeout="soon")
     settings = CliSettings(username="u", password="pw-secret-1", key_file="/k", key_passphrase="phrase-secret-2",
@@ -578,3 +578,62 @@ def test_nms_collect_cli_once_prints_the_ports_and_what_was_left_out(box, tmp_pa
         assert any("sw-1" in line and f" {name} " in line for line in lines), proc.stdout
     assert "left out of the poll" in proc.stdout and "'lldpctl -f json'" in proc.stdout
     assert "1/1 devices ok" in proc.stderr and PASSWORD not in proc.stdout + proc.stderr
+
+
+# --- vendor platforms: their command sets over the same SSH path ------------------------------------
+
+VENDOR_OUTPUTS = {  # command (without `| json`) -> fixture, as the switch's CLI prints it
+    "arista_eos": {"show interfaces": "eos/show_interfaces.json", "show version": "eos/show_version.json",
+                   "show ip interface": "eos/show_ip_interface.json",
+                   "show lldp neighbors detail": "eos/show_lldp_neighbors_detail.json",
+                   "show running-config": "eos/show_running_config.txt"},
+    "cisco_nxos": {"show interface": "nxos/show_interface.json", "show version": "nxos/show_version.json",
+                   "show ip interface vrf all": "nxos/show_ip_interface_vrf_all.json",
+                   "show lldp neighbors detail": "nxos/show_lldp_neighbors_detail.json",
+                   "show running-config": "nxos/show_running_config.txt"},
+}
+
+
+def vendor_cli(box: SshBox, platform: str) -> None:
+    """`show` (printing the fixture of its arguments), `json` (a pass-through) and `terminal` (EOS's
+    replies to netmiko's session preparation) on a tmpfs over the switch's /usr/local/bin: its own
+    mount namespace, nothing of the machine's changes."""
+    fixtures = Path(__file__).parent / "fixtures"
+    cases = "".join(f'  "{cmd.removeprefix("show ")}") cat {fixtures / f} ;;\n'
+                    for cmd, f in VENDOR_OUTPUTS[platform].items())
+    box.run("mount", "-t", "tmpfs", "nms-vendor-cli", "/usr/local/bin")
+    show = f'#!/bin/sh\ncase "$*" in\n{cases}  *) echo "% Invalid input" >&2; exit 1 ;;\nesac\n'
+    terminal = ('#!/bin/sh\ncase "$1" in width) echo "Width set to $2 columns." ;; '
+                'length) echo "Pagination disabled." ;; esac\n')
+    box.run("sh", "-c", f"printf '%s' '{show}' > /usr/local/bin/show; printf '#!/bin/sh\\nexec cat\\n' "
+                        f"> /usr/local/bin/json; printf '%s' '{terminal}' > /usr/local/bin/terminal; "
+                        "chmod 755 /usr/local/bin/show /usr/local/bin/json /usr/local/bin/terminal")
+
+
+@needs_sshd
+@pytest.mark.parametrize("platform,ports,neighbour", [
+    ("arista_eos", {"Ethernet1/1", "Ethernet2/1", "Management1"}, ("Ethernet1/1", "spine1", "Ethernet3/1")),
+    ("cisco_nxos", {"Ethernet1/1", "Ethernet1/2", "mgmt0"}, ("Ethernet1/1", "leaf1", "Ethernet3/1")),
+])
+def test_a_vendor_platform_is_polled_through_its_own_commands(box, platform, ports, neighbour):
+    """No EOS or NX-OS device runs here: the box's sshd answers the platform's commands with
+    outputs in the vendor's JSON shapes (tests/fixtures/). What runs for real: login, host key
+    check, exec channels, the platform's command set and parsers, the poll's records."""
+    vendor_cli(box, platform)
+    try:
+        collector = CliCollector()
+        result = poll(switch(box, platform=platform, config=True), collector)
+        assert {s.port for s in result.samples} == ports
+        [facts] = of(result.records, DeviceFacts)
+        assert facts.interfaces == 4 and facts.sys_descr.startswith(("Arista", "Cisco"))
+        assert (neighbour[1], neighbour[2]) in {(n.remote_name, n.remote_port)
+                                                for n in of(result.records, LldpNeighbor) if n.port == neighbour[0]}
+        assert ("Ethernet1/1", 31) in {(a.port, a.prefix_len) for a in of(result.records, InterfaceAddress)}
+        [config] = [p for p in result.records if getattr(p, "measurement", None) == "device_config"]
+        text = config.fields["text"]
+        assert "### running-config: show running-config" in text and "hostname" in text
+        assert "!Time" not in text and "! Command" not in text
+        # what the fixtures leave out on purpose (an interface without counters, a bad address) is noted
+        assert all("left out" in str(e) for e in collector.problems["sw-1"]), collector.problems
+    finally:
+        box.run("umount", "--lazy", "/usr/local/bin")

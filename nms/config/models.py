@@ -489,7 +489,7 @@ class GnmiSettings(Strict):
         return self
 
 
-CLI_PLATFORMS = ("linux",)  # netmiko device types the CLI collector has commands and parsers for
+CLI_PLATFORMS = ("linux", "arista_eos", "cisco_nxos")  # netmiko device types with a command set (collectors/cli.py)
 
 
 class CliSettings(Strict):
