@@ -20,7 +20,7 @@ from nms.records import U64_MAX, DeviceFacts, InterfaceAddress, LldpNeighbor, Op
 
 PREAMBLE = ""  # EOS's CLI takes the command as it is
 LINKS = "show interfaces | json"
-SPEEDS = None  # `bandwidth` of LINKS
+SPEEDS = None  # `bandwidth` of LINKS (cli.py reads no speeds and no chassis when these are None)
 FACTS = "show version | json"
 ADDRESSES = "show ip interface | json"
 LLDP_NEIGHBORS = "show lldp neighbors detail | json"
@@ -80,10 +80,6 @@ def port_samples(device: str, text: str, ts: int, speed_bps: dict[str, int], kee
     if interfaces and not samples and notes:
         raise Bad(f"none of its {len(interfaces)} interfaces is usable: {notes[0]}")
     return samples, len(interfaces)
-
-
-def speeds(text: str) -> dict[str, int]:
-    return {}
 
 
 def facts(device: str, text: str, ts: int, interfaces: int, chassis_id: str | None) -> DeviceFacts:
@@ -162,10 +158,6 @@ def neighbors(device: str, text: str, ts: int, keep: Callable[[str], bool], note
             except ValueError as e:
                 notes.append(f"{port!r}: {_reason(e)}")
     return out
-
-
-def local_chassis_id(text: str) -> str | None:
-    return None
 
 
 def normalize(text: str, kind: str | None) -> str:

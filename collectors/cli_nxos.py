@@ -94,10 +94,6 @@ def port_samples(device: str, text: str, ts: int, speed_bps: dict[str, int], kee
     return samples, len(table)
 
 
-def speeds(text: str) -> dict[str, int]:
-    return {}
-
-
 def facts(device: str, text: str, ts: int, interfaces: int, chassis_id: str | None) -> DeviceFacts:
     """`show version | json` -> DeviceFacts: host name, chassis and NX-OS version, kernel uptime."""
     doc = _json(text)
@@ -166,10 +162,6 @@ def neighbors(device: str, text: str, ts: int, keep: Callable[[str], bool], note
         except ValueError as e:
             notes.append(f"{port!r}: {_reason(e)}")
     return out
-
-
-def local_chassis_id(text: str) -> str | None:
-    return None
 
 
 def normalize(text: str, kind: str | None) -> str:
