@@ -85,8 +85,10 @@ def link_events(request: Request, device: list[str] = Param([], description="onl
 
 @router.get("/fabric/stream", response_class=EventStream, dependencies=[Depends(require_ui("read"))],
             summary="Live link states and utilization (Server-Sent Events)",
-            responses={200: {"description": LINK_STREAM_DOC,
-                             "content": {"text/event-stream": {"schema": {"type": "string"}}}}})
+            responses={200: {"description": LINK_STREAM_DOC, "content": {"text/event-stream": {"schema": {
+                "type": "object", "description": "one event",
+                "properties": {"event": {"enum": ["topology", "jobs", "links", "link_event"]},
+                               "data": {"type": "string", "description": "JSON"}, "id": {"type": "string"}}}}}}})
 async def fabric_stream(request: Request,
                         last_event_id: int | None = Header(None, ge=0, le=2**63 - 1,
                                                            description="resume: the link state changes after "

@@ -115,6 +115,7 @@ export class Drawing {
 
   // Incidents on their elements: a class on the element and a marker with the summary.
   markIncidents(incidents, onPick) {
+    if (!this.markLayer) return;  // not drawn yet: build() marks them
     for (const g of [...this.links.values(), ...this.nodes.values()]) {
       g.classList.remove("incident");
       delete g.dataset.incident;
