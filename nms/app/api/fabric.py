@@ -18,7 +18,7 @@ from nms.records import DeviceStatus, FabricPath, FabricTopology, LinkEvent, Por
 from nms.topology import ecmp_paths
 
 router = APIRouter(tags=["fabric"], responses=AUTH_RESPONSES)
-read = [Depends(require("read"))]
+reads = APIRouter(dependencies=[Depends(require("read"))])  # bearer only; /fabric/stream also takes the view's cookie
 
 
 class PortView(BaseModel):
@@ -36,14 +36,14 @@ class PathSet(BaseModel):
     paths: list[FabricPath]
 
 
-@router.get("/topology", dependencies=read, response_model=FabricTopology,
-            summary="Nodes and cables from LLDP, reconciled with the inventory (ok/missing/miscabled/...)")
+@reads.get("/topology", response_model=FabricTopology,
+           summary="Nodes and cables from LLDP, reconciled with the inventory (ok/missing/miscabled/...)")
 def topology(request: Request) -> FabricTopology:
     return request.app.state.service.poller.topology()
 
 
-@router.get("/topology/paths", dependencies=read, response_model=PathSet, summary="The equal-cost paths between two hosts",
-            responses={404: {"model": ErrorDetail, "description": "unknown node"}})
+@reads.get("/topology/paths", response_model=PathSet, summary="The equal-cost paths between two hosts",
+           responses={404: {"model": ErrorDetail, "description": "unknown node"}})
 def paths(request: Request, src: str = Param(min_length=1, max_length=128),
           dst: str = Param(min_length=1, max_length=128),
           include_down: bool = Param(False, description="also use cables that are down")) -> PathSet:
@@ -55,12 +55,12 @@ def paths(request: Request, src: str = Param(min_length=1, max_length=128),
     return PathSet(src=src, dst=dst, paths=ecmp_paths(topo, src, dst, include_down=include_down))
 
 
-@router.get("/devices", dependencies=read, response_model=list[DeviceStatus], summary="Collector status per device")
+@reads.get("/devices", response_model=list[DeviceStatus], summary="Collector status per device")
 def devices(request: Request) -> list[DeviceStatus]:
     return request.app.state.service.poller.devices()
 
 
-@router.get("/ports", dependencies=read, response_model=list[PortView], summary="Latest counters, rates and flap count per port")
+@reads.get("/ports", response_model=list[PortView], summary="Latest counters, rates and flap count per port")
 def ports(request: Request, device: list[str] = Param([], description="only these devices (repeatable)")) -> list[PortView]:
     poller = request.app.state.service.poller
     recent = poller.recent
@@ -75,12 +75,15 @@ def ports(request: Request, device: list[str] = Param([], description="only thes
     return out
 
 
-@router.get("/links/events", dependencies=read, response_model=list[LinkEvent], summary="Recent link state changes (newest last)")
+@reads.get("/links/events", response_model=list[LinkEvent], summary="Recent link state changes (newest last)")
 def link_events(request: Request, device: list[str] = Param([], description="only these devices (repeatable)"),
                 limit: int = Param(1000, ge=1, le=10_000)) -> list[LinkEvent]:
     wanted = set(device)
     events = [e for e in request.app.state.service.poller.recent.events if not wanted or e.device in wanted]
     return events[-limit:]
+
+
+router.include_router(reads)
 
 
 @router.get("/fabric/stream", response_class=EventStream, dependencies=[Depends(require_ui("read"))],

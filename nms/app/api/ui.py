@@ -102,7 +102,8 @@ def asset(name: str) -> FileResponse:
 @router.post("/session", response_model=SessionInfo, summary="Log in the live view: a read token -> a session cookie",
              responses={400: {"model": ErrorDetail, "description": "body is not JSON {\"token\": \"...\"}"},
                         401: {"model": ErrorDetail, "description": "invalid token"},
-                        403: {"model": ErrorDetail, "description": "token lacks scope read, or Origin is not this site"}},
+                        403: {"model": ErrorDetail,
+                              "description": "token lacks scope read, or Origin is not this site"}},
              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
                  "type": "object", "required": ["token"], "additionalProperties": False,
                  "properties": {"token": {"type": "string", "minLength": 1, "maxLength": 4096}}}}}}})
