@@ -114,10 +114,19 @@ def flatten(evidence: dict, prefix: str = "") -> dict:
 
 
 def shown_as(value, text: str) -> bool:
-    """The details panel shows numbers with 4 significant digits, lists joined by commas."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return text == (", ".join(map(str, value)) if isinstance(value, list) else str(value))
-    return abs(float(text) - value) <= 1e-3 * max(abs(value), 1e-9)
+    """As details.js formats evidence: numbers to 4 significant digits, lists joined by ", ",
+    null as "-", booleans as JavaScript writes them."""
+    if value is None:
+        return text == "-"
+    if isinstance(value, bool):
+        return text == str(value).lower()
+    if isinstance(value, (int, float)):
+        return abs(float(text) - value) <= 1e-3 * max(abs(value), 1e-9)
+    if isinstance(value, list):
+        parts = text.split(", ") if text else []
+        return len(parts) == len(value) and all(
+            isinstance(v, (dict, list)) or shown_as(v, p) for v, p in zip(value, parts))
+    return text == str(value)
 
 
 def log_in(driver, url: str, token: str) -> None:
@@ -194,14 +203,16 @@ def test_a_link_down_turns_red_within_2s_its_incident_shows_and_it_heals(mesh, b
         details = browser.find_element("id", "details").text
         assert incident["kind"] in details and incident["summary"] in details and "evidence" in details
 
-        def evidence_shown() -> bool:  # the panel's rows = the incident's evidence (it may update meanwhile)
-            rows = js(browser, "return [...document.querySelectorAll('#details table.evidence tr')].map("
-                               "tr => [tr.cells[0].textContent, tr.cells[1].textContent])")
-            want = flatten(mesh.api("GET", f"/incidents/{incident_id}").json()["evidence"])
-            return bool(rows) and dict(rows).keys() == want.keys() and all(
-                shown_as(want[k], v) for k, v in rows)
+        seen = {}
 
-        assert wait_for(evidence_shown, 10)
+        def evidence_shown() -> bool:  # the panel's rows = the incident's evidence (it may update meanwhile)
+            seen["rows"] = js(browser, "return [...document.querySelectorAll('#details table.evidence tr')].map("
+                                       "tr => [tr.cells[0].textContent, tr.cells[1].textContent])")
+            seen["want"] = flatten(mesh.api("GET", f"/incidents/{incident_id}").json()["evidence"])
+            rows, want = seen["rows"], seen["want"]
+            return bool(rows) and dict(rows).keys() == want.keys() and all(shown_as(want[k], v) for k, v in rows)
+
+        assert wait_for(evidence_shown, 10), seen
     finally:
         faults.heal(mesh.dir, fault["id"])
     healed = time.monotonic()
