@@ -3,7 +3,7 @@
 # Usage: bash scripts/test.sh [pytest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/apt.sh influxdb snmpd snmp lldpd iperf3 nftables iproute2 procps python3-pyverbs openssh-server openssl gcc libc6-dev
+bash scripts/apt.sh influxdb snmpd snmp lldpd iperf3 nftables iproute2 procps python3-pyverbs openssh-server openssl gcc libc6-dev chromium chromium-driver
 bash scripts/install.sh test
 echo "== running tests"
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

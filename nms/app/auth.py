@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import time
 from dataclasses import dataclass
 
 from fastapi import Depends, HTTPException, Request
@@ -83,6 +84,79 @@ def require(scope: str):
             raise HTTPException(401, "invalid token", headers={"WWW-Authenticate": "Bearer"})
         if not principal.allows(scope):
             metrics.auth_failures.labels("scope").inc()
+            raise HTTPException(403, f"token {principal.name!r} lacks scope {scope!r}")
+        return principal
+
+    return check
+
+
+# --- browser sessions (the live fabric view, nms/app/api/ui.py) ---------------------------------
+# EventSource cannot send an Authorization header and a token in a URL ends up in logs, so the
+# page's login form posts the token once and gets a cookie holding a random session id. The
+# cookie is accepted only where a route asks for it (`require_ui`): the UI's pages and the two
+# read-only streams it follows, never ingest or act.
+
+SESSION_COOKIE = "nms_session"
+
+
+@dataclass
+class _Session:
+    principal: Principal
+    expires: float  # time.monotonic()
+
+
+class SessionStore:
+    """Server-side sessions: the hash of a random id -> the token's identity and scopes, until
+    `ttl_s` after login or logout. In memory: a restart logs everyone out. At most `limit` live
+    sessions; the oldest goes first."""
+
+    def __init__(self, ttl_s: float, limit: int = 10_000):
+        self.ttl_s = ttl_s
+        self.limit = limit
+        self._by_hash: dict[str, _Session] = {}  # insertion order = login order
+
+    def __len__(self) -> int:
+        self._expire()
+        return len(self._by_hash)
+
+    def create(self, principal: Principal) -> str:
+        self._expire()
+        while len(self._by_hash) >= self.limit:
+            self._by_hash.pop(next(iter(self._by_hash)))
+        session_id = secrets.token_urlsafe(32)
+        self._by_hash[hash_token(session_id)] = _Session(principal, time.monotonic() + self.ttl_s)
+        return session_id
+
+    def lookup(self, session_id: str) -> Principal | None:
+        session = self._by_hash.get(hash_token(session_id))
+        if session is None or session.expires <= time.monotonic():
+            return None
+        return session.principal
+
+    def delete(self, session_id: str) -> bool:
+        return self._by_hash.pop(hash_token(session_id), None) is not None
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for key in [k for k, s in self._by_hash.items() if s.expires <= now]:
+            del self._by_hash[key]
+
+
+def require_ui(scope: str):
+    """FastAPI dependency for the routes the browser view uses: a bearer token as `require`, or
+    else a session cookie (401 without either, 403 when its token lacked `scope`)."""
+    by_token = require(scope)
+
+    def check(request: Request, creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Principal:
+        session_id = request.cookies.get(SESSION_COOKIE)
+        if creds is not None or not session_id:
+            return by_token(request, creds)
+        principal = request.app.state.sessions.lookup(session_id)
+        if principal is None:
+            request.app.state.metrics.auth_failures.labels("session").inc()
+            raise HTTPException(401, "no valid session; log in again", headers={"WWW-Authenticate": "Bearer"})
+        if not principal.allows(scope):
+            request.app.state.metrics.auth_failures.labels("scope").inc()
             raise HTTPException(403, f"token {principal.name!r} lacks scope {scope!r}")
         return principal
 

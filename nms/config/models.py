@@ -211,6 +211,7 @@ class ApiConfig(Strict):
     max_body_bytes: ByteSize = 16 << 20
     max_items_per_batch: int = Field(50_000, ge=1)
     tokens: list[TokenConfig] = []
+    session_ttl: Seconds = 8 * 3600.0  # a browser session of the live view (/ui) lasts this long
 
     @field_validator("host")
     @classmethod

@@ -11,8 +11,8 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from nms import __version__
-from nms.app.api import agents, audits, clock, fabric, incidents, ingest, jobs, notifications, system, telemetry
-from nms.app.auth import TokenRegistry
+from nms.app.api import agents, audits, clock, fabric, incidents, ingest, jobs, notifications, system, telemetry, ui
+from nms.app.auth import SessionStore, TokenRegistry
 from nms.app.service import Service
 from nms.store import StoreError, StoreUnavailable
 
@@ -141,6 +141,7 @@ def create_app(service: Service, manage_lifecycle: bool = True) -> FastAPI:
     )
     app.state.service = service
     app.state.tokens = TokenRegistry(service.config.api.tokens)
+    app.state.sessions = SessionStore(service.config.api.session_ttl)  # the live view's logins (/ui)
     app.state.metrics = service.metrics
 
     @app.exception_handler(StoreUnavailable)
@@ -152,9 +153,10 @@ def create_app(service: Service, manage_lifecycle: bool = True) -> FastAPI:
     async def store_error(request: Request, exc: StoreError):
         return JSONResponse({"detail": f"telemetry store error: {exc}"}, status_code=502)
 
-    for module in (system, ingest, telemetry, jobs, fabric, agents, clock, notifications, incidents, audits):
+    for module in (system, ingest, telemetry, jobs, fabric, agents, clock, notifications, incidents, audits, ui):
         app.include_router(module.router)
     _add_ingest_schemas(app)
     app.add_middleware(RequestMetrics, metrics=service.metrics)
+    app.add_middleware(ui.UiHeaders)
     app.add_middleware(BodyLimit, limit=service.config.api.max_body_bytes)
     return app

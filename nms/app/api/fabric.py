@@ -1,4 +1,5 @@
-"""The fabric as the collectors see it: topology, per-device collector status, ports, link events.
+"""The fabric as the collectors see it: topology, per-device collector status, ports, link events,
+and a live stream of link states and utilization (what the live view, /ui, draws).
 
 These read the service's in-memory recent window (what the last polls found). History of rates
 and counters is in the store: `GET /telemetry/latest?measurement=port_rates` or
@@ -7,14 +8,17 @@ and counters is in the store: `GET /telemetry/latest?measurement=port_rates` or
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, HTTPException, Query as Param, Request
+from fastapi import APIRouter, Depends, Header, HTTPException, Query as Param, Request
 from pydantic import BaseModel
 
-from nms.app.auth import AUTH_RESPONSES, ErrorDetail, require
+from nms.app.api.fabric_view import LINK_STREAM_DOC, FabricViews, link_stream
+from nms.app.api.sse import HEADERS, EventStream
+from nms.app.auth import AUTH_RESPONSES, ErrorDetail, require, require_ui
 from nms.records import DeviceStatus, FabricPath, FabricTopology, LinkEvent, PortRates, PortSample
 from nms.topology import ecmp_paths
 
-router = APIRouter(tags=["fabric"], dependencies=[Depends(require("read"))], responses=AUTH_RESPONSES)
+router = APIRouter(tags=["fabric"], responses=AUTH_RESPONSES)
+reads = APIRouter(dependencies=[Depends(require("read"))])  # bearer only; /fabric/stream also takes the view's cookie
 
 
 class PortView(BaseModel):
@@ -32,14 +36,14 @@ class PathSet(BaseModel):
     paths: list[FabricPath]
 
 
-@router.get("/topology", response_model=FabricTopology,
-            summary="Nodes and cables from LLDP, reconciled with the inventory (ok/missing/miscabled/...)")
+@reads.get("/topology", response_model=FabricTopology,
+           summary="Nodes and cables from LLDP, reconciled with the inventory (ok/missing/miscabled/...)")
 def topology(request: Request) -> FabricTopology:
     return request.app.state.service.poller.topology()
 
 
-@router.get("/topology/paths", response_model=PathSet, summary="The equal-cost paths between two hosts",
-            responses={404: {"model": ErrorDetail, "description": "unknown node"}})
+@reads.get("/topology/paths", response_model=PathSet, summary="The equal-cost paths between two hosts",
+           responses={404: {"model": ErrorDetail, "description": "unknown node"}})
 def paths(request: Request, src: str = Param(min_length=1, max_length=128),
           dst: str = Param(min_length=1, max_length=128),
           include_down: bool = Param(False, description="also use cables that are down")) -> PathSet:
@@ -51,12 +55,12 @@ def paths(request: Request, src: str = Param(min_length=1, max_length=128),
     return PathSet(src=src, dst=dst, paths=ecmp_paths(topo, src, dst, include_down=include_down))
 
 
-@router.get("/devices", response_model=list[DeviceStatus], summary="Collector status per device")
+@reads.get("/devices", response_model=list[DeviceStatus], summary="Collector status per device")
 def devices(request: Request) -> list[DeviceStatus]:
     return request.app.state.service.poller.devices()
 
 
-@router.get("/ports", response_model=list[PortView], summary="Latest counters, rates and flap count per port")
+@reads.get("/ports", response_model=list[PortView], summary="Latest counters, rates and flap count per port")
 def ports(request: Request, device: list[str] = Param([], description="only these devices (repeatable)")) -> list[PortView]:
     poller = request.app.state.service.poller
     recent = poller.recent
@@ -71,9 +75,28 @@ def ports(request: Request, device: list[str] = Param([], description="only thes
     return out
 
 
-@router.get("/links/events", response_model=list[LinkEvent], summary="Recent link state changes (newest last)")
+@reads.get("/links/events", response_model=list[LinkEvent], summary="Recent link state changes (newest last)")
 def link_events(request: Request, device: list[str] = Param([], description="only these devices (repeatable)"),
                 limit: int = Param(1000, ge=1, le=10_000)) -> list[LinkEvent]:
     wanted = set(device)
     events = [e for e in request.app.state.service.poller.recent.events if not wanted or e.device in wanted]
     return events[-limit:]
+
+
+router.include_router(reads)
+
+
+@router.get("/fabric/stream", response_class=EventStream, dependencies=[Depends(require_ui("read"))],
+            summary="Live link states and utilization (Server-Sent Events)",
+            responses={200: {"description": LINK_STREAM_DOC, "content": {"text/event-stream": {"schema": {
+                "type": "object", "description": "one event",
+                "properties": {"event": {"enum": ["topology", "jobs", "links", "link_event"]},
+                               "data": {"type": "string", "description": "JSON"}, "id": {"type": "string"}}}}}}})
+async def fabric_stream(request: Request,
+                        last_event_id: int | None = Header(None, ge=0, le=2**63 - 1,
+                                                           description="resume: the link state changes after "
+                                                                       "this id (ns) come first")):
+    views = getattr(request.app.state, "fabric_views", None)
+    if views is None:
+        views = request.app.state.fabric_views = FabricViews(request.app.state.service)
+    return EventStream(link_stream(request, views, last_event_id), headers=HEADERS)

@@ -9,10 +9,11 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from nms.app.auth import AUTH_RESPONSES, BAD_BODY_RESPONSE, ErrorDetail, Principal, require
+from nms.app.api.sse import HEADERS, KEEPALIVE_S, EventStream, should_end
+from nms.app.api.sse import sse as _sse
+from nms.app.auth import AUTH_RESPONSES, BAD_BODY_RESPONSE, ErrorDetail, Principal, require, require_ui
 from nms.app.binding import require_unbound
 from nms.app.incidents import StreamEvent, Subscription
 from nms.records import FaultKind, Incident, IncidentState, TimestampNs
@@ -21,7 +22,6 @@ from nms.state import IncidentEventEntry
 router = APIRouter(prefix="/incidents", tags=["incidents"], responses={**AUTH_RESPONSES, **BAD_BODY_RESPONSE})
 IncidentId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 NOT_FOUND = {404: {"model": ErrorDetail, "description": "no such incident"}}
-KEEPALIVE_S = 15.0  # a comment line this often keeps proxies and clients from timing out an idle stream
 TICK_S = 1.0  # how often an idle stream checks for a gone client or a stopping server
 
 
@@ -29,10 +29,6 @@ class AckBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     comment: str | None = Field(None, max_length=1024, description="kept with the acknowledged event")
-
-
-class EventStream(StreamingResponse):
-    media_type = "text/event-stream"
 
 
 def _manager(request: Request):
@@ -46,10 +42,6 @@ def _incident(request: Request, incident_id: int) -> Incident:
     return incident
 
 
-def _sse(event: str, data: str, event_id: int | None = None) -> str:
-    return f"event: {event}\n" + (f"id: {event_id}\n" if event_id is not None else "") + f"data: {data}\n\n"
-
-
 def _item(item: StreamEvent) -> str:
     return _sse(item.event.event, item.event.model_dump_json(), item.id)
 
@@ -57,12 +49,6 @@ def _item(item: StreamEvent) -> str:
 async def _stream(request: Request, sub: Subscription, snapshot: bool) -> AsyncIterator[str]:
     """The stream follows the service: it ends when the client goes, the server is stopping, or the
     service is not running (then at once, after the snapshot and backlog: nothing live can come)."""
-    async def give_up() -> bool:
-        server = getattr(request.app.state, "server", None)  # set by `nms serve`
-        scheduler = request.app.state.service.scheduler  # set by Service.start, stopped by Service.stop
-        return (bool(getattr(server, "should_exit", False)) or scheduler is None or not scheduler.running
-                or await request.is_disconnected())
-
     try:
         yield ": incident events\n\n"
         for incident in sub.snapshot if snapshot else ():
@@ -70,7 +56,7 @@ async def _stream(request: Request, sub: Subscription, snapshot: bool) -> AsyncI
         for item in sub.backlog:
             yield _item(item)
         written = time.monotonic()
-        while not await give_up():
+        while not await should_end(request):
             try:
                 item = await asyncio.wait_for(anext(sub), TICK_S)
             except TimeoutError:
@@ -88,21 +74,21 @@ async def _stream(request: Request, sub: Subscription, snapshot: bool) -> AsyncI
         sub.close()
 
 
-@router.get("/stream", response_class=EventStream, dependencies=[Depends(require("read"))],
+@router.get("/stream", response_class=EventStream, dependencies=[Depends(require_ui("read"))],
             summary="Live incident events (Server-Sent Events)",
             responses={200: {"description": "`text/event-stream`: `event: opened|updated|resolved|acknowledged`, "
                                             "`id:` the event's rising id, `data:` the IncidentEvent as JSON; with "
                                             "?state=open first `event: snapshot` lines, `data:` an open Incident; "
                                             f"a comment line every {KEEPALIVE_S:g} s when idle. It ends when the "
-                                            "service stops (at once when it is not running)",
+                                            "service stops (at once when it is not running). Also accepts the "
+                                            "live view's session cookie (/ui)",
                              "content": {"text/event-stream": {"schema": {"type": "string"}}}}})
 async def stream(request: Request,
                  state: Literal["open"] | None = Query(None, description="open: first the incidents open now"),
                  last_event_id: int | None = Header(None, ge=0, le=2**63 - 1,
                                                     description="resume: the events after this id come first")):
     sub = _manager(request).subscribe(after=last_event_id)
-    return EventStream(_stream(request, sub, snapshot=state == "open"),
-                       headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return EventStream(_stream(request, sub, snapshot=state == "open"), headers=HEADERS)
 
 
 @router.get("", response_model=list[Incident], dependencies=[Depends(require("read"))],
