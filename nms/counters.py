@@ -24,6 +24,10 @@ and the host agent. The rules (docs/snmp.md explains them with examples):
   stays the base, so the next change is measured over the whole time it took. Otherwise such a
   device gives 0 and then a multiple of the true rate, which the bound above drops. A port idle
   longer than the hold gets its rate of 0 then.
+* Egress queues (`QueueSample` -> `QueueRates`, `queue_rates`) follow the same rules. A queue has
+  no sysUpTime: a 64-bit counter going back (the queue or qdisc was re-created) drops the interval.
+  What a queue transmits is bounded by its port's speed; what it drops is not (many ports can
+  send into one: incast), only by the absolute bound.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from nms.records import PortRates, PortSample
+from nms.records import PortRates, PortSample, QueueRates, QueueSample
 
 U32 = 1 << 32
 U64 = 1 << 64
@@ -55,6 +59,14 @@ RATE_FIELDS: dict[str, tuple[str, int, str]] = {
 }
 # counters needed only for plausibility (packets) are checked too, not stored as rates
 CHECKED_ONLY = {"in_pkts": "packets", "out_pkts": "packets"}
+# QueueSample counter -> (QueueRates field, multiplier, kind, bounded by the port's speed)
+QUEUE_RATE_FIELDS: dict[str, tuple[str, int, str, bool]] = {
+    "transmit_octets": ("transmit_bps", 8, "bits", True),
+    "transmit_pkts": ("transmit_pps", 1, "packets", True),
+    "dropped_octets": ("dropped_bps", 8, "bits", False),
+    "dropped_pkts": ("dropped_pps", 1, "packets", False),
+    "ecn_marked_pkts": ("ecn_marked_pps", 1, "packets", True),
+}
 
 
 def counter_delta(prev: int, cur: int, bits: int) -> int | None:
@@ -102,7 +114,7 @@ def per_second(delta: int, elapsed_ns: int, scale: int = 1) -> float:
 
 @dataclass(frozen=True)
 class RateResult:
-    rates: PortRates | None
+    rates: PortRates | QueueRates | None
     dropped: str | None = None  # why the whole interval was dropped
     implausible: tuple[str, ...] = ()  # counters whose rate was impossible (left out)
 
@@ -170,28 +182,73 @@ def not_refreshed(prev: PortSample, cur: PortSample) -> bool:
             and prev.discontinuity_ticks == cur.discontinuity_ticks and prev.counter_bits == cur.counter_bits)
 
 
+def queue_rates(prev: QueueSample, cur: QueueSample, bits: Mapping[str, int], speed_bps: int | None = None,
+                max_utilization: float = DEFAULT_MAX_UTILIZATION, min_interval_ns: int = NS // 10) -> RateResult:
+    """Rates of one egress queue between two samples, or why there are none. `bits` gives counter
+    widths by QueueSample attribute (Linux qdisc drops are 32-bit); `speed_bps` is the port's, when
+    known (bounds what the queue can transmit)."""
+    if (prev.device, prev.port, prev.queue) != (cur.device, cur.port, cur.queue):
+        raise ValueError("samples of different queues")
+    elapsed = cur.ts - prev.ts
+    if elapsed < min_interval_ns:
+        return RateResult(None, f"interval {elapsed} ns is too short or negative")
+    deltas: dict[str, tuple[int, int]] = {}  # counter -> (delta, width)
+    for counter in QUEUE_RATE_FIELDS:
+        a, b = getattr(prev, counter), getattr(cur, counter)
+        if a is None or b is None:
+            continue
+        width = bits.get(counter, 64)
+        delta = counter_delta(a, b, width)
+        if delta is None:
+            return RateResult(None, f"{counter} went backwards on a 64-bit counter (the queue was reset)")
+        deltas[counter] = (delta, width)
+    values: dict[str, float] = {}
+    implausible: list[str] = []
+    for counter, (delta, width) in deltas.items():
+        field, scale, kind, by_port = QUEUE_RATE_FIELDS[counter]
+        rate = per_second(delta, elapsed, scale)
+        if rate > max_rate(kind, speed_bps if by_port else None, max_utilization):
+            if width == 32 and getattr(cur, counter) < getattr(prev, counter):
+                return RateResult(None, f"{counter} went backwards and no single wrap explains it")
+            implausible.append(counter)
+            continue
+        values[field] = rate
+    rates = QueueRates(device=cur.device, port=cur.port, queue=cur.queue, ts=cur.ts, interval_s=elapsed / NS,
+                       **values)
+    return RateResult(rates, None, tuple(implausible))
+
+
 class RateTracker:
-    """Keeps the previous sample per (device, port) and turns each new sample into rates."""
+    """Keeps the previous sample per (device, port) (per (device, port, queue) for queues) and turns
+    each new sample into rates."""
 
     def __init__(self, bits: Mapping[str, int] | None = None, max_utilization: float = DEFAULT_MAX_UTILIZATION,
                  unchanged_hold_s: float = DEFAULT_UNCHANGED_HOLD_S):
         self.bits = dict(bits or {})
         self.max_utilization = max_utilization
         self.unchanged_hold_ns = int(unchanged_hold_s * NS)
-        self._last: dict[tuple[str, str], PortSample] = {}
+        self._last: dict[tuple[str, ...], PortSample | QueueSample] = {}
         self.dropped = 0
 
-    def update(self, sample: PortSample, bits: Mapping[str, int] | None = None) -> RateResult:
-        key = (sample.device, sample.port)
+    def update(self, sample: PortSample | QueueSample, bits: Mapping[str, int] | None = None,
+               speed_bps: int | None = None) -> RateResult:
+        """`speed_bps`: the port's speed, for a QueueSample (a PortSample carries its own)."""
+        is_queue = isinstance(sample, QueueSample)
+        key = (sample.device, sample.port, sample.queue) if is_queue else (sample.device, sample.port)
         prev = self._last.get(key)
         if prev is not None and sample.ts <= prev.ts:
             return RateResult(None, "sample is not newer than the previous one")
-        if prev is not None and sample.ts - prev.ts < self.unchanged_hold_ns and not_refreshed(prev, sample):
+        if (prev is not None and not is_queue and sample.ts - prev.ts < self.unchanged_hold_ns
+                and not_refreshed(prev, sample)):
             return RateResult(None, HELD)
         self._last[key] = sample
         if prev is None:
             return RateResult(None, FIRST)
-        result = port_rates(prev, sample, bits if bits is not None else self.bits, self.max_utilization)
+        widths = bits if bits is not None else self.bits
+        if is_queue:
+            result = queue_rates(prev, sample, widths, speed_bps, self.max_utilization)
+        else:
+            result = port_rates(prev, sample, widths, self.max_utilization)
         if result.rates is None:
             self.dropped += 1
         return result

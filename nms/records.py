@@ -145,6 +145,44 @@ class PortRates(TelemetryRecord):
     out_discards_ps: float | None = Field(None, ge=0)
 
 
+class QueueSample(TelemetryRecord):
+    """Raw counters of one egress queue of one switch port at one instant (openconfig-qos
+    /qos/interfaces/interface/output/queues/queue/state, or a Linux qdisc). ECN marks only where
+    the source counts them: None is "not counted here", never zero."""
+
+    measurement: ClassVar[str] = "queue_counters"
+    tag_keys: ClassVar[tuple[str, ...]] = ("device", "port", "queue")
+
+    device: Ident
+    port: Ident
+    queue: Ident = Field(description="the queue's name on the port (openconfig-qos `name`; Linux: the qdisc's "
+                                     "parent, `root` for the port's root qdisc)")
+    ts: TimestampNs
+    transmit_pkts: Counter | None = None
+    transmit_octets: Counter | None = None
+    dropped_pkts: Counter | None = Field(None, description="tail drops and AQM drops of the queue (overrun)")
+    dropped_octets: Counter | None = None
+    ecn_marked_pkts: Counter | None = Field(None, description="packets whose ECN codepoint went from ECT to CE")
+
+
+class QueueRates(TelemetryRecord):
+    """Per-second rates of one egress queue over one interval (the counter math of PortRates)."""
+
+    measurement: ClassVar[str] = "queue_rates"
+    tag_keys: ClassVar[tuple[str, ...]] = ("device", "port", "queue")
+
+    device: Ident
+    port: Ident
+    queue: Ident
+    ts: TimestampNs
+    interval_s: float = Field(gt=0)
+    transmit_bps: float | None = Field(None, ge=0)
+    transmit_pps: float | None = Field(None, ge=0)
+    dropped_pps: float | None = Field(None, ge=0)
+    dropped_bps: float | None = Field(None, ge=0)
+    ecn_marked_pps: float | None = Field(None, ge=0)
+
+
 class HostNicSample(TelemetryRecord):
     """Counters of one host NIC (sysfs / ethtool -S)."""
 
@@ -462,6 +500,8 @@ class NcclProxyStep(_NcclEvent):
 INGEST_KINDS: dict[str, type[TelemetryRecord] | type[GenericPoint]] = {
     "port_samples": PortSample,
     "port_rates": PortRates,
+    "queue_samples": QueueSample,
+    "queue_rates": QueueRates,
     "host_nic_samples": HostNicSample,
     "probe_windows": ProbeWindow,
     "path_events": PathEvent,

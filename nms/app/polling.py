@@ -3,10 +3,10 @@
 Each job runs the collector with the device's deadline. A failure (timeout, auth, bad response)
 is recorded on that device only; the device is then retried with exponential backoff (interval x
 2^(failures-1), at most `polling.backoff_max`), and no other device or later cycle waits for it.
-Results become rates (nms.counters), link events and flap counts (nms.linkstate), go to the store
+Results become rates (nms.counters: PortRates, and QueueRates of egress queues), link events and flap counts (nms.linkstate), go to the store
 and to an in-memory recent window that the API's /topology, /devices and /ports read (and that
 keeps each device's latest interface addresses for the correlator). `on_records`, when set, sees
-every poll's records plus the derived ones (PortRates, LinkEvent).
+every poll's records plus the derived ones (PortRates, QueueRates, LinkEvent).
 
 A poll may report several devices: a fabric manager (UFM) is polled as one device and returns the
 records of the switches it manages. The devices a poll covers are the ones its DeviceFacts name
@@ -42,6 +42,7 @@ from nms.records import (
     LldpNeighbor,
     PortRates,
     PortSample,
+    QueueSample,
 )
 from nms.topology import build_topology
 
@@ -284,6 +285,13 @@ class Poller:
             elif last is not None:
                 self.recent.samples[(sample.device, sample.port)] = last.model_copy(
                     update={"oper_status": sample.oper_status})
+        for queue in (r for r in records if isinstance(r, QueueSample)):
+            port = self.recent.samples.get((queue.device, queue.port))  # its speed bounds what it sends
+            rate = tracker.update(queue, result.counter_bits, port.speed_bps if port is not None else None)
+            if rate.rates is not None:
+                derived.append(rate.rates)
+            elif rate.dropped != FIRST:
+                self.metrics.dropped.labels(result.collector).inc()
         facts = [r for r in records if isinstance(r, DeviceFacts)]
         for f in facts:
             self.recent.facts[f.device] = f
