@@ -16,6 +16,7 @@ the chassis id from the facts):
 4. `lldpctl -f json` and `lldpcli -f json show chassis` (`lldp`) -> LldpNeighbor, the facts'
                                           chassis id
 5. `ip -4 -j address show`           -> InterfaceAddress per IPv4 address (the complete set)
+5a. `tc -s -j qdisc show`            -> QueueSample per egress queue (leaf qdisc): drops, ECN marks
 6. the running configuration (`config`, at most every `config_interval`): the CONFIG_SECTIONS
    commands under headers -> `device_config` and, when it changed, `device_config_change` points
    (collectors/cli_config.py)
@@ -48,7 +49,7 @@ PLATFORMS = {"linux": cli_linux, "arista_eos": cli_eos, "cisco_nxos": cli_nxos}
 
 class CliCollector(Collector):
     name = "cli"
-    counter_bits: dict[str, int] = {}  # the kernel's counters are 64-bit (stats64)
+    counter_bits: dict[str, int] = linux.COUNTER_BITS  # stats64 is 64-bit; a qdisc's drops are not
     link_state_rank = 10  # the kernel's operstate, read as it is at each poll
 
     def __init__(self, max_concurrency: int = 64) -> None:
@@ -150,8 +151,16 @@ class _Poll:
         facts = self._optional(p.FACTS, lambda out: p.facts(self.device, out, ts, interfaces, chassis))
         if facts is not None:
             records.append(facts)  # first: the service files a poll's facts under the polled device by it
-        self.records = records + samples + neighbors + self._addresses() + self._config()
+        self.records = records + samples + self._queues() + neighbors + self._addresses() + self._config()
         return self
+
+    def _queues(self) -> list:
+        notes: list[str] = []
+        before = time.time_ns()
+        found = self._optional(linux.QDISCS, lambda out: linux.queue_samples(
+            self.device, out, (before + time.time_ns()) // 2, self.keep, notes), "queue counters left out")
+        self._notes(linux.QDISCS, notes)
+        return found or []
 
     def _addresses(self) -> list:
         notes: list[str] = []

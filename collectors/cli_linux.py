@@ -15,7 +15,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from nms.records import U64_MAX, DeviceFacts, InterfaceAddress, LldpNeighbor, OperStatus, PortSample
+from nms import qdisc
+from nms.records import U64_MAX, DeviceFacts, InterfaceAddress, LldpNeighbor, OperStatus, PortSample, QueueSample
 
 # before every command: the admin tools' directories (a non-root login's PATH lacks them on Debian)
 # and the C locale (untranslated messages)
@@ -26,6 +27,9 @@ FACTS = "cat /proc/sys/kernel/hostname; uname -a; cat /proc/uptime"  # = hostnam
 ADDRESSES = "ip -4 -j address show"
 LLDP_NEIGHBORS = "lldpctl -f json"
 LLDP_CHASSIS = "lldpcli -f json show chassis"
+QDISCS = "tc -s -j qdisc show"  # egress queues (nms/qdisc.py); read-only, no root needed
+# widths of the counters that are not 64-bit: a qdisc's drops and ECN marks (PollResult.counter_bits)
+COUNTER_BITS = dict(qdisc.COUNTER_BITS)
 
 # The running configuration of a Linux switch: (name, what it is, command, required, state to
 # remove), each printed under a header. `required` sections must succeed for a snapshot to be
@@ -148,6 +152,15 @@ def port_samples(device: str, text: str, ts: int, speed_bps: dict[str, int], kee
     if links and not samples and notes:
         raise Bad(f"none of its {len(links)} interfaces is usable: {notes[0]}")
     return samples, len(links)
+
+
+def queue_samples(device: str, text: str, ts: int, keep: Callable[[str], bool], notes: list[str]) -> list[QueueSample]:
+    """`tc -s -j qdisc show` -> a QueueSample per egress queue (leaf qdisc) of a kept interface:
+    transmitted packets/octets, drops, ECN marks where the qdisc counts them (nms/qdisc.py)."""
+    try:
+        return qdisc.queue_samples(device, text, ts, keep, notes)
+    except qdisc.QdiscError as e:
+        raise Bad(str(e)) from None
 
 
 def facts(device: str, text: str, ts: int, interfaces: int, chassis_id: str | None) -> DeviceFacts:

@@ -7,7 +7,10 @@ contract; `nms collect gnmi --once`) is one Subscribe ONCE, or with `mode: poll`
 Subscribe POLL kept open across polls. Capabilities opens each connection: it checks the
 credentials and that the target serves openconfig-interfaces; then a Get of openconfig-system's
 /system/state gives the facts (hostname, software version, uptime; collectors/gnmi_inventory.py)
-where the target serves it.
+where the target serves it. Where the target lists openconfig-qos (or lists no models), the output
+queues' counters are SAMPLEd too (QueueSample: drops, ECN marks; collectors/gnmi_qos.py); a
+subscription refused for that path is noted and made again without it, so a target without the
+model is read as before.
 
 Updates are emitted in batches: counters of the interfaces a SAMPLE tick brought, when the stream
 has been quiet for `BATCH_GAP_S` or `BATCH_MAX_S` after the first of them (a target sends a tick as
@@ -32,6 +35,7 @@ from pygnmi.spec.v080 import gnmi_pb2, gnmi_pb2_grpc
 from collectors.base import (Collector, CollectorAuthError, CollectorBadResponse, CollectorConfigError,
                              CollectorTimeout, CollectorUnreachable, PollResult)
 from collectors import gnmi_inventory as inventory
+from collectors import gnmi_qos
 from collectors.gnmi_inventory import SystemState
 from collectors.gnmi_model import Port, apply, sample
 from nms.config.models import GnmiSettings, SwitchConfig
@@ -45,15 +49,20 @@ SAMPLED = ("interfaces/interface/state/counters",)
 ON_CHANGE = ("interfaces/interface/state/oper-status", "interfaces/interface/state/mtu",
              "interfaces/interface/ethernet/state/port-speed")
 AUTH_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+# how a target refuses a path it does not serve
+PATH_REFUSED = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED)
 
 
 def path(text: str) -> gnmi_pb2.Path:
     return gnmi_pb2.Path(elem=[gnmi_pb2.PathElem(name=p) for p in text.split("/")])
 
 
-def subscribe_request(mode: int, interval_s: float) -> gnmi_pb2.SubscribeRequest:
+def subscribe_request(mode: int, interval_s: float, queues: bool = False) -> gnmi_pb2.SubscribeRequest:
+    """The subscription of every device: interface counters SAMPLE, status ON_CHANGE, and with
+    `queues` the openconfig-qos output queues' counters SAMPLE."""
+    sampled = SAMPLED + ((gnmi_qos.PATH,) if queues else ())
     subs = [gnmi_pb2.Subscription(path=path(p), mode=gnmi_pb2.SAMPLE, sample_interval=int(interval_s * 1e9))
-            for p in SAMPLED]
+            for p in sampled]
     subs += [gnmi_pb2.Subscription(path=path(p), mode=gnmi_pb2.ON_CHANGE) for p in ON_CHANGE]
     if mode != gnmi_pb2.SubscriptionList.STREAM:  # ONCE and POLL take no per-subscription mode
         subs = [gnmi_pb2.Subscription(path=s.path) for s in subs]
@@ -82,6 +91,22 @@ class _Session:
                 options.append(("grpc.ssl_target_name_override", s.server_name))
             self.channel = grpc.aio.secure_channel(self.target, grpc.ssl_channel_credentials(*files), options=options)
         self.stub = gnmi_pb2_grpc.gNMIStub(self.channel)
+        self.queues_refused: str | None = None  # why this target refused the openconfig-qos path
+
+    def queues(self, caps: gnmi_pb2.CapabilityResponse) -> bool:
+        """Whether to subscribe to the output queues: asked for, the target lists openconfig-qos (or no
+        models at all), and has not refused the path."""
+        models = {m.name for m in caps.supported_models}
+        return self.settings.queues and self.queues_refused is None and (not models or gnmi_qos.MODEL in models)
+
+    def refused_queues(self, e: grpc.aio.AioRpcError, asked: bool) -> bool:
+        """A subscription with the queues refused for a path: remember it (the next asks without)."""
+        if not asked or e.code() not in PATH_REFUSED:
+            return False
+        self.queues_refused = f"{e.code().name}: {(e.details() or '')[:200]}"
+        log.warning("%s: %s refused the openconfig-qos subscription (%s): interfaces only", self.device,
+                    self.target, self.queues_refused)
+        return True
 
     def error(self, rpc: str, e: grpc.aio.AioRpcError) -> Exception:
         """A gRPC failure as the collector error of its kind (the details name no secret of ours)."""
@@ -127,6 +152,18 @@ class _Session:
         await self.channel.close()
 
 
+def fold(ports: dict[str, Port], queues: dict, notification, wanted) -> tuple:
+    """One notification into the interfaces and the queues: (its Update, queues whose counters it carried)."""
+    update = apply(ports, notification, wanted)
+    touched, problems = gnmi_qos.apply(queues, notification, wanted)
+    update.problems += problems
+    return update, touched
+
+
+class _QueuesRefused(Exception):
+    """The target refused the subscription for the queues' path (subscribe again without it)."""
+
+
 class _Responses:
     """A Subscribe call's responses through a reader task and a queue: timing out a grpc.aio
     read() would cancel the whole call."""
@@ -166,8 +203,9 @@ class _PollCall:
 
     def __init__(self, session: _Session, caps: gnmi_pb2.CapabilityResponse, system: SystemState) -> None:
         self.session, self.caps, self.system = session, caps, system
+        self.queues = session.queues(caps)
         self.requests: asyncio.Queue = asyncio.Queue()
-        self.requests.put_nowait(subscribe_request(gnmi_pb2.SubscriptionList.POLL, 0))
+        self.requests.put_nowait(subscribe_request(gnmi_pb2.SubscriptionList.POLL, 0, self.queues))
 
         async def outgoing():
             while True:
@@ -176,8 +214,9 @@ class _PollCall:
         self.responses = _Responses(session.stub.Subscribe(outgoing(), metadata=session.metadata))
         self.polls = 0
 
-    async def poll(self, wanted, timeout: float) -> tuple[dict[str, Port], list[str], int]:
+    async def poll(self, wanted, timeout: float) -> tuple[dict[str, Port], dict, list[str], int]:
         ports: dict[str, Port] = {}
+        queues: dict = {}
         problems: list[str] = []
         values, first, self.polls = 0, self.polls == 0, self.polls + 1
         if not first:
@@ -195,10 +234,10 @@ class _PollCall:
                 raise CollectorUnreachable(self.session.device, f"{self.session.target}: the target ended "
                                                                 "the POLL subscription")
             if response.HasField("update"):
-                problems += apply(ports, response.update, wanted).problems
+                problems += fold(ports, queues, response.update, wanted)[0].problems
                 values += len(response.update.update)
             elif response.sync_response:
-                return ports, problems, values
+                return ports, queues, problems, values
 
     def close(self) -> None:
         self.responses.close()
@@ -247,13 +286,14 @@ class GnmiCollector(Collector):
         """One poll: on the device's kept Subscribe POLL (`mode: poll`), else one Subscribe ONCE."""
         started_ns, t0 = time.time_ns(), time.perf_counter()
         if self.settings(device).mode == "poll":
-            ports, problems, values, caps, system = await self._poll(device)
+            ports, queues, problems, values, caps, system = await self._poll(device)
         else:
-            ports, problems, values, caps, system = await self._once(device)
+            ports, queues, problems, values, caps, system = await self._once(device)
         self._note(device.name, problems)
         now = time.time_ns()
         records: list[Any] = [system.facts(device.name, now, len(ports), caps.gNMI_version)]
         records += [sample(device.name, name, p, p.counters_ts or now, True) for name, p in sorted(ports.items())]
+        records += gnmi_qos.samples(device.name, queues, queues, now)
         return PollResult(device=device.name, collector=self.name, started_ns=started_ns,
                           duration_s=time.perf_counter() - t0, records=records, counter_bits=self.counter_bits,
                           values=values)
@@ -263,22 +303,29 @@ class GnmiCollector(Collector):
         caps = await session.capabilities()
         problems: list[str] = []
         system = await session.inventory(caps, problems)
-        ports: dict[str, Port] = {}
-        values, wanted = 0, self._wanted(device)
-        call = session.stub.Subscribe(iter([subscribe_request(gnmi_pb2.SubscriptionList.ONCE, 0)]),
-                                      metadata=session.metadata, timeout=self.schedule(device).deadline_s)
-        try:
-            async for response in call:
-                if response.HasField("update"):
-                    problems += apply(ports, response.update, wanted).problems
-                    values += len(response.update.update)
-                elif response.sync_response:
-                    break
-        except grpc.aio.AioRpcError as e:
-            raise session.error("Subscribe ONCE", e) from None
-        finally:
-            call.cancel()
-        return ports, problems, values, caps, system
+        wanted, asked = self._wanted(device), session.queues(caps)
+        while True:
+            ports: dict[str, Port] = {}
+            queues: dict = {}
+            values = 0
+            call = session.stub.Subscribe(iter([subscribe_request(gnmi_pb2.SubscriptionList.ONCE, 0, asked)]),
+                                          metadata=session.metadata, timeout=self.schedule(device).deadline_s)
+            try:
+                async for response in call:
+                    if response.HasField("update"):
+                        problems += fold(ports, queues, response.update, wanted)[0].problems
+                        values += len(response.update.update)
+                    elif response.sync_response:
+                        break
+            except grpc.aio.AioRpcError as e:
+                if session.refused_queues(e, asked):
+                    problems.append(f"openconfig-qos: {session.queues_refused} (queues not collected)")
+                    asked = False
+                    continue
+                raise session.error("Subscribe ONCE", e) from None
+            finally:
+                call.cancel()
+            return ports, queues, problems, values, caps, system
 
     async def _poll(self, device: SwitchConfig):
         """A poll on the device's Subscribe POLL, opened (Capabilities, inventory) when there is none;
@@ -290,44 +337,63 @@ class GnmiCollector(Collector):
             caps = await session.capabilities()
             poll_call = self._polls[device.name] = _PollCall(session, caps, await session.inventory(caps, problems))
         try:
-            ports, more, values = await poll_call.poll(self._wanted(device), float(self.settings(device).timeout))
+            ports, queues, more, values = await poll_call.poll(self._wanted(device),
+                                                               float(self.settings(device).timeout))
         except BaseException as e:
             poll_call.close()
             self._polls.pop(device.name, None)
+            if isinstance(e, grpc.aio.AioRpcError) and session.refused_queues(e, poll_call.queues):
+                return await self._poll(device)  # again, without the queues
             if isinstance(e, grpc.aio.AioRpcError):
                 raise session.error("Subscribe POLL", e) from None
             if isinstance(e, TimeoutError):
                 raise CollectorTimeout(device.name, f"{session.target}: no answer to a Poll within "
                                                     f"{self.settings(device).timeout:g} s") from None
             raise
-        return ports, problems + more, values, poll_call.caps, poll_call.system
+        if session.queues_refused is not None and not poll_call.queues:
+            more = [f"openconfig-qos: {session.queues_refused} (queues not collected)", *more]
+        return ports, queues, problems + more, values, poll_call.caps, poll_call.system
 
     async def stream(self, device: SwitchConfig, emit: Callable[[PollResult], Awaitable[None]]) -> None:
         """Subscribe STREAM until cancelled; raises a CollectorError when the stream fails or goes
-        quiet for `stale_after` (the caller reopens it)."""
+        quiet for `stale_after` (the caller reopens it). A target that refuses the queues' path before
+        its first sync is subscribed to again at once, without it."""
         session = await self._session(device)
         caps = await session.capabilities()
         problems: list[str] = []
         system = await session.inventory(caps, problems)
         if problems:
             self._note(device.name, problems)
+        asked = session.queues(caps)
+        while True:
+            try:
+                return await self._stream(device, session, caps, system, asked, emit)
+            except _QueuesRefused:
+                self._note(device.name, [f"openconfig-qos: {session.queues_refused} (queues not collected)"])
+                asked = False
+
+    async def _stream(self, device: SwitchConfig, session: _Session, caps, system: SystemState, asked: bool,
+                      emit: Callable[[PollResult], Awaitable[None]]) -> None:
         s, wanted, stale = self.settings(device), self._wanted(device), self.stale_after(device)
         ports: dict[str, Port] = {}
+        queues: dict = {}
 
         async def outgoing():  # the request side stays open for the stream's life
-            yield subscribe_request(gnmi_pb2.SubscriptionList.STREAM, float(s.interval))
+            yield subscribe_request(gnmi_pb2.SubscriptionList.STREAM, float(s.interval), asked)
             await asyncio.Event().wait()
 
         responses = _Responses(session.stub.Subscribe(outgoing(), metadata=session.metadata))
         pending: set[str] = set()  # interfaces whose new counters wait for their batch to close
+        pending_queues: set = set()  # the same for queues
         values, first_at, synced = 0, 0.0, False
         try:
             while True:
-                wait = stale if not pending else max(0.0, min(BATCH_GAP_S, first_at + BATCH_MAX_S - time.monotonic()))
+                waiting = pending or pending_queues
+                wait = stale if not waiting else max(0.0, min(BATCH_GAP_S, first_at + BATCH_MAX_S - time.monotonic()))
                 try:
                     response = await responses.get(wait)
                 except TimeoutError:
-                    if not pending:
+                    if not waiting:
                         raise CollectorTimeout(device.name, f"{session.target}: the stream sent nothing for "
                                                             f"{stale:g} s (stale)") from None
                     response = None  # the batch is complete
@@ -335,28 +401,32 @@ class GnmiCollector(Collector):
                     raise CollectorUnreachable(device.name, f"{session.target}: the target ended the stream")
                 sync = response is not None and response.sync_response
                 if response is not None and response.HasField("update"):
-                    update = apply(ports, response.update, wanted)
+                    update, touched = fold(ports, queues, response.update, wanted)
                     values += len(response.update.update)
                     if update.problems:
                         self._note(device.name, update.problems)
-                    if update.counters and not pending:
+                    if (update.counters or touched) and not (pending or pending_queues):
                         first_at = time.monotonic()
                     pending |= update.counters
+                    pending_queues |= touched
                     changed = update.status - update.counters
                     if changed and synced:  # a status change on its own: at once
                         ts = response.update.timestamp or time.time_ns()
                         await emit(self._result(device.name, [sample(device.name, n, ports[n], ts, False)
                                                               for n in sorted(changed)], values))
                         values = 0
-                if (response is None or sync) and (pending or sync):
+                if (response is None or sync) and (pending or pending_queues or sync):
                     now = time.time_ns()
                     records: list[Any] = [system.facts(device.name, now, len(ports), caps.gNMI_version)] if sync else []
                     records += [sample(device.name, n, ports[n], ports[n].counters_ts or now, True)
                                 for n in sorted(pending) if n in ports]
+                    records += gnmi_qos.samples(device.name, queues, pending_queues, now)
                     await emit(self._result(device.name, records, values))
-                    pending, values = set(), 0
+                    pending, pending_queues, values = set(), set(), 0
                 synced = synced or sync
         except grpc.aio.AioRpcError as e:
+            if not synced and session.refused_queues(e, asked):
+                raise _QueuesRefused() from None
             raise session.error("Subscribe STREAM", e) from None
         finally:
             responses.close()

@@ -478,6 +478,7 @@ class GnmiSettings(Strict):
     interfaces: list[str] = []  # fnmatch patterns of interface names to keep (all when empty)
     mode: Literal["stream", "poll", "once"] = "stream"
     inventory: bool = True  # Get /system/state (openconfig-system) for hostname, version, uptime
+    queues: bool = True  # openconfig-qos output queue counters (drops, ECN marks) where the target has the model
 
     @model_validator(mode="after")
     def _tls(self) -> GnmiSettings:

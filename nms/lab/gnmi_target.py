@@ -2,13 +2,18 @@
 
     python -m nms.lab.gnmi_target --listen ADDR:PORT (--tls-cert F --tls-key F | --insecure)
         [--username U --password-file F] [--interfaces GLOB]... [--port-speed-bps N] [--hostname NAME]
-        [--log FILE]
+        [--no-qos] [--poll-waits] [--log FILE]
 
 `nms lab up` runs one in every switch namespace (nms/lab/services.py); tests run it on loopback.
 The values are the kernel's (nms/lab/gnmi_tree.py). What a client gets (collectors/gnmi.py parses it):
 
-* Capabilities: openconfig-interfaces 3.0.0, openconfig-if-ethernet, openconfig-system; JSON_IETF,
-  JSON, PROTO; 0.8.0.
+* Capabilities: openconfig-interfaces 3.0.0, openconfig-if-ethernet, openconfig-system, and (unless
+  --no-qos) openconfig-qos; JSON_IETF, JSON, PROTO; 0.8.0.
+* openconfig-qos: the output queues' counters of the namespace's qdiscs (nms/lab/gnmi_qos.py) under
+  /qos/interfaces/interface[interface-id=X]/output/queues/queue[name=Q]/state, one notification per
+  queue (prefix = the queue), typed scalars whatever the encoding (Get too); counters only, so every
+  subscription mode samples them. With --no-qos such paths are NOT_FOUND, like on a target without
+  the model.
 * Every notification of Subscribe (and of Get with PROTO) is one interface: prefix
   /interfaces/interface[name=X], timestamp = when its values were read, updates relative to the
   prefix with typed scalars (leaves are scalars, so whatever the requested encoding); an interface
@@ -17,7 +22,8 @@ The values are the kernel's (nms/lab/gnmi_tree.py). What a client gets (collecto
   is {"openconfig-interfaces:interface": [...]} pruned to the path; PROTO: as Subscribe. Get of
   /system/state (or one of its leaves): hostname, software-version, boot-time, up-time,
   current-datetime (nms/lab/gnmi_system.py).
-* Subscribe: ONCE, POLL, STREAM with SAMPLE (sample_interval, default 10 s), ON_CHANGE (rtnetlink
+* Subscribe: ONCE, POLL (the current values at once, or with --poll-waits only on the first Poll
+  request), STREAM with SAMPLE (sample_interval, default 10 s), ON_CHANGE (rtnetlink
   link events, plus a rescan every second) and TARGET_DEFINED (counters SAMPLE, the rest ON_CHANGE);
   sync_response after the first complete set (also with updates_only, which skips that set).
 * With --username, every RPC must carry gRPC metadata username/password, else UNAUTHENTICATED.
@@ -40,7 +46,7 @@ from pygnmi.spec.v080 import gnmi_pb2, gnmi_pb2_grpc
 
 from nms.lab.gnmi_tree import (COUNTERS, INTERFACES, STATUS, Kernel, PathError, Selection, json_doc, names_of,
                                path_text, responses, select, wanted_of)
-from nms.lab import gnmi_system
+from nms.lab import gnmi_qos, gnmi_system
 from nms.lab.gnmi_watch import LinkWatch, OnChange
 
 log = logging.getLogger("nms.lab.gnmi_target")
@@ -50,6 +56,7 @@ OC = "OpenConfig working group"
 MODELS = [gnmi_pb2.ModelData(name="openconfig-interfaces", organization=OC, version="3.0.0"),
           gnmi_pb2.ModelData(name="openconfig-if-ethernet", organization=OC, version="2.13.0"),
           gnmi_pb2.ModelData(name="openconfig-system", organization=OC, version="2.1.0")]
+QOS_MODEL = gnmi_pb2.ModelData(name=gnmi_qos.MODEL, organization=OC, version="0.11.0")
 ENCODINGS = (gnmi_pb2.JSON_IETF, gnmi_pb2.JSON, gnmi_pb2.PROTO)
 DEFAULT_SAMPLE_NS = 10 * 10**9
 MIN_SAMPLE_NS = 100 * 10**6
@@ -67,8 +74,10 @@ async def _guarded(coro, queue: asyncio.Queue) -> None:
 
 class Target(gnmi_pb2_grpc.gNMIServicer):
     def __init__(self, kernel: Kernel, username: str | None = None, password: str | None = None,
-                 hostname: str = "nms-lab-switch"):
+                 hostname: str = "nms-lab-switch", qos: bool = True, poll_waits: bool = False):
         self.kernel, self.watch, self.hostname = kernel, LinkWatch(kernel), hostname
+        self.queues = gnmi_qos.Queues(kernel.wanted) if qos else None
+        self.poll_waits = poll_waits  # POLL: nothing until the first Poll request (some targets do that)
         self._user = username.encode() if username is not None else None
         self._password = (password or "").encode()
 
@@ -83,9 +92,17 @@ class Target(gnmi_pb2_grpc.gNMIServicer):
             log.warning("%s: %s refused: %s", context.peer(), rpc, why)
             await context.abort(Code.UNAUTHENTICATED, "bad or missing username/password (gRPC metadata)")
 
-    async def _selections(self, context, prefix, paths) -> list[Selection]:
+    def _select(self, prefix, path) -> Selection | gnmi_qos.QosSelection:
+        if gnmi_qos.is_qos(prefix, path):
+            if self.queues is None:
+                raise PathError("NOT_FOUND", f"no such path {path_text(prefix, path)}: this target serves no "
+                                             "openconfig-qos")
+            return gnmi_qos.select(prefix, path)
+        return select(prefix, path)
+
+    async def _selections(self, context, prefix, paths) -> list[Selection | gnmi_qos.QosSelection]:
         try:
-            return [select(prefix, p) for p in paths]
+            return [self._select(prefix, p) for p in paths]
         except PathError as e:
             await context.abort(getattr(Code, e.code), str(e))
 
@@ -95,18 +112,26 @@ class Target(gnmi_pb2_grpc.gNMIServicer):
             await context.abort(Code.UNIMPLEMENTED if name != str(encoding) else Code.INVALID_ARGUMENT,
                                 f"encoding {name} is not supported: use JSON_IETF, JSON or PROTO")
 
-    async def _values(self, selections: list[Selection]) -> list[gnmi_pb2.SubscribeResponse]:
+    async def _values(self, selections: list) -> list[gnmi_pb2.SubscribeResponse]:
+        queues = [s for s in selections if isinstance(s, gnmi_qos.QosSelection)]
+        selections = [s for s in selections if not isinstance(s, gnmi_qos.QosSelection)]
         leaves = frozenset().union(*(s.leaves for s in selections))
 
         def work():
-            snapshot = self.kernel.read(bool(leaves & COUNTERS.keys()), bool(leaves - COUNTERS.keys()),
-                                        names_of(selections))
-            return responses(snapshot, wanted_of(selections, snapshot))
+            out = []
+            if selections:
+                snapshot = self.kernel.read(bool(leaves & COUNTERS.keys()), bool(leaves - COUNTERS.keys()),
+                                            names_of(selections))
+                out = responses(snapshot, wanted_of(selections, snapshot))
+            if queues:
+                out += gnmi_qos.responses(self.queues.read(), queues)
+            return out
         return await asyncio.to_thread(work)
 
     async def Capabilities(self, request, context):
         await self._check(context, "Capabilities")
-        return gnmi_pb2.CapabilityResponse(supported_models=MODELS, supported_encodings=ENCODINGS,
+        models = MODELS + ([QOS_MODEL] if self.queues is not None else [])
+        return gnmi_pb2.CapabilityResponse(supported_models=models, supported_encodings=ENCODINGS,
                                            gNMI_version=GNMI_VERSION)
 
     async def Get(self, request, context):
@@ -119,6 +144,10 @@ class Target(gnmi_pb2_grpc.gNMIServicer):
         if any(gnmi_system.is_system(prefix, p) for p in paths):
             return await self._get_system(request, context, prefix, paths)
         selections = await self._selections(context, prefix, paths)
+        if any(isinstance(sel, gnmi_qos.QosSelection) for sel in selections):
+            if not all(isinstance(sel, gnmi_qos.QosSelection) for sel in selections):
+                await context.abort(Code.INVALID_ARGUMENT, "ask for /qos and /interfaces in separate Gets")
+            return gnmi_pb2.GetResponse(notification=[r.update for r in await self._values(selections)])
         snapshot = await asyncio.to_thread(self.kernel.read, True, True, names_of(selections))
         for sel in selections:
             if sel.name is not None and sel.name not in snapshot:
@@ -180,9 +209,10 @@ class Target(gnmi_pb2_grpc.gNMIServicer):
                 yield r
             yield SYNC
         elif sl.mode == gnmi_pb2.SubscriptionList.POLL:
-            for r in await self._values([sel for sel, _ in subs]):
-                yield r
-            yield SYNC
+            if not self.poll_waits:
+                for r in await self._values([sel for sel, _ in subs]):
+                    yield r
+                yield SYNC
             async for request in requests:
                 if not request.HasField("poll"):
                     await context.abort(Code.INVALID_ARGUMENT, "a POLL subscription takes only poll requests after "
@@ -212,7 +242,7 @@ class Target(gnmi_pb2_grpc.gNMIServicer):
         changes: list[Selection] = []
         for sel, sub in subs:
             interval = sub.sample_interval or DEFAULT_SAMPLE_NS
-            if sub.mode == gnmi_pb2.SAMPLE:
+            if sub.mode == gnmi_pb2.SAMPLE or isinstance(sel, gnmi_qos.QosSelection):  # queues: counters only
                 samples.setdefault(interval, []).append(sel)
             elif sub.mode == gnmi_pb2.ON_CHANGE:
                 changes.append(sel)
@@ -289,6 +319,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--port-speed-bps", type=int, default=0, help="port speed reported for every interface")
     ap.add_argument("--hostname", default="nms-lab-switch", help="/system/state/hostname (namespaces share the "
                     "machine's own)")
+    ap.add_argument("--no-qos", action="store_true", help="serve no openconfig-qos (a target without the model)")
+    ap.add_argument("--poll-waits", action="store_true", help="a POLL subscription answers only Poll requests "
+                    "(nothing before the first)")
     ap.add_argument("--log", metavar="FILE", help="log here instead of stderr")
     args = ap.parse_args(argv)
     try:
@@ -311,7 +344,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 async def serve(args, password: str | None, credentials) -> None:
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])  # never share the port with another target
     gnmi_pb2_grpc.add_gNMIServicer_to_server(Target(Kernel(args.interfaces, args.port_speed_bps),
-                                                    args.username, password, args.hostname), server)
+                                                    args.username, password, args.hostname, not args.no_qos,
+                                                    args.poll_waits), server)
     address = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"
     try:
         port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
