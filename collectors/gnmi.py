@@ -289,6 +289,8 @@ class GnmiCollector(Collector):
             ports, queues, problems, values, caps, system = await self._poll(device)
         else:
             ports, queues, problems, values, caps, system = await self._once(device)
+        if (refused := self._sessions[device.name].queues_refused) is not None:
+            problems = [f"openconfig-qos: {refused} (queues not collected)", *problems]
         self._note(device.name, problems)
         now = time.time_ns()
         records: list[Any] = [system.facts(device.name, now, len(ports), caps.gNMI_version)]
@@ -319,7 +321,6 @@ class GnmiCollector(Collector):
                         break
             except grpc.aio.AioRpcError as e:
                 if session.refused_queues(e, asked):
-                    problems.append(f"openconfig-qos: {session.queues_refused} (queues not collected)")
                     asked = False
                     continue
                 raise session.error("Subscribe ONCE", e) from None
@@ -350,8 +351,6 @@ class GnmiCollector(Collector):
                 raise CollectorTimeout(device.name, f"{session.target}: no answer to a Poll within "
                                                     f"{self.settings(device).timeout:g} s") from None
             raise
-        if session.queues_refused is not None and not poll_call.queues:
-            more = [f"openconfig-qos: {session.queues_refused} (queues not collected)", *more]
         return ports, queues, problems + more, values, poll_call.caps, poll_call.system
 
     async def stream(self, device: SwitchConfig, emit: Callable[[PollResult], Awaitable[None]]) -> None:
