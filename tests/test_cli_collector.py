@@ -108,7 +108,8 @@ def test_counters_are_the_kernels_and_grow_by_exactly_the_traffic_sent(box):
     assert (lo2.in_pkts - lo1.in_pkts, lo2.out_pkts - lo1.out_pkts) == (50, 50)
     assert lo2.in_octets - lo1.in_octets == lo2.out_octets - lo1.out_octets == 50 * (200 + UDP_ON_LO)
     assert (lo2.in_errors, lo2.in_discards, lo2.out_errors, lo2.out_discards) == (0, 0, 0, 0)
-    assert first.counter_bits == {} and lo1.counter_bits is None  # 64-bit (stats64)
+    assert lo1.counter_bits is None  # 64-bit (stats64); only a qdisc's drops and marks are 32-bit
+    assert first.counter_bits == {"dropped_pkts": 32, "ecn_marked_pkts": 32}
     # oper status: lo (operstate UNKNOWN, UP and LOWER_UP) and the veths up, the pair never set up down
     assert {s.port: s.oper_status for s in second.samples} == {
         "lo": "up", "mgmt0": "up", "swp1": "up", "down0": "down", "down1": "down"}
@@ -121,6 +122,26 @@ def test_counters_are_the_kernels_and_grow_by_exactly_the_traffic_sent(box):
     assert facts.sys_descr == box.run("uname", "-a").strip()
     assert facts.sys_name == box.run("cat", "/proc/sys/kernel/hostname").strip()
     assert abs(facts.uptime_ticks - float(box.run("cat", "/proc/uptime").split()[0]) * 100) < 500
+
+
+@needs_sshd
+def test_egress_queues_are_the_qdiscs_tc_shows(box):
+    """`tc -s -j qdisc show` over SSH: a TBF on swp1 is its queue `root`, with the kernel's counters."""
+    from nms.records import QueueSample
+
+    subprocess.run(["tc", "-n", box.ns, "qdisc", "replace", "dev", "swp1", "root", "tbf", "rate", "10mbit",
+                    "burst", "10kb", "latency", "20ms"], check=True)
+    try:
+        result = poll(switch(box, lldp=False, config=False))
+        [tc] = json.loads(subprocess.run(["tc", "-n", box.ns, "-s", "-j", "qdisc", "show", "dev", "swp1"],
+                                         capture_output=True, text=True, check=True).stdout)
+        queues = {(q.port, q.queue): q for q in of(result.records, QueueSample)}
+        q = queues[("swp1", "root")]
+        assert q.dropped_pkts == tc["drops"] == 0 and q.transmit_pkts <= tc["packets"]
+        assert q.transmit_octets <= tc["bytes"] and q.ecn_marked_pkts is None
+        assert ("lo", "root") not in queues  # noqueue is not a queue
+    finally:
+        subprocess.run(["tc", "-n", box.ns, "qdisc", "del", "dev", "swp1", "root"], check=False)
 
 
 @needs_sshd
