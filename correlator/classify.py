@@ -3,15 +3,18 @@
 * down paths (probes only, before any SNMP poll) -> link_down / nic_down / device_down; the same
   element with >= 2 down episodes per path in the context, or flapping per the switches ->
   link_flapping (a flapping NIC is its access link flapping).
-* a lossy directed link -> congestion when it also inflates delay, or its egress is hot (utilization
-  >= threshold) or discarding, and no error counters; otherwise corrupting_link (silent loss at low
-  utilization, and/or errors).
+* a lossy directed link -> congestion when it also inflates delay, or its egress queue drops or
+  ECN-marks (the switch's own account of an overrun: congestion whatever else the counters say), or
+  its egress is hot (utilization >= threshold) or discarding and no error counters; otherwise
+  corrupting_link (silent loss at low utilization, and/or errors). The queues that dropped are in
+  the evidence (`queues`, and `queue_drops_ps` / `ecn_marks_ps` in `rates`).
 * an inflating directed link -> congestion; path_imbalance instead when it is the hot one of a
   switch's parallel uplinks (hot / cold utilization >= imbalance_ratio, hot >= imbalance_min_utilization),
   the hash collision being the cause.
 * switch evidence alone: an end oper down (link_down; nic_down on a NIC's access link), flapping per
   LinkEvent (link_flapping),
-  sustained input errors (corrupting_link), MTU differing across a link (mtu_mismatch), LLDP
+  sustained input errors (corrupting_link), sustained egress queue drops or marks (congestion, in
+  the direction the queue sends), MTU differing across a link (mtu_mismatch), LLDP
   contradicting the inventory (miscabling). Elements already explained by probes are not repeated.
 """
 
@@ -180,7 +183,7 @@ def directed_findings(loss: list[Pick], inflation: list[Pick], index: FabricInde
             kind = "path_imbalance"
             evidence["imbalance"] = hot[did]
             conf = max(conf, 0.8)
-        elif ip is not None or (view.congested(rates) and not errors):
+        elif ip is not None or view.queueing(rates) or (view.congested(rates) and not errors):
             kind = "congestion"
             if view.congested(rates):
                 conf = min(0.99, conf + 0.1)
@@ -188,7 +191,7 @@ def directed_findings(loss: list[Pick], inflation: list[Pick], index: FabricInde
             kind = "corrupting_link"
             if errors:
                 conf = min(0.99, conf + 0.1)
-        name, direction = index.name(did >> 1), index.dname(did)
+        name, direction, used = index.name(did >> 1), index.dname(did), did
         if did ^ 1 in alts:  # both directions cross exactly the same paths (an access link): link certain
             evidence["directions"] = sorted({direction, index.dname(did ^ 1)})
             alts = [a for a in alts if a != did ^ 1]
@@ -197,15 +200,18 @@ def directed_findings(loss: list[Pick], inflation: list[Pick], index: FabricInde
             hot, other_hot = view.congested(rates), view.congested(other_rates)
             if kind != "congestion" and errors != other_errors:  # error counters (a NIC's, a port's) say which way
                 if other_errors:
-                    direction, evidence["rates"] = index.dname(did ^ 1), other_rates
+                    direction, evidence["rates"], used = index.dname(did ^ 1), other_rates, did ^ 1
                 errors = True
                 evidence["direction_by"] = "error counters"
             elif kind == "congestion" and hot != other_hot:  # the switch port's load says which way
                 if other_hot:
-                    direction, evidence["rates"] = index.dname(did ^ 1), other_rates
+                    direction, evidence["rates"], used = index.dname(did ^ 1), other_rates, did ^ 1
                 evidence["direction_by"] = "utilization"
             else:
                 direction = None
+        egress = index.ends(used)[0]
+        if queues := view.queues(egress):
+            evidence["queues"] = {fmt_end(egress): queues}
         if alts:
             evidence["alternatives"] = sorted({index.dname(a) for a in alts})
             conf /= 1 + len(evidence["alternatives"])
@@ -216,6 +222,8 @@ def directed_findings(loss: list[Pick], inflation: list[Pick], index: FabricInde
                 "path_imbalance": "ECMP imbalance (hot uplink)"}[kind]
         detail = f", {lp.stats['loss_pct']}% loss" if lp else ""
         detail += f", +{ip.stats['inflation_us']} us round trip" if ip else ""
+        if kind == "congestion" and view.queueing(evidence["rates"]):
+            detail += f", its egress queue drops {evidence['rates'].get('queue_drops_ps', 0):.0f} packets/s"
         out[(kind, name)] = Draft(kind, name, "link", round(conf, 3), f"{what} on {direction or name}{detail}",
                                   did >> 1, direction, evidence, paths)
     return list(out.values())
@@ -254,6 +262,16 @@ def switch_findings(index: FabricIndex, view: SwitchView, covered: set[str]) -> 
                                      f"input errors on {fmt_end(dst)}", lid, index.dname(did),
                                      {"rates": view.direction_rates(did)}))
                     break
+            else:
+                for src, dst in ((a, b), (b, a)):
+                    if view.queue_congested(src):
+                        did = index.into(lid, dst)
+                        rates = view.direction_rates(did)
+                        out.append(Draft("congestion", name, "link", 0.7,
+                                         f"congestion on {index.dname(did)}: its egress queue drops "
+                                         f"{rates.get('queue_drops_ps', 0):.0f} packets/s", lid, index.dname(did),
+                                         {"rates": rates, "queues": {fmt_end(src): view.queues(src)}}))
+                        break
         ma, mb = view.mtu(a), view.mtu(b)
         if ma is not None and mb is not None and ma != mb:
             small, big = (a, b) if ma < mb else (b, a)

@@ -9,8 +9,8 @@ a 600 s baseline); direction comes from localization over directed links instead
 Per-path delay baselines are the minimum of that round trip over `config.baseline`, kept as B
 bucket minima so the horizon slides without storing history.
 
-Everything else (path events, probe paths, addresses, switch port state and rates, link events,
-NIC samples) is small and kept as the latest value per key, or a short per-key history.
+Everything else (path events, probe paths, addresses, switch port state and rates, egress queue
+rates, link events, NIC samples) is small and kept as the latest value per key, or a short per-key history.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 from correlator.fabric import End, Nic
 from nms.config.models import CorrelatorConfig, Thresholds
 from nms.records import (HostNicSample, InterfaceAddress, LinkEvent, PathEvent, PortRates, PortSample,
-                         ProbePath, ProbeWindow)
+                         ProbePath, ProbeWindow, QueueRates)
 
 NS = 1_000_000_000
 PathKey = tuple[str, str, str, str, str]  # src_host, src_nic, dst_host, dst_nic, path_id
@@ -74,6 +74,7 @@ class Context:
         self.addr_version = 0
         self.port_samples: dict[End, PortSample] = {}
         self.port_rates: dict[End, deque[PortRates]] = {}
+        self.queue_rates: dict[End, dict[str, deque[QueueRates]]] = {}  # port -> its egress queues' rates
         self.link_events: dict[End, deque[LinkEvent]] = {}
         self.nic_samples: dict[Nic, HostNicSample] = {}
         self.nic_prev: dict[Nic, HostNicSample] = {}  # the sample before the latest (counter rates)
@@ -118,7 +119,7 @@ class Context:
                 self.p_rtt.append(r.rtt_p50_ns)
             elif cls is PathEvent or cls is ProbePath:
                 self.p_other.append((self._path(r), r))
-            elif cls in (InterfaceAddress, PortSample, PortRates, LinkEvent, HostNicSample):
+            elif cls in (InterfaceAddress, PortSample, PortRates, LinkEvent, HostNicSample, QueueRates):
                 self.p_other.append((None, r))
 
     def take(self) -> tuple:
@@ -219,6 +220,8 @@ class Context:
             self.port_rates.setdefault((r.device, r.port), deque()).append(r)
         elif cls is LinkEvent:
             self.link_events.setdefault((r.device, r.port), deque()).append(r)
+        elif cls is QueueRates:
+            self.queue_rates.setdefault((r.device, r.port), {}).setdefault(r.queue, deque()).append(r)
         elif cls is HostNicSample:
             old = self.nic_samples.get((r.host, r.nic))
             was = old.oper_status if old is not None else None
@@ -237,6 +240,14 @@ class Context:
         for q in self.port_rates.values():
             while len(q) > 1 and q[0].ts < horizon:  # the latest sample stays: polls can be slow
                 q.popleft()
+        for end, queues in list(self.queue_rates.items()):
+            for name in [n for n, q in queues.items() if q[-1].ts < horizon]:
+                del queues[name]  # a queue not heard of within the context says nothing now
+            for q in queues.values():
+                while q[0].ts < horizon:
+                    q.popleft()
+            if not queues:
+                del self.queue_rates[end]
         for q in self.link_events.values():
             while q and q[0].ts < now_ns - self.flap_window_ns:
                 q.popleft()

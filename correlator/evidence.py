@@ -1,8 +1,9 @@
 """Device-side evidence about an element: oper status, flaps, rates, MTU (what SNMP & co. say about
 switch ports, and the agents about host NICs).
 
-Reads the context's latest PortSample / LinkEvent / PortRates per port, the last two HostNicSamples
-per NIC (error and drop rates) and the topology's per-link view. Everything returns None when
+Reads the context's latest PortSample / LinkEvent / PortRates per port, the egress queues' QueueRates
+(drops and ECN marks in the queue: the port is congested, whatever its utilization reads), the last
+two HostNicSamples per NIC (error and drop rates) and the topology's per-link view. Everything returns None when
 nothing is known: absence of device data never clears or blames anything by itself.
 """
 
@@ -85,11 +86,35 @@ class SwitchView:
                 out[name] = round(per_second(delta, cur.ts - prev.ts), 4)
         return out
 
+    def queues(self, end: End) -> dict[str, dict[str, float]]:
+        """The egress queues of a port that dropped or marked within the context: queue -> its latest
+        drop and ECN-mark rates and in how many of its rate samples it dropped (`of` samples)."""
+        out: dict[str, dict[str, float]] = {}
+        for name, q in self.ctx.queue_rates.get(end, {}).items():
+            dropping = sum((r.dropped_pps or 0) > 0 or (r.ecn_marked_pps or 0) > 0 for r in q)
+            if not dropping:
+                continue
+            last = q[-1]
+            entry = {"dropped_pps": round(last.dropped_pps or 0.0, 2), "samples_dropping": dropping, "of": len(q)}
+            if last.ecn_marked_pps is not None:
+                entry["ecn_marked_pps"] = round(last.ecn_marked_pps, 2)
+            if last.transmit_bps is not None:
+                entry["transmit_bps"] = round(last.transmit_bps)
+            out[name] = entry
+        return out
+
     def direction_rates(self, did: int) -> dict[str, float]:
         """Egress utilization/discards/errors of the sending end, ingress ones of the receiving end
-        (a host NIC's own error and drop counters where an end is a NIC)."""
+        (a host NIC's own error and drop counters where an end is a NIC), and the sending end's egress
+        queue drops and ECN marks (their latest rates, summed over its queues)."""
         src, dst = self.index.ends(did)
         out: dict[str, float] = {}
+        for queue in self.ctx.queue_rates.get(src, {}).values():
+            last = queue[-1]
+            if last.dropped_pps is not None:
+                out["queue_drops_ps"] = round(out.get("queue_drops_ps", 0.0) + last.dropped_pps, 4)
+            if last.ecn_marked_pps is not None:
+                out["ecn_marks_ps"] = round(out.get("ecn_marks_ps", 0.0) + last.ecn_marked_pps, 4)
         for end, side in ((src, "tx"), (dst, "rx")):
             for name, value in self.nic_rates(end, side).items():
                 out[name] = round(out.get(name, 0.0) + value, 4)
@@ -110,7 +135,19 @@ class SwitchView:
         return out
 
     def congested(self, rates: dict[str, float]) -> bool:
-        return rates.get("utilization", 0.0) >= self.t.congestion_utilization or rates.get("discards_ps", 0.0) > 0
+        return (rates.get("utilization", 0.0) >= self.t.congestion_utilization or rates.get("discards_ps", 0.0) > 0
+                or self.queueing(rates))
+
+    @staticmethod
+    def queueing(rates: dict[str, float]) -> bool:
+        """The egress queue drops or ECN-marks: congestion by the switch's own account (a queue overrun
+        is not a hardware fault)."""
+        return rates.get("queue_drops_ps", 0.0) > 0 or rates.get("ecn_marks_ps", 0.0) > 0
+
+    def queue_congested(self, end: End) -> bool:
+        """Drops or marks in every queue rate sample of the context (at least two) of some egress
+        queue of the port: sustained congestion, seen by the switch alone."""
+        return any(e["samples_dropping"] == e["of"] >= 2 for e in self.queues(end).values())
 
     def erroring(self, end: End) -> bool:
         """Input errors in every rate sample of the context (at least two): a sustained trend."""
