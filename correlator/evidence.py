@@ -88,14 +88,17 @@ class SwitchView:
 
     def queues(self, end: End) -> dict[str, dict[str, float]]:
         """The egress queues of a port that dropped or marked within the context: queue -> its latest
-        drop and ECN-mark rates and in how many of its rate samples it dropped (`of` samples)."""
+        drop and ECN-mark rates, its peak drop rate, and in how many of its rate samples it dropped
+        (`of` samples)."""
         out: dict[str, dict[str, float]] = {}
         for name, q in self.ctx.queue_rates.get(end, {}).items():
             dropping = sum((r.dropped_pps or 0) > 0 or (r.ecn_marked_pps or 0) > 0 for r in q)
             if not dropping:
                 continue
             last = q[-1]
-            entry = {"dropped_pps": round(last.dropped_pps or 0.0, 2), "samples_dropping": dropping, "of": len(q)}
+            entry = {"dropped_pps": round(last.dropped_pps or 0.0, 2),
+                     "peak_dropped_pps": round(max(r.dropped_pps or 0.0 for r in q), 2),
+                     "samples_dropping": dropping, "of": len(q)}
             if last.ecn_marked_pps is not None:
                 entry["ecn_marked_pps"] = round(last.ecn_marked_pps, 2)
             if last.transmit_bps is not None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from _fabric_synth import NS
 from test_correlator_faults import Run, kinds, link_of
 
+from correlator.evidence import SwitchView
+from nms.config.models import Thresholds
 from nms.records import QueueRates
 
 
@@ -39,8 +41,8 @@ def test_loss_at_low_utilization_with_queue_drops_is_congestion_with_the_queue_n
     assert kinds(last) == {("congestion", link_of(directed))}
     f = last[0]
     assert f.direction == directed and f.evidence["rates"]["queue_drops_ps"] == 850.0
-    assert f.evidence["queues"] == {egress: {"root": {"dropped_pps": 850.0, "samples_dropping": 5, "of": 5,
-                                                      "transmit_bps": 9600000}}}
+    assert f.evidence["queues"] == {egress: {"root": {"dropped_pps": 850.0, "peak_dropped_pps": 850.0,
+                                                      "samples_dropping": 5, "of": 5, "transmit_bps": 9600000}}}
     assert "queue drops 850 packets/s" in f.summary
 
 
@@ -88,3 +90,6 @@ def test_a_queue_that_stopped_dropping_clears():
     assert kinds(run.steps(4)[-1]) == {("congestion", link_of(directed))}
     queue["dropped_pps"] = 0.0
     assert run.steps(1)[-1] == []  # its latest rate drops nothing: not every sample of the context drops
+    entry = SwitchView(run.c.ctx, run.c.index, Thresholds()).queues(
+        tuple(directed.split("->")[0].split(":")))["root"]
+    assert (entry["dropped_pps"], entry["peak_dropped_pps"]) == (0.0, 40.0) and entry["samples_dropping"] == 4
