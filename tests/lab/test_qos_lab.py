@@ -59,7 +59,7 @@ def test_queue_drops_on_the_cut_port_only_and_a_congestion_incident_with_them(me
     dropping = {(row["device"], row["port"]) for row in rows if (row.get("dropped_pps") or 0) > 0}
     assert dropping == {cut}, f"queue drops on {sorted(dropping)}, expected only {cut}"
     peak = max(row["dropped_pps"] for row in rows if (row["device"], row["port"]) == cut)
-    assert peak > 50, peak  # ~5 Mbit/s of 1.4 kB datagrams over the cut rate: hundreds per second
+    assert peak > 20, peak  # measured 73/s at the peak 1 s sample (the fault lasts until detection, a few s)
     assert all(row.get("ecn_marked_pps") is None for row in rows)  # TBF marks nothing: absent, never 0
 
     inc = next(i for i in incidents(mesh, since=start) if i["element"] == r["element"])
