@@ -16,7 +16,7 @@ the chassis id from the facts):
 4. `lldpctl -f json` and `lldpcli -f json show chassis` (`lldp`) -> LldpNeighbor, the facts'
                                           chassis id
 5. `ip -4 -j address show`           -> InterfaceAddress per IPv4 address (the complete set)
-5a. `tc -s -j qdisc show`            -> QueueSample per egress queue (leaf qdisc): drops, ECN marks
+5a. `tc -s -j qdisc show` (linux)    -> QueueSample per egress queue (leaf qdisc): drops, ECN marks
 6. the running configuration (`config`, at most every `config_interval`): the CONFIG_SECTIONS
    commands under headers -> `device_config` and, when it changed, `device_config_change` points
    (collectors/cli_config.py)
@@ -49,7 +49,7 @@ PLATFORMS = {"linux": cli_linux, "arista_eos": cli_eos, "cisco_nxos": cli_nxos}
 
 class CliCollector(Collector):
     name = "cli"
-    counter_bits: dict[str, int] = linux.COUNTER_BITS  # stats64 is 64-bit; a qdisc's drops are not
+    counter_bits: dict[str, int] = cli_linux.COUNTER_BITS  # stats64 is 64-bit; a qdisc's drops are not
     link_state_rank = 10  # the kernel's operstate, read as it is at each poll
 
     def __init__(self, max_concurrency: int = 64) -> None:
@@ -155,11 +155,15 @@ class _Poll:
         return self
 
     def _queues(self) -> list:
+        """Egress queues, on a platform that reads them (`QDISCS`: linux)."""
+        p = self.p
+        if getattr(p, "QDISCS", None) is None:
+            return []
         notes: list[str] = []
         before = time.time_ns()
-        found = self._optional(linux.QDISCS, lambda out: linux.queue_samples(
+        found = self._optional(p.QDISCS, lambda out: p.queue_samples(
             self.device, out, (before + time.time_ns()) // 2, self.keep, notes), "queue counters left out")
-        self._notes(linux.QDISCS, notes)
+        self._notes(p.QDISCS, notes)
         return found or []
 
     def _addresses(self) -> list:
