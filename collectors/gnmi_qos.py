@@ -43,14 +43,11 @@ def _name(elem) -> str:
 
 
 def locate(elems) -> tuple[QueueKey | None, list[str]] | None:
-    """((port, queue) or None when a key is missing, the names under the queue) of a path into the
-    output queues, else None. A prefix may stop above the queue: then the key is None and the rest
-    is matched by `join`."""
+    """((port, queue), the names under the queue) of a whole path into the output queues (prefix and
+    update joined); the key is None when the path lacks one; None for any other path."""
     names = [_name(e) for e in elems]
-    if names[:len(SHAPE)] != list(SHAPE[:len(names)]) or not names:
+    if len(names) < len(SHAPE) or names[:len(SHAPE)] != list(SHAPE):
         return None
-    if len(names) < len(SHAPE):
-        return None, []  # partial: the update path completes it
     port, queue = elems[2].key.get("interface-id"), elems[5].key.get("name")
     return ((port, queue) if port and queue else None), names[len(SHAPE):]
 
