@@ -9,7 +9,9 @@ docs/lab.md; ECN marks stay absent, which the test checks too.)
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -61,6 +63,11 @@ def test_queue_drops_on_the_cut_port_only_and_a_congestion_incident_with_them(me
     peak = max(row["dropped_pps"] for row in rows if (row["device"], row["port"]) == cut)
     assert peak > 20, peak  # measured 73/s at the peak 1 s sample (the fault lasts until detection, a few s)
     assert all(row.get("ecn_marked_pps") is None for row in rows)  # TBF marks nothing: absent, never 0
+    # every drop the kernel counted on that qdisc (only this fault made any) is in the streamed rates
+    [qdisc] = json.loads(subprocess.run(["ip", "netns", "exec", topo.netns(spine), "tc", "-s", "-j", "qdisc", "show",
+                                         "dev", cut[1]], capture_output=True, text=True, check=True).stdout)
+    streamed = sum(row["dropped_pps"] * row["interval_s"] for row in rows if (row["device"], row["port"]) == cut)
+    assert abs(streamed - qdisc["drops"]) <= max(2, 0.02 * qdisc["drops"]), (streamed, qdisc["drops"])
 
     inc = next(i for i in incidents(mesh, since=start) if i["element"] == r["element"])
     assert inc["kind"] == "congestion", inc
@@ -72,5 +79,5 @@ def test_queue_drops_on_the_cut_port_only_and_a_congestion_incident_with_them(me
     events = mesh.api("GET", f"/incidents/{inc['id']}/events").json()
     assert any(e["incident"]["evidence"].get("rates", {}).get("queue_drops_ps", 0) > 0 for e in events), events
     assert "its egress queue drops" in " ".join(e["incident"]["summary"] for e in events)
-    print(f"\nqueue drops on {cut}: peak {peak:.0f}/s over {len(rows)} queue rate rows of {len(ports)} ports; "
+    print(f"\nqueue drops on {cut}: {streamed:.0f} streamed vs {qdisc['drops']} counted by tc; peak {peak:.0f}/s over {len(rows)} queue rate rows of {len(ports)} ports; "
           f"incident {inc['kind']} {inc['element']} evidence.queues {queues}")
