@@ -79,5 +79,6 @@ def test_queue_drops_on_the_cut_port_only_and_a_congestion_incident_with_them(me
     events = mesh.api("GET", f"/incidents/{inc['id']}/events").json()
     assert any(e["incident"]["evidence"].get("rates", {}).get("queue_drops_ps", 0) > 0 for e in events), events
     assert "its egress queue drops" in " ".join(e["incident"]["summary"] for e in events)
-    print(f"\nqueue drops on {cut}: {streamed:.0f} streamed vs {qdisc['drops']} counted by tc; peak {peak:.0f}/s over {len(rows)} queue rate rows of {len(ports)} ports; "
+    print(f"\nqueue drops on {cut}: {streamed:.0f} streamed vs {qdisc['drops']} counted by tc; "
+          f"peak {peak:.0f}/s over {len(rows)} queue rate rows of {len(ports)} ports; "
           f"incident {inc['kind']} {inc['element']} evidence.queues {queues}")
