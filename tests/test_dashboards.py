@@ -157,6 +157,10 @@ def _agent_data(client, now: int) -> None:
          "owd_fwd_p50_ns": 11000, "owd_fwd_p99_ns": 19000, "owd_rev_min_ns": 9100, "owd_rev_p50_ns": 11100,
          "owd_rev_p99_ns": 19100, "rtt_min_ns": 18000, "rtt_p50_ns": 22000, "rtt_p99_ns": 38000 + k}
         for a, b in (("h1", "h2"), ("h2", "h1")) for k in range(1, 6)])
+    _ingest(client, "queue_rates", [  # what a gNMI (openconfig-qos) or CLI (tc) poll derives
+        {"device": "leaf-d1", "port": "swp1", "queue": "0", "ts": now - k * S, "interval_s": 1.0,
+         "transmit_bps": 9.5e7, "transmit_pps": 8000.0, "dropped_pps": 70.0 + k, "ecn_marked_pps": 3.0}
+        for k in range(1, 6)])
     _ingest(client, "path_events", [{"src_host": "h1", "src_nic": "eth0", "dst_host": "h2", "dst_nic": "eth0",
                                      "path_id": "p1", "ts": now - 3 * S, "state": "down", "reason": "no replies",
                                      "sport": 40001}])
@@ -207,7 +211,7 @@ def pipeline(influxd_cq, veth, tmp_path_factory):
             deadline = time.monotonic() + 30  # the continuous queries run every second
             while time.monotonic() < deadline and not all(
                     _rows(influxd_cq, db, f'SELECT count(*) FROM "{db}"."{t}"."{m}"')
-                    for t in ("t1s", "t2s") for m in ("port_rates", "probe_window", "clock_solution")):
+                    for t in ("t1s", "t2s") for m in ("port_rates", "probe_window", "clock_solution", "queue_rates")):
                 time.sleep(1)
             yield {"db": db, "port": port, "server": influxd_cq, "service": service, "health": health}
     finally:
@@ -220,12 +224,12 @@ def test_downsampling_created_at_start_and_filled_by_the_continuous_queries(pipe
     assert policies["t1s"] == "1h0m0s" and policies["t2s"] == "2h0m0s"
     cq_names = {row[0] for s in _rows(server, db, "SHOW CONTINUOUS QUERIES") if s["name"] == db for row in s["values"]}
     assert cq_names == {cq.name for cq in continuous_queries(pipeline["service"].config.store.influxdb)}
-    assert len(cq_names) == 6
+    assert len(cq_names) == 8  # 4 measurements x 2 tiers
     downsampling = pipeline["health"]["health"]["downsampling"]
-    assert downsampling["error"] is None and len(downsampling["created"]) == 8
+    assert downsampling["error"] is None and len(downsampling["created"]) == 10
     # 1 s means of the raw rates, and the 2 s tier computed from the 1 s one: same totals of probes
     for tier in ("t1s", "t2s"):
-        for m in ("port_rates", "probe_window", "clock_solution"):
+        for m in ("port_rates", "probe_window", "clock_solution", "queue_rates"):
             assert _rows(server, db, f'SELECT count(*) FROM "{db}"."{tier}"."{m}"'), (tier, m)
     sent = [_rows(server, db, f'SELECT sum("sent") FROM "{db}"."{rp}"."probe_window"')[0]["values"][0][1]
             for rp in ("autogen", "t1s", "t2s")]
@@ -251,9 +255,9 @@ def test_reconcile_is_idempotent_and_replaces_changed_definitions(pipeline, tmp_
     assert again["created"] == again["altered"] == again["dropped"] == [] and again["error"] is None
     changed = start_with([dict(TIERS[0], duration="3h", resample_for="16s"), TIERS[1]])
     assert changed["altered"] == ["retention policy t1s: duration 1h -> 3h"]
-    assert len(changed["dropped"]) == len([c for c in changed["created"] if "t1s" in c]) == 3  # 3 measurements
+    assert len(changed["dropped"]) == len([c for c in changed["created"] if "t1s" in c]) == 4  # 4 measurements
     restored = start_with(TIERS)
-    assert restored["altered"] == ["retention policy t1s: duration 3h -> 1h"] and len(restored["created"]) == 3
+    assert restored["altered"] == ["retention policy t1s: duration 3h -> 1h"] and len(restored["created"]) == 4
 
 
 def _template_values(pipeline, doc: dict, rp: str) -> dict[str, tuple[str, str]]:

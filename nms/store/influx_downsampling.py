@@ -39,6 +39,7 @@ DOWNSAMPLED: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     "probe_window": (("sent", ("sum",)), ("received", ("sum",)))
     + tuple((f, ("min",) if "_min_" in f else ("mean", "max")) for f in _DELAYS),
     "clock_solution": (("offset_ns", ("mean", "max")), ("drift_ppb", ("mean",)), ("bound_ns", ("mean", "max"))),
+    "queue_rates": tuple((f, ("mean", "max")) for f in ("transmit_bps", "dropped_pps", "ecn_marked_pps")),
 }
 
 
