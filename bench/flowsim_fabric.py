@@ -41,7 +41,7 @@ def five_tuple_hash(src: np.ndarray, dst: np.ndarray, sport: np.ndarray, switch:
                 ^ np.asarray(dst, np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F))
     key = mix64(key ^ ((np.asarray(sport, np.uint64) << np.uint64(24))
                        | np.uint64((UDP << 16) | ROCE_DPORT)))
-    return mix64(key ^ (np.asarray(switch, np.uint64) + np.uint64(seed)) * np.uint64(0xD6E8FEB86659FD93))
+    return mix64(key ^ (np.atleast_1d(np.asarray(switch, np.uint64)) + np.uint64(seed)) * np.uint64(0xD6E8FEB86659FD93))
 
 
 def nth_true(mask: np.ndarray, j: np.ndarray) -> np.ndarray:
