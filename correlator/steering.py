@@ -26,27 +26,40 @@ def allowed_avoid(bad: Mapping[str, float], groups: Mapping[str, Sequence[frozen
                   limits: Limits = Limits()) -> tuple[list[str], dict[str, str]]:
     """Elements that may be avoided, worst first (`bad`: element -> badness, higher worse), each
     accepted only if, with it and those accepted before, every group still keeps `min_paths` paths
-    and loses at most `max_drain_fraction` of them. Returns (accepted, {refused element: reason})."""
+    and loses at most `max_drain_fraction` of them. Returns (accepted, {refused element: reason}).
+
+    Only the groups whose paths cross an element are checked for it (an index built once), so the
+    cost follows the paths that touch bad elements, not all groups x all elements: the simulator
+    calls this with ~10k host pairs x 32 candidate paths."""
     accepted: list[str] = []
     refused: dict[str, str] = {}
-    avoid: set[str] = set()
+    if not bad:
+        return accepted, refused
+    touching: dict[str, dict[str, list[int]]] = {e: {} for e in bad}  # element -> group -> path indices
+    for group, paths in groups.items():
+        for i, path in enumerate(paths):
+            for element in path:
+                hit = touching.get(element)
+                if hit is not None:
+                    hit.setdefault(group, []).append(i)
+    blocked: dict[str, set[int]] = {}  # group -> indices of its paths crossing an accepted element
     for element in sorted(bad, key=lambda e: (-bad[e], e)):
-        trial = avoid | {element}
         reason = None
-        for group, paths in groups.items():
-            if not paths or not any(element in p for p in paths):
-                continue
-            left = sum(1 for p in paths if not (p & trial))
+        for group, idx in touching[element].items():
+            total = len(groups[group])
+            lost = len(blocked.get(group, set()).union(idx))
+            left = total - lost
             if left < limits.min_paths:
-                reason = f"{group} would keep {left} of {len(paths)} paths (min {limits.min_paths})"
+                reason = f"{group} would keep {left} of {total} paths (min {limits.min_paths})"
                 break
-            if (len(paths) - left) > limits.max_drain_fraction * len(paths):
-                reason = (f"{group} would lose {len(paths) - left} of {len(paths)} paths "
+            if lost > limits.max_drain_fraction * total:
+                reason = (f"{group} would lose {lost} of {total} paths "
                           f"(max {limits.max_drain_fraction:.0%})")
                 break
         if reason is None:
             accepted.append(element)
-            avoid = trial
+            for group, idx in touching[element].items():
+                blocked.setdefault(group, set()).update(idx)
         else:
             refused[element] = reason
     return accepted, refused
@@ -54,9 +67,14 @@ def allowed_avoid(bad: Mapping[str, float], groups: Mapping[str, Sequence[frozen
 
 def choose(paths: Sequence[frozenset[str]], avoid: set[str], load: Mapping[str, float] | None = None,
            n: int = 1) -> list[int]:
-    """Indices of up to `n` paths that cross nothing in `avoid`, least loaded first (a path's load
-    is the highest load of its elements; ties keep the given order). Empty when none avoids."""
+    """Indices of up to `n` paths that cross nothing in `avoid`, least loaded first: by the highest
+    load of their elements, then by the sum (of two paths through one hot link, the one whose other
+    links are busier loses); ties keep the given order. Empty when none avoids."""
     load = load or {}
     ok = [i for i, p in enumerate(paths) if not (p & avoid)]
-    ok.sort(key=lambda i: max((load.get(e, 0.0) for e in paths[i]), default=0.0))
+    if load:
+        def key(i: int) -> tuple[float, float]:
+            loads = [load.get(e, 0.0) for e in paths[i]]
+            return (max(loads, default=0.0), sum(loads))
+        ok.sort(key=key)
     return ok[:n]

@@ -1,0 +1,96 @@
+"""Flow-level simulation of the controller on a k-ary 3-tier fat tree (k=36: 11,664 GPUs).
+
+A collective (a ring among the job's GPUs in random placement, each neighbour pair over `--qps`
+RoCE QPs, each QP one subflow on its own source port) runs under a fault: fabric links down
+(`failures`) or hot spots (`hotspots`: background elephant traffic taking 75 % of some fabric
+links). Per scenario it prints, for plain ECMP and for the controller (correlator/steering.py
+driven by bench/flowsim_control.py; load-aware and avoid-only), the collective's throughput (the
+rate every subflow gets at once = the minimum max-min fair rate; S / it is the step time) and the
+aggregate, each as a ratio to the multipath max-min optimum's first level (lambda*, every host
+pair split over all its equal-cost paths: bench/flowsim_optimum.py; at this size its cut upper
+bound, so the ratios are lower bounds), controller / ECMP, and the run time.
+
+    .venv/bin/python bench/fabric_sim.py [--k 36] [--qps 4] [--load 0.5,1.0] [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from flowsim_control import PORT_BASE, PORT_SPAN, Controller, Job, evaluate  # noqa: E402
+from flowsim_fabric import FatTree  # noqa: E402
+from flowsim_optimum import concurrent_upper_bound  # noqa: E402
+
+
+def ring_job(ft: FatTree, load: float, qps: int, rng) -> Job:
+    """A ring over a random `load` share of the GPUs: each sends to the next over `qps` subflows."""
+    active = rng.choice(ft.hosts, max(2, int(ft.hosts * load)), replace=False)
+    src, dst = np.repeat(active, qps), np.repeat(np.roll(active, -1), qps)
+    return Job(src, dst, PORT_BASE + rng.integers(0, PORT_SPAN, src.size))
+
+
+def fault(ft: FatTree, kind: str, rng) -> np.ndarray:
+    """Apply the fault; returns the background traffic per directed link."""
+    H = ft.hosts
+    background = np.zeros(ft.n_links)
+    if kind == "failures":  # 1 % of the fabric links down (edge-agg and agg-core)
+        ft.fail(rng.choice(np.arange(H, 3 * H), max(1, int(0.01 * 2 * H)), replace=False))
+    elif kind == "hotspots":  # 1 % of the directed fabric links carry 75 % background elephants
+        hot = rng.choice(np.arange(2 * H, 6 * H), max(1, int(0.01 * 4 * H)), replace=False)
+        background[hot] = 0.75 * ft.capacity[hot]
+    return background
+
+
+def scenario(k: int, qps: int, load: float, kind: str, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    ft = FatTree(k, seed=seed)
+    job = ring_job(ft, load, qps, rng)
+    background = fault(ft, kind, rng)
+    avail = ft.available(background)
+    t0 = time.perf_counter()
+    ecmp = evaluate(ft, job, avail)
+    t_ecmp = time.perf_counter() - t0
+    bound = concurrent_upper_bound(ft, job.src, job.dst, avail)
+    row = {"kind": kind, "load": load, "subflows": job.size, "bound": bound,
+           "ecmp_min": ecmp.min_rate / bound, "ecmp_agg": ecmp.aggregate / (bound * job.size), "t_ecmp": t_ecmp}
+    for label, aware in (("ctl", True), ("avoid", False)):
+        t0 = time.perf_counter()
+        res = Controller(ft, job, avail, background=background, load_aware=aware).run(job)
+        row[f"{label}_min"] = res.outcome.min_rate / bound
+        row[f"{label}_agg"] = res.outcome.aggregate / (bound * job.size)
+        row[f"{label}_rounds"] = len(res.rounds)
+        row[f"{label}_refused"] = len(res.refusals)
+        row[f"t_{label}"] = time.perf_counter() - t0
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--k", type=int, default=36)
+    ap.add_argument("--qps", type=int, default=4)
+    ap.add_argument("--load", default="0.5,1.0")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    ft = FatTree(args.k)
+    print(f"fat tree k={args.k}: {ft.hosts:,} GPUs, {3 * ft.hosts:,} links; ring job, {args.qps} QPs per pair; "
+          f"ratios to the optimum's bound (min = collective throughput, agg = aggregate)")
+    print(f"{'fault':9} {'load':>4} {'subflows':>8} | {'ECMP min':>8} {'agg':>5} | {'ctl min':>7} {'agg':>5} "
+          f"{'x ECMP':>6} {'rnd':>3} | {'avoid-only min':>14} {'agg':>5} | {'t ECMP':>6} {'t ctl':>6}")
+    for load in (float(x) for x in args.load.split(",")):
+        for kind in ("none", "failures", "hotspots"):
+            r = scenario(args.k, args.qps, load, kind, args.seed)
+            print(f"{kind:9} {load:4.2f} {r['subflows']:8,} | {r['ecmp_min']:8.3f} {r['ecmp_agg']:5.3f} | "
+                  f"{r['ctl_min']:7.3f} {r['ctl_agg']:5.3f} {r['ctl_min'] / r['ecmp_min']:6.2f} {r['ctl_rounds']:3d} | "
+                  f"{r['avoid_min']:14.3f} {r['avoid_agg']:5.3f} | {r['t_ecmp']:5.2f}s {r['t_ctl']:5.1f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""The flow-level fabric simulator (bench/flowsim_*.py): max-min fairness, the fat tree, ECMP,
+faults, the optimum and the controller built on correlator/steering.py."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+from flowsim_control import PORT_BASE, PORT_SPAN, Controller, Job, evaluate  # noqa: E402
+from flowsim_fabric import FatTree, five_tuple_hash  # noqa: E402
+from flowsim_maxmin import completion_time, maxmin_rates  # noqa: E402
+from flowsim_optimum import concurrent_upper_bound, optimum  # noqa: E402
+
+from correlator.steering import Limits  # noqa: E402
+
+# --- max-min fairness: textbook answers ------------------------------------------------------
+
+
+def test_maxmin_bertsekas_gallager_example():
+    # links A (cap 1) and B (cap 1) in a line: flow 0 crosses both, flow 1 only A, flows 2, 3 only B
+    paths = np.array([[0, 1], [0, -1], [1, -1], [1, -1]])
+    assert np.allclose(maxmin_rates(paths, np.array([1.0, 1.0])), [1 / 3, 2 / 3, 1 / 3, 1 / 3])
+
+
+def test_maxmin_second_level_takes_the_leftover():
+    # link 0 (cap 1) shared by flows 0, 1; link 1 (cap 2) by flows 0 (frozen at 0.5) and 2
+    paths = np.array([[0, 1], [0, -1], [1, -1]])
+    assert np.allclose(maxmin_rates(paths, np.array([1.0, 2.0])), [0.5, 0.5, 1.5])
+
+
+def test_maxmin_demands_and_dead_links():
+    paths = np.array([[0], [0], [0], [1]])
+    rates = maxmin_rates(paths, np.array([10.0, 0.0]), demand=np.array([1.0, 2.0, np.inf, 5.0]))
+    assert np.allclose(rates, [1.0, 2.0, 7.0, 0.0])
+
+
+def test_completion_time_refills_as_flows_finish():
+    # two flows share a unit link, one also crosses a 0.25 link: 0.25 and 0.75 until the fast one
+    # finishes (t = 4/3), then the slow one stays at 0.25 (its own bottleneck): t = 4
+    paths = np.array([[0, 1], [0, -1]])
+    t, finish = completion_time(paths, np.array([1.0, 0.25]), size=1.0)
+    assert finish[1] == pytest.approx(4 / 3) and t == pytest.approx(4.0)
+    t, _ = completion_time(np.array([[0], [0]]), np.array([1.0]), size=1.0)
+    assert t == pytest.approx(2.0)
+
+
+# --- the fat tree and ECMP ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [4, 8, 36])
+def test_fat_tree_sizes(k):
+    ft = FatTree(k)
+    assert ft.hosts == k ** 3 // 4
+    assert ft.n_links == 6 * ft.hosts and len(ft.names) == 3 * ft.hosts  # 3 tiers x 2 directions
+    assert len(set(ft.names)) == 3 * ft.hosts
+    if k == 36:
+        assert ft.hosts == 11_664
+
+
+def test_ecmp_covers_every_equal_cost_path_and_no_other():
+    ft = FatTree(8)
+    ports = np.arange(PORT_BASE, PORT_BASE + 4000)
+    for src, dst, expected in ((0, 1, 1), (0, 5, 4), (0, 100, 16)):
+        a, c = ft.route(np.full(ports.size, src), np.full(ports.size, dst), ports)
+        assert len(set(zip(a.tolist(), c.tolist()))) == expected == ft.ecmp_path_count(src, dst)
+        links = ft.path_links(np.full(ports.size, src), np.full(ports.size, dst), a, c)
+        hops = (links >= 0).sum(axis=1)
+        assert set(hops.tolist()) == {2 if expected == 1 else 4 if expected == 4 else 6}
+
+
+def test_ecmp_hash_is_deterministic_salted_and_spread():
+    src, dst = np.arange(10_000) % 128, (np.arange(10_000) * 7 + 1) % 128
+    sport = PORT_BASE + np.arange(10_000) % PORT_SPAN
+    h1 = five_tuple_hash(src, dst, sport, 3)
+    assert np.array_equal(h1, five_tuple_hash(src, dst, sport, 3))
+    assert not np.array_equal(h1 % 16, five_tuple_hash(src, dst, sport, 4) % 16)  # per-switch salt
+    counts = np.bincount((h1 % 16).astype(int), minlength=16)
+    assert counts.min() > 0.8 * 10_000 / 16 and counts.max() < 1.2 * 10_000 / 16
+    ft = FatTree(8)
+    a1, c1 = ft.route(src, dst, sport)
+    a2, c2 = FatTree(8).route(src, dst, sport)
+    assert np.array_equal(a1, a2) and np.array_equal(c1, c2)
+
+
+def test_failed_links_carry_nothing_and_routing_goes_around():
+    ft = FatTree(8)
+    rng = np.random.default_rng(0)
+    dead = rng.choice(np.arange(ft.hosts, 3 * ft.hosts), 20, replace=False)
+    ft.fail(dead)
+    src = rng.integers(0, ft.hosts, 20_000)
+    dst = (src + rng.integers(1, ft.hosts, src.size)) % ft.hosts
+    job = Job(src, dst, PORT_BASE + rng.integers(0, PORT_SPAN, src.size))
+    out = evaluate(ft, job, ft.available())
+    up, down = ft.directions(dead)
+    assert not np.isin(out.paths, np.concatenate([up, down])).any()
+    carried = np.bincount(out.paths[out.paths >= 0], weights=np.repeat(out.rates, 6)[out.paths.ravel() >= 0],
+                          minlength=ft.n_links)
+    assert carried[up].sum() == 0 and carried[down].sum() == 0 and (out.rates > 0).all()
+
+
+def test_an_edge_cut_off_from_every_plane_has_no_path():
+    ft = FatTree(4)
+    ft.fail([ft.hosts + int(ft.edge_agg(0, a)) for a in range(2)])  # edge 0 loses both uplinks
+    a, _ = ft.route(np.array([0]), np.array([10]), np.array([PORT_BASE]))
+    assert a[0] == -2
+    with pytest.raises(ValueError, match="no path left"):
+        evaluate(ft, Job(np.array([0]), np.array([10]), np.array([PORT_BASE])), ft.available())
+
+
+# --- the optimum ---------------------------------------------------------------------------------
+
+
+def _ring(ft, rng, qps=1):
+    order = rng.permutation(ft.hosts)
+    src, dst = np.repeat(order, qps), np.repeat(np.roll(order, -1), qps)
+    return src, dst
+
+
+def test_optimum_on_a_healthy_fat_tree_is_line_rate():
+    ft = FatTree(4)
+    src, dst = _ring(ft, np.random.default_rng(1), qps=2)
+    opt = optimum(ft, src, dst, ft.available())
+    assert opt.max_concurrent == pytest.approx(200.0)  # two subflows share a 400G NIC
+    assert opt.max_throughput == pytest.approx(400.0 * ft.hosts)
+    assert concurrent_upper_bound(ft, src, dst, ft.available()) == pytest.approx(200.0)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_cut_bound_bounds_the_lp_and_is_tight_for_one_fault(seed):
+    rng = np.random.default_rng(seed)
+    ft = FatTree(6)
+    src, dst = _ring(ft, rng)
+    ft.fail(rng.choice(np.arange(ft.hosts, 3 * ft.hosts), 1))
+    background = np.zeros(ft.n_links)
+    background[rng.choice(np.arange(2 * ft.hosts, 6 * ft.hosts), 3)] = 300.0
+    avail = ft.available(background)
+    lp = optimum(ft, src, dst, avail).max_concurrent
+    assert concurrent_upper_bound(ft, src, dst, avail) >= lp - 1e-6
+    ft2 = FatTree(6)
+    ft2.fail(rng.choice(np.arange(ft2.hosts, 3 * ft2.hosts), 1))
+    assert concurrent_upper_bound(ft2, src, dst, ft2.available()) == pytest.approx(
+        optimum(ft2, src, dst, ft2.available()).max_concurrent)
+
+
+def test_ecmp_and_controller_never_beat_the_optimum():
+    rng = np.random.default_rng(4)
+    ft = FatTree(6)
+    src, dst = _ring(ft, rng, qps=2)
+    job = Job(src, dst, PORT_BASE + rng.integers(0, PORT_SPAN, src.size))
+    avail = ft.available()
+    lp = optimum(ft, src, dst, avail)
+    ecmp = evaluate(ft, job, avail)
+    ctl = Controller(ft, job, avail).run(job).outcome
+    for out in (ecmp, ctl):
+        assert out.min_rate <= lp.max_concurrent + 1e-6 and out.aggregate <= lp.max_throughput + 1e-6
+
+
+# --- the controller --------------------------------------------------------------------------------
+
+
+def _hotspot_case(k=8, seed=3):
+    rng = np.random.default_rng(seed)
+    ft = FatTree(k)
+    active = rng.choice(ft.hosts, ft.hosts // 2, replace=False)
+    src, dst = np.repeat(active, 4), np.repeat(np.roll(active, -1), 4)
+    job = Job(src, dst, PORT_BASE + rng.integers(0, PORT_SPAN, src.size))
+    background = np.zeros(ft.n_links)
+    hot = rng.choice(np.arange(2 * ft.hosts, 6 * ft.hosts), ft.hosts // 25, replace=False)
+    background[hot] = 0.75 * ft.capacity[hot]
+    return ft, job, background, ft.available(background)
+
+
+def test_controller_beats_ecmp_on_a_hot_spot():
+    ft, job, background, avail = _hotspot_case()
+    ecmp = evaluate(ft, job, avail)
+    res = Controller(ft, job, avail, background=background).run(job)
+    assert res.rounds and res.rounds[0].hot > 0
+    assert res.outcome.min_rate >= 2 * ecmp.min_rate
+    assert res.outcome.aggregate > ecmp.aggregate
+    # the job was only re-steered: same subflows, ports from the candidates, still ECMP-routable
+    assert np.array_equal(res.job.src, job.src) and (res.job.port >= PORT_BASE).all()
+
+
+@pytest.mark.parametrize("fraction,min_paths", [(0.5, 1), (0.25, 1), (1.0, 8)])
+def test_controller_respects_the_blast_radius(fraction, min_paths):
+    ft, job, background, avail = _hotspot_case()
+    ctl = Controller(ft, job, avail, background=background, limits=Limits(fraction, min_paths), max_rounds=1)
+    bad = ctl.detect(evaluate(ft, job, avail))
+    from correlator.steering import allowed_avoid
+    accepted, refused = allowed_avoid(bad, ctl.groups, Limits(fraction, min_paths))
+    assert accepted and refused  # the limits bite in this case
+    avoid = set(accepted)
+    for paths in ctl.groups.values():
+        left = sum(1 for p in paths if not (p & avoid))
+        assert left >= min_paths and len(paths) - left <= fraction * len(paths)
+    # and every subflow moved in the round took a path that avoids all of them
+    res = ctl.run(job)
+    moved = res.job.port != job.port
+    assert moved.any()
+    after = evaluate(ft, res.job, avail) if not res.rounds[0].rolled_back else None
+    if after is not None:
+        names = ft.names
+        for f in np.flatnonzero(moved):
+            hops = after.paths[f][after.paths[f] >= 0]
+            assert not {names[u] for u in ft.undirected(hops).tolist()} & avoid
+
+
+def test_controller_on_a_clean_fabric_at_low_load_does_nothing():
+    ft = FatTree(8)
+    src, dst = np.arange(0, 128, 8), np.arange(4, 128, 8)  # one flow per edge: nothing collides
+    job = Job(src, dst, np.full(src.size, PORT_BASE))
+    res = Controller(ft, job, ft.available()).run(job)
+    assert res.rounds == [] and np.array_equal(res.job.port, job.port)
