@@ -191,7 +191,8 @@ def pipeline(influxd_cq, veth, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dash")
     db = f"dash_{uuid.uuid4().hex[:8]}"
     config = make_config(
-        tmp, polling={"enabled": False}, correlator={"enabled": False},
+        # unchanged_hold 0: two polls 3.5 s apart give a rate even when snmpd has not refreshed in between
+        tmp, polling={"enabled": False, "unchanged_hold": 0}, correlator={"enabled": False},
         thresholds={"resolve_after_clean_windows": 1},
         store={"backend": "influxdb", "influxdb": {"url": influxd_cq.url, "database": db, "flush_interval": "0.05s",
                                                    "timeout": "2s", "downsampling": {"enabled": True, "tiers": TIERS}}},
