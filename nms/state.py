@@ -42,6 +42,8 @@ class AgentCommand(BaseModel):
     result_ns: int | None = Field(None, description="when it was done or failed (agent's report), or expired")
     message: str = Field("", description="the agent's result message, or why it expired")
     details: dict | None = Field(None, description="what the agent added to its result")
+    envelope: dict | None = Field(None, description="the service's signature (nms.app.actions.signing), added "
+                                                    "when an agent receives it; agents verify it before acting")
 
     @classmethod
     def from_row(cls, row: tuple) -> AgentCommand:
