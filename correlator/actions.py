@@ -85,6 +85,40 @@ def flow_groups(topology: FabricTopology, pairs: Iterable[tuple[str, str]]) -> d
     return {f"{s}>{d}": [path_elements(p) for p in ecmp_paths(topology, s, d)] for s, d in pairs}
 
 
+def moved_to(element: str, groups: Mapping[str, list[frozenset[str]]]) -> list[str]:
+    """The elements traffic may move onto when it avoids `element`: those of the paths that avoid
+    it, in the groups that crossed it, less what every path of a group crosses anyway (its access
+    links). A new incident on one of them after acting means the action may have made it worse."""
+    out: set[str] = set()
+    for paths in groups.values():
+        if not any(element in p for p in paths):
+            continue
+        common = frozenset.intersection(*paths)
+        for p in paths:
+            if element not in p:
+                out |= p - common
+    return sorted(out)
+
+
+def evidence_level(incident: Incident) -> dict[str, float]:
+    """The numbers "worse" is judged on: loss % and median delay inflation (us), where evidenced."""
+    ev, out = incident.evidence, {}
+    loss, delay = ev.get("loss"), ev.get("delay")
+    if isinstance(loss, dict) and isinstance(loss.get("loss_pct"), (int, float)):
+        out["loss_pct"] = float(loss["loss_pct"])
+    if isinstance(delay, dict) and isinstance(delay.get("inflation_us"), (int, float)):
+        out["inflation_us"] = float(delay["inflation_us"])
+    return out
+
+
+def worse(baseline: Mapping[str, float], now: Mapping[str, float], factor: float) -> str | None:
+    """Why `now` is worse than `baseline` (a number rose by `factor` or more), or None."""
+    for key in sorted(set(baseline) & set(now)):
+        if baseline[key] > 0 and now[key] >= factor * baseline[key]:
+            return f"{key} rose from {baseline[key]:g} to {now[key]:g} (x{now[key] / baseline[key]:.1f})"
+    return None
+
+
 def _still_carries_traffic(incident: Incident) -> bool:
     ev = incident.evidence
     return bool(ev.get("paths_down")) and ev.get("oper") not in ("down", "lowerLayerDown", "notPresent")
@@ -133,13 +167,14 @@ def plan(incident: Incident, topology: FabricTopology, addresses: Iterable[Inter
         out.notes.append(f"avoiding {element} refused: {out.refused[element]}")
         return out
     why = f"incident {incident.id}: {incident.summary}"
+    common = {"moved_to": moved_to(element, groups), "baseline": evidence_level(incident)}
     if drain:
         switches = {n.name for n in topology.nodes if n.kind == "switch"}
         ends = [parse_end(e) for e in element.split("--")]
         devices = sorted({d for d, _ in ends if d in switches})
         if devices:
             out.proposals.append(Proposal("drain_link", element, "link", devices,
-                                          {"ports": {d: p for d, p in ends if d in switches}}, why))
+                                          {"ports": {d: p for d, p in ends if d in switches}} | common, why))
         else:
             out.notes.append(f"{element} has no switch end to drain")
     if pairs:
@@ -152,6 +187,7 @@ def plan(incident: Incident, topology: FabricTopology, addresses: Iterable[Inter
             movers = {s: ds for s, ds in movers.items() if ds}
             if movers:
                 out.proposals.append(Proposal("host_reroute", element, "link", sorted(movers),
-                                              {"avoid_hops": hops, "dsts": movers, "proto": "udp", "dport": dport},
+                                              {"avoid_hops": hops, "dsts": movers, "proto": "udp", "dport": dport}
+                                              | common,
                                               why))
     return out

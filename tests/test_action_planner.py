@@ -95,3 +95,14 @@ def test_no_addresses_no_reroute():
 def test_helpers():
     assert host_pairs(["h1:eth0>h3:eth1/2", "h1:eth0>h4:eth0/0", "junk"]) == {"h1": {"h3", "h4"}}
     assert avoid_hops("h1:eth0--leaf1:h1", topology(), addresses()) == []  # leaf1:h1 has no address
+
+
+def test_moved_to_and_worse():
+    from correlator.actions import evidence_level, worse
+    p = plan(incident("congestion"), topology(2), addresses(2))
+    # h1 <-> h3 avoiding leaf1-spine1 uses spine2's links; access links are common to every path
+    assert p.proposals[0].params["moved_to"] == [uplink("leaf1", 2), uplink("leaf2", 2)]
+    inc = incident(evidence={"loss": {"loss_pct": 2.0}, "delay": {"inflation_us": 80.0}})
+    assert evidence_level(inc) == {"loss_pct": 2.0, "inflation_us": 80.0}
+    assert worse({"loss_pct": 2.0}, {"loss_pct": 2.9}, 1.5) is None
+    assert "loss_pct rose from 2 to 3" in worse({"loss_pct": 2.0}, {"loss_pct": 3.0}, 1.5)

@@ -15,7 +15,12 @@ from nms.records import Action
 
 
 class ActuatorError(Exception):
-    """Why an actuator could not read, apply or revert (reason text for the audit log; never a secret)."""
+    """Why an actuator could not read, apply or revert (reason text for the audit log; never a secret).
+    `state`: what was changed anyway (a partial apply), recorded as the action's "after"."""
+
+    def __init__(self, reason: str, state: dict | None = None):
+        super().__init__(reason)
+        self.state = state or {}
 
 
 class Actuator(ABC):
