@@ -119,6 +119,16 @@ def worse(baseline: Mapping[str, float], now: Mapping[str, float], factor: float
     return None
 
 
+def blast_radius(element: str, topology: FabricTopology, limits: Limits = Limits(),
+                 avoided: Mapping[str, float] | None = None) -> str | None:
+    """Why avoiding `element` (beside `avoided`) breaks the limits for some host pair, or None."""
+    hosts = sorted(n.name for n in topology.nodes if n.kind == "host")
+    groups = flow_groups(topology, list(permutations(hosts, 2))[:MAX_PAIRS])
+    bad = {e: ALREADY_AVOIDED for e in (avoided or {})} | {element: 1.0}
+    _, refused = allowed_avoid(bad, groups, limits)
+    return refused.get(element)
+
+
 def _still_carries_traffic(incident: Incident) -> bool:
     ev = incident.evidence
     return bool(ev.get("paths_down")) and ev.get("oper") not in ("down", "lowerLayerDown", "notPresent")
