@@ -31,7 +31,7 @@ class HostRerouteActuator(Actuator):
     async def apply(self, action: Action) -> dict:
         missing = [h for h in action.targets if not self.agents.known(h) or h not in self.agents.agents]
         if missing:
-            raise ActuatorError(f"no agent registered on {', '.join(missing)}", {"hosts": {}})
+            raise ActuatorError(f"no agent registered on {', '.join(missing)}")
         p = action.params
         commands = {}
         for host in action.targets:
@@ -43,8 +43,11 @@ class HostRerouteActuator(Actuator):
         return await self._outcome(commands, "steer")
 
     async def revert(self, action: Action) -> dict:
+        hosts = action.targets
+        if action.state == "failed":  # undoing a partial apply: only where steer was done
+            hosts = [h for h, r in action.after.get("hosts", {}).items() if r.get("status") == "done"]
         commands = {}
-        for host in action.targets:
+        for host in hosts:
             (cmd,) = await self.agents.issue([host], "unsteer", {"action_id": action.id}, f"action {action.id}")
             commands[host] = cmd.id
         return await self._outcome(commands, "unsteer")
@@ -67,6 +70,7 @@ class HostRerouteActuator(Actuator):
         problems = [f"{h}: {c.status}: {c.message}" for h, c in sorted(results.items()) if c.status != "done"]
         problems += [f"{h}: no answer within {self.timeout:g} s" for h in sorted(commands) if h not in results]
         if problems:
+            done = any(c.status == "done" for c in results.values())
             raise ActuatorError(f"{kind} not done on {len(problems)} of {len(commands)} hosts: " + "; ".join(problems),
-                                state)
+                                state if done else None)
         return state
