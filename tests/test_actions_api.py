@@ -98,3 +98,34 @@ def test_policy_off_is_409(tmp_path):
         assert r.status_code == 409 and "policy for drain_link" in r.json()["detail"]
         assert 'nms_action_refusals_total{kind="drain_link",why="policy_off"} 1.0' in \
             c.get("/metrics", headers=auth("read")).text
+
+
+def test_cli(client, monkeypatch):
+    from typer.testing import CliRunner
+
+    from nms.app.cli import app as cli
+    from nms.app.cli import client as cli_client
+    from tests.test_agent_commands import _Via
+
+    def init(self, url, token, timeout=30.0, verify=True):
+        self.url, self._http = url, _Via(client, {"Authorization": f"Bearer {token}"} if token else {})
+
+    monkeypatch.setattr(cli_client.ApiClient, "__init__", init)
+    runner = CliRunner(env={"COLUMNS": "200"})
+    nms = lambda *args, token=TOKENS["act"]: runner.invoke(cli, [*args, "--token", token])  # noqa: E731
+    out = nms("actions", "request", "--element", uplink("leaf1", 1), "--kind", "drain_link", "--dry-run")
+    assert out.exit_code == 0 and "action 1 requested: proposed (dry run)" in out.output, out.output
+    out = nms("actions", "list", token=TOKENS["read"])
+    assert out.exit_code == 0 and "drain_link" in out.output and "leaf1,spine1" in out.output and "1 action(s)" in \
+        out.output
+    out = nms("actions", "reject", "1", "--reason", "not during training")
+    assert out.exit_code == 0 and "action 1 rejected: rejected" in out.output
+    out = nms("actions", "show", "1", token=TOKENS["read"])
+    assert out.exit_code == 0 and "audit log" in out.output and "not during training" in out.output
+    assert "t-act" in out.output and '"ports"' in out.output
+    out = nms("actions", "list", "--json", "--state", "rejected", token=TOKENS["read"])
+    assert out.exit_code == 0 and '"approved_by": null' in out.output
+    out = nms("actions", "approve", "1")
+    assert out.exit_code == 1 and "409" in out.output and "not awaiting approval" in out.output
+    out = nms("actions", "rollback", "1", token=TOKENS["read"])
+    assert out.exit_code == 1 and "403" in out.output
