@@ -271,3 +271,16 @@ def test_manual_requests(tmp_path):
         asyncio.run(rig.manager.request("ops", incident_id=99))
     rolled = asyncio.run(rig.manager.rollback(manual.id, "ops", "done testing"))
     assert rolled.state == "rolled_back" and rig.state.action_events(manual.id)[-1].note == "done testing"
+
+
+def test_config_errors_name_the_field():
+    from nms.config.models import NmsConfig
+    for doc, field in (({"rate": {"per_kind": 0}}, "actions.rate.per_kind"),
+                       ({"policies": {"drain_link": {"policy": "maybe"}}}, "actions.policies.drain_link.policy"),
+                       ({"policies": {"reboot": {"policy": "auto"}}}, "actions.policies"),
+                       ({"limits": {"max_drain_fraction": 1.5}}, "actions.limits.max_drain_fraction"),
+                       ({"policies": {"host_reroute": {"scopes": [{"policy": "off"}]}}}, "scopes.0"),
+                       ({"expiry": "soon"}, "actions.expiry"), ({"dryrun": True}, "actions.dryrun")):
+        with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+            NmsConfig.model_validate({"actions": doc})
+    assert NmsConfig().actions.enabled is False  # off unless configured

@@ -76,6 +76,13 @@ def test_requests_approvals_and_the_audit_log(client):
     assert client.post("/actions/999/approve", headers=auth("act")).status_code == 404
     assert client.get("/actions/999", headers=auth("read")).status_code == 404
     assert client.post("/actions", json={"incident_id": 5}, headers=auth("act")).status_code == 404
+    # every event is also an action_event point for dashboards
+    r = client.post("/telemetry/query", json={"measurement": "action_event", "start": 0, "end": 2**62},
+                    headers=auth("read"))
+    rows = [dict(zip(s["columns"], v)) | s["tags"] for s in r.json()["series"] for v in s["values"]]
+    assert sorted((x["id"], x["event"]) for x in rows) == [(dry["id"], "proposed"), (dry["id"], "rejected"),
+                                                           (failed["id"], "approved"), (failed["id"], "failed"),
+                                                           (failed["id"], "proposed")]
     # filters
     assert [a["id"] for a in client.get("/actions?state=rejected", headers=auth("read")).json()] == [dry["id"]]
     assert [a["id"] for a in client.get("/actions?kind=host_reroute", headers=auth("read")).json()] == [failed["id"]]
