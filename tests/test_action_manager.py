@@ -284,3 +284,9 @@ def test_config_errors_name_the_field():
         with pytest.raises(ValueError, match=field.replace(".", r"\.")):
             NmsConfig.model_validate({"actions": doc})
     assert NmsConfig().actions.enabled is False  # off unless configured
+    import yaml  # a bare `off` in YAML is a boolean: still the policy off
+    doc = yaml.safe_load("actions: {policies: {drain_link: {policy: off, scopes: [{policy: off, roles: [spine]}]}}}")
+    off = NmsConfig.model_validate(doc).actions.policies["drain_link"]
+    assert off.policy == "off" and off.scopes[0].policy == "off"
+    with pytest.raises(ValueError, match="policy"):
+        NmsConfig.model_validate({"actions": {"policies": {"drain_link": {"policy": True}}}})

@@ -360,7 +360,11 @@ class ClockConfig(Strict):
     method: Literal["svm", "ntp"] = "svm"  # which edges are solved (ntp: the min-RTT baseline)
 
 
-ActionPolicy = Literal["auto", "approval", "off"]
+def _yaml_off(v: object) -> object:
+    return "off" if v is False else v  # YAML 1.1 reads a bare `off` as false
+
+
+ActionPolicy = Annotated[Literal["auto", "approval", "off"], BeforeValidator(_yaml_off)]
 ACTION_KINDS = ("host_reroute", "drain_link", "isolate_port")
 
 
