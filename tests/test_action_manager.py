@@ -290,3 +290,14 @@ def test_config_errors_name_the_field():
     assert off.policy == "off" and off.scopes[0].policy == "off"
     with pytest.raises(ValueError, match="policy"):
         NmsConfig.model_validate({"actions": {"policies": {"drain_link": {"policy": True}}}})
+
+
+def test_a_restart_in_the_middle_marks_the_action_failed(tmp_path):
+    rig = Rig(tmp_path, **AUTO)
+    rig.window(finding())
+    (action,) = rig.actions()
+    rig.state.update_action(action.model_copy(update={"state": "applying"}))
+    again = Rig(tmp_path, **AUTO)  # the service starts again on the same state
+    action = again.state.get_action(action.id)
+    assert action.state == "failed" and action.result == "interrupted while applying"
+    assert "restarted while it was applying" in again.state.action_events(action.id)[-1].note

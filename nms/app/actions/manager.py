@@ -80,6 +80,10 @@ class ActionManager:
                                  ["kind", "why"], registry=r)
         Gauge("nms_actions_live", "actions applied or being applied or rolled back", registry=r).set_function(
             lambda: len(self.state.list_actions(states=LIVE, limit=None)))
+        for action in self.state.list_actions(states=("approved", "applying", "rolling_back"), limit=None):
+            # the service stopped in the middle: what the actuator did is unknown, an operator decides
+            self._set(action, "failed", "failed", CONTROLLER, f"the service restarted while it was {action.state}; "
+                      "check the targets and roll back by hand if needed", result=f"interrupted while {action.state}")
 
     # --- the incident listener and the loop -----------------------------------------------------
 
