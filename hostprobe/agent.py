@@ -39,6 +39,7 @@ from hostprobe.prober import LocalNic, Prober
 from hostprobe.report import Reporter
 from hostprobe.responder import Responder, make_responders
 from hostprobe.tstamp import StampedSocket
+from hostprobe.verify import CommandVerifier
 from nms import __version__
 from nms.records import GenericPoint
 
@@ -126,7 +127,8 @@ class Agent:
                 "probe_port": cfg.probe.port,
                 "nics": [{"name": n.name, "address": n.address, **({"qpn": qpns[n.name]} if n.name in qpns else {})}
                          for n in self.nics]}
-        self.control = Control(self.client, info, cfg.peers.refresh, self.buffer_dir, self.inbox)
+        self.verifier = CommandVerifier(cfg.host, cfg.signing, self.buffer_dir)  # signed commands only
+        self.control = Control(self.client, info, cfg.peers.refresh, self.buffer_dir, self.inbox, self.verifier)
         self.running = True
         self.started = time.monotonic()
 
@@ -252,7 +254,13 @@ class Agent:
             if kind == "peers":
                 self.prober.set_peers(payload)
             elif kind == "command":
-                status, message = self._command(payload)
+                refused = self.verifier.check(payload)  # before dispatch: signature, host, expiry, replay
+                if refused is not None:
+                    log.warning("command %s (%s) refused: %s", payload.get("id"), payload.get("kind"), refused)
+                    self.stats["commands_refused"] += 1
+                    status, message = "failed", f"refused: {refused}"
+                else:
+                    status, message = self._command(payload)
                 if isinstance(payload.get("id"), int):  # the control thread posts it (never blocks here)
                     self.control.result(payload["id"], status, message)
 

@@ -84,9 +84,11 @@ class Control(threading.Thread):
     """Registration, peer list and commands; posts ('peers', list) and ('command', dict) to `inbox`,
     and posts the commands' results handed to `result()` to the service."""
 
-    def __init__(self, client: ServiceClient, info: dict, refresh: float, cache_dir: Path, inbox: queue.Queue):
+    def __init__(self, client: ServiceClient, info: dict, refresh: float, cache_dir: Path, inbox: queue.Queue,
+                 verifier=None):
         super().__init__(name="control", daemon=True)
         self.client, self.info, self.refresh, self.inbox = client, info, refresh, inbox
+        self.verifier = verifier  # hostprobe.verify.CommandVerifier: learns the key the service announces
         self.cache = Path(cache_dir) / "peers.json"
         self._halt = threading.Event()
         self.instance: str | None = None
@@ -161,6 +163,8 @@ class Control(threading.Thread):
                 if self.instance is None:
                     answer = self.client.register(self.info)
                     self.instance = answer["instance"]  # `after` is kept: command ids outlive the service
+                    if self.verifier is not None:
+                        self.verifier.offer_key(answer.get("command_key"))
                     self._peers(answer)
                     next_refresh = time.monotonic() + self.refresh
                     self.registered.set()

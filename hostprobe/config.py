@@ -116,6 +116,23 @@ class LabClock(Strict):
         return self
 
 
+class SigningSettings(Strict):
+    """Verification of the service's signed commands (hostprobe/verify.py, docs/actions.md)."""
+
+    public_key: str | None = None  # the service's Ed25519 public key (base64), pinned by configuration
+    trust_on_first_use: bool = True  # no key configured or pinned yet: pin the one the service announces
+    require: Literal["pinned", "always", "never"] = "pinned"  # pinned: unsigned commands refused once a key is
+    max_skew: Seconds = 30.0  # clock difference to the service tolerated when checking expiry
+
+    @field_validator("public_key")
+    @classmethod
+    def _key(cls, v: str | None) -> str | None:
+        if v is not None:
+            from nms.app.actions.signing import public_from_b64
+            public_from_b64(v)
+        return v
+
+
 class AgentConfig(Strict):
     host: Name
     service: ServiceSettings
@@ -127,6 +144,7 @@ class AgentConfig(Strict):
     clock_sync: ClockSyncSettings = ClockSyncSettings()
     nccl: NcclSettings = NcclSettings()
     lab_clock: LabClock | None = None
+    signing: SigningSettings = SigningSettings()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("nics")

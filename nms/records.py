@@ -4,7 +4,7 @@ Telemetry records know how to become store points (`to_point`): their measuremen
 attributes are tags (identifiers) and which are fields (numbers). Timestamps are integer
 nanoseconds since the Unix epoch (UTC); the API also accepts RFC 3339 strings for them.
 
-Records that later stages need (Action, ...) are added here when those stages land, so this
+Records that later stages need are added here when those stages land, so this
 module stays the single home of the vocabulary.
 """
 
@@ -767,3 +767,48 @@ class NotificationDelivery(Record):
     delivered_ns: int | None = None
     last_status: int | None = Field(None, description="HTTP status of the last attempt (None: no answer)")
     last_error: str | None = Field(None, max_length=512, description="why the last attempt did not deliver")
+
+
+# --- acting on incidents (nms/app/actions/, correlator/actions.py; docs/actions.md) ----------------
+
+ActionKind = Literal["host_reroute", "drain_link", "isolate_port"]
+ActionState = Literal["proposed", "awaiting_approval", "approved", "applying", "applied", "failed", "rejected",
+                      "rolling_back", "rolled_back", "expired"]
+
+
+class Action(Record):
+    """One change the controller makes (or proposes) to steer traffic off a bad element, with its
+    audit trail: who asked and why, the state before and after, and when it was undone."""
+
+    id: int = Field(description="rises with every action; never reused (0 before it is stored)")
+    kind: ActionKind
+    incident_id: int | None = Field(None, description="the incident it answers (None: a manual request)")
+    element: str = Field(min_length=1, max_length=512, description="the element traffic is steered off")
+    element_kind: ElementKind
+    targets: list[str] = Field(description="hosts (host_reroute) or devices (drain_link, isolate_port)")
+    params: dict[str, Any] = Field(default_factory=dict, description="what the actuator needs (avoid_hops, dsts, ...)")
+    state: ActionState = "proposed"
+    dry_run: bool = Field(False, description="recorded only: nothing is sent to agents or switches")
+    reason: str = Field("", max_length=2048, description="why it was proposed (or refused)")
+    requested_by: str = Field(description="'controller' (the policy) or the API token's name")
+    approved_by: str | None = None
+    created_ns: int
+    updated_ns: int
+    applied_ns: int | None = None
+    expires_ns: int | None = Field(None, description="rolled back automatically at this time")
+    reverted_ns: int | None = None
+    before: dict[str, Any] = Field(default_factory=dict, description="the state the action changes, as read before")
+    after: dict[str, Any] = Field(default_factory=dict, description="the state after applying (or after rollback)")
+    result: str | None = Field(None, max_length=4096, description="the outcome in words (failures: the reasons)")
+
+
+ActionEventKind = Literal["proposed", "approved", "rejected", "applied", "failed", "rolled_back", "expired"]
+
+
+class ActionEvent(Record):
+    """One step of an action's life: the audit log (nms.state keeps it, with a note of why)."""
+
+    event: ActionEventKind
+    ts: TimestampNs
+    action: Action
+    by: str = Field(description="'controller' or the API token's name")

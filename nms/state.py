@@ -1,12 +1,12 @@
-"""Durable service state that is not telemetry: jobs, host agent commands and incidents (actions
-later).
+"""Durable service state that is not telemetry: jobs, host agent commands, incidents and actions.
 
 Kept in SQLite in the data directory so it survives restarts whichever telemetry backend is used.
 Agent commands: ids come from an AUTOINCREMENT key, so they rise and are never reused, also
 across restarts (an agent's `after` cursor stays meaningful); status pending -> delivered ->
 done | failed, or pending -> expired. Incidents (nms.app.incidents keeps their lifecycle): the
 JSON body plus indexed columns, ids from AUTOINCREMENT too, and every event in incident_events
-(the history, and the rising ids of the event stream).
+(the history, and the rising ids of the event stream). Actions (nms.app.actions keeps their
+lifecycle): the same shape, with action_events as the audit log (who, what, why, before/after).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from nms.records import Incident, IncidentEvent, IncidentState, Job
+from nms.records import Action, ActionEvent, Incident, IncidentEvent, IncidentState, Job
 
 CommandStatus = Literal["pending", "delivered", "done", "failed", "expired"]
 _COMMAND_COLUMNS = "id, host, kind, args, issued_ns, by, status, delivered_ns, result_ns, message, details"
@@ -42,6 +42,8 @@ class AgentCommand(BaseModel):
     result_ns: int | None = Field(None, description="when it was done or failed (agent's report), or expired")
     message: str = Field("", description="the agent's result message, or why it expired")
     details: dict | None = Field(None, description="what the agent added to its result")
+    envelope: dict | None = Field(None, description="the service's signature (nms.app.actions.signing), added "
+                                                    "when an agent receives it; agents verify it before acting")
 
     @classmethod
     def from_row(cls, row: tuple) -> AgentCommand:
@@ -65,6 +67,29 @@ _INCIDENT_SCHEMA = (
     "event TEXT NOT NULL, ts INTEGER NOT NULL, comment TEXT, body TEXT NOT NULL)",
     "CREATE INDEX IF NOT EXISTS incident_events_incident ON incident_events (incident_id, id)",
 )
+
+
+_ACTION_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS actions (id INTEGER PRIMARY KEY AUTOINCREMENT, state TEXT NOT NULL, "
+    "kind TEXT NOT NULL, element TEXT NOT NULL, incident_id INTEGER, created_ns INTEGER NOT NULL, body TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS actions_state ON actions (state, id)",
+    "CREATE INDEX IF NOT EXISTS actions_incident ON actions (incident_id, id)",
+    "CREATE TABLE IF NOT EXISTS action_events (id INTEGER PRIMARY KEY AUTOINCREMENT, action_id INTEGER NOT NULL, "
+    "event TEXT NOT NULL, ts INTEGER NOT NULL, note TEXT NOT NULL DEFAULT '', body TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS action_events_action ON action_events (action_id, id)",
+)
+
+
+class ActionEventEntry(ActionEvent):
+    """An action event as the audit log keeps it."""
+
+    id: int = Field(description="rises with every event, never reused")
+    note: str = Field("", description="why: the decision's reason in words")
+
+    @classmethod
+    def from_row(cls, row: tuple) -> ActionEventEntry:
+        eid, note, body = row
+        return cls.model_validate({**json.loads(body), "id": eid, "note": note})
 
 
 class IncidentEventEntry(IncidentEvent):
@@ -128,7 +153,7 @@ class StateStore:
             "details TEXT)")
         self._db.execute("CREATE INDEX IF NOT EXISTS agent_commands_host ON agent_commands (host, id)")
         self._db.execute("CREATE INDEX IF NOT EXISTS agent_commands_status ON agent_commands (status, issued_ns)")
-        for statement in _INCIDENT_SCHEMA:
+        for statement in _INCIDENT_SCHEMA + _ACTION_SCHEMA:
             self._db.execute(statement)
 
     @contextmanager
@@ -332,6 +357,70 @@ class StateStore:
                                    f"({','.join('?' * len(kinds))}) ORDER BY id DESC LIMIT 1",
                                    (incident_id, *kinds)).fetchone()
         return None if row is None else IncidentEventEntry.from_row(row)
+
+    # --- actions ------------------------------------------------------------------------------
+
+    def insert_action(self, action: Action, event: ActionEvent | None = None, note: str = "") -> Action:
+        """Store a new action (the id passed in is ignored), with its first event; returns it with its id."""
+        with self._transaction() as db:
+            cur = db.execute("INSERT INTO actions (state, kind, element, incident_id, created_ns, body) "
+                             "VALUES (?, ?, ?, ?, ?, '')", (action.state, action.kind, action.element,
+                                                            action.incident_id, action.created_ns))
+            action = action.model_copy(update={"id": cur.lastrowid})
+            db.execute("UPDATE actions SET body = ? WHERE id = ?", (action.model_dump_json(), action.id))
+            if event is not None:
+                self._add_action_event(db, event.model_copy(update={"action": action}), note)
+        return action
+
+    def update_action(self, action: Action, event: ActionEvent | None = None, note: str = "") -> None:
+        """Store an action's new state and, in the same transaction, the event that changed it."""
+        with self._transaction() as db:
+            db.execute("UPDATE actions SET state = ?, body = ? WHERE id = ?",
+                       (action.state, action.model_dump_json(), action.id))
+            if event is not None:
+                self._add_action_event(db, event, note)
+
+    @staticmethod
+    def _add_action_event(db: sqlite3.Connection, event: ActionEvent, note: str) -> None:
+        db.execute("INSERT INTO action_events (action_id, event, ts, note, body) VALUES (?, ?, ?, ?, ?)",
+                   (event.action.id, event.event, event.ts, note, event.model_dump_json()))
+
+    def get_action(self, action_id: int) -> Action | None:
+        with self._lock:
+            row = self._db.execute("SELECT body FROM actions WHERE id = ?", (action_id,)).fetchone()
+        return None if row is None else Action.model_validate_json(row[0])
+
+    def list_actions(self, state: str | None = None, kind: str | None = None, incident_id: int | None = None,
+                     element: str | None = None, states: tuple[str, ...] | None = None,
+                     limit: int | None = 1000) -> list[Action]:
+        """Newest first; `states`: any of these."""
+        where, params = [], []
+        for column, value in (("state", state), ("kind", kind), ("incident_id", incident_id),
+                              ("element", element)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        if states:
+            where.append(f"state IN ({','.join('?' * len(states))})")
+            params += list(states)
+        sql = "SELECT body FROM actions" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        with self._lock:
+            rows = self._db.execute(sql, params).fetchall()
+        return [Action.model_validate_json(r[0]) for r in rows]
+
+    def action_events(self, action_id: int | None = None, after: int = 0, limit: int = 1000) -> list[ActionEventEntry]:
+        """The audit log (of one action, or all) with id > `after`, oldest first."""
+        sql, params = "SELECT id, note, body FROM action_events WHERE id > ?", [after]
+        if action_id is not None:
+            sql += " AND action_id = ?"
+            params.append(action_id)
+        sql += " ORDER BY id LIMIT ?"
+        with self._lock:
+            rows = self._db.execute(sql, (*params, limit)).fetchall()
+        return [ActionEventEntry.from_row(r) for r in rows]
 
     def close(self) -> None:
         with self._lock:

@@ -106,6 +106,7 @@ class AgentRegistry:
         self.agents: dict[str, AgentInfo] = {}
         self._issued: defaultdict[str, int] = defaultdict(int)  # per host, bumped by every command: wakes its long-poll
         self._changed: asyncio.Condition | None = None
+        self.signer = None  # a CommandSigner (nms.app.actions.signing): delivered commands carry its envelope
 
     def _condition(self) -> asyncio.Condition:
         if self._changed is None:
@@ -183,7 +184,12 @@ class AgentRegistry:
                 issued = self._issued[host]
                 found = self.state.deliver_commands(host, after, self.clock(), self.ttl_ns)
         self.seen(host)
-        return found
+        return found if self.signer is None else [self._signed(c) for c in found]
+
+    def _signed(self, c: AgentCommand) -> AgentCommand:
+        """Signed at each delivery (a fresh nonce): valid until the command's TTL ends."""
+        env = self.signer.envelope(c.host, c.id, c.kind, c.args, c.issued_ns + self.ttl_ns)
+        return c.model_copy(update={"envelope": env})
 
     def finish(self, host: str, command_id: int, status: Literal["done", "failed"], message: str,
                details: dict | None) -> tuple[AgentCommand | None, bool]:

@@ -9,6 +9,10 @@ import time
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from nms.app.actions.manager import ActionManager
+from nms.app.actions.registry import build_actuators
+from nms.app.actions.signing import CommandSigner
+from nms.app.agents import AgentRegistry
 from nms.app.audits.escalation import IncidentFeed
 from nms.app.audits.history import AuditHistory
 from nms.app.audits.runner import AuditRunner
@@ -49,10 +53,23 @@ class Service:
         # fabric audits (nms/app/audits): their standing findings join every window's incidents
         self.audits = AuditRunner(config.audits, AuditHistory(config.data_dir / "audits.sqlite", config.audits.history))
         self.incident_feed = IncidentFeed(self.incidents, self.audits.standing)
+        # host agents (the API's /agents) and their commands, signed for the agents to verify (docs/actions.md)
+        self.agents = AgentRegistry(config.fabric, config.agents, self.state)
+        self.agents.signer = CommandSigner(config.data_dir)
+        # incidents -> actions (nms/app/actions): planned, decided by policy, applied, rolled back
+        self.actions = ActionManager(config.actions, config.fabric, self.state, build_actuators(self),
+                                     self._action_context, self.store, self.metrics.registry,
+                                     window_ns=int(config.correlator.interval * 1e9))
+        self.incidents.add_listener(self.actions.on_incident)
         self.correlation = None  # telemetry -> findings -> incidents, one step per correlator.interval
         if config.correlator.enabled:
             self.correlation = CorrelationService(config, self.state, self.incident_feed, self.metrics.registry)
             self.poller.on_records = lambda records: self.correlation.add(records, "collectors")
+
+    def _action_context(self):
+        """The planner's view: the topology and the switches' interface addresses (for avoid_hops)."""
+        addresses = [a for found in self.poller.recent.addresses.values() for a in found]
+        return self.poller.topology(), addresses
 
     def on_ingest(self, kind: str, records: list) -> list:
         """Validated records of POST /ingest/<kind>, before they are stored: the records to store
@@ -96,6 +113,9 @@ class Service:
             if self.correlation is None:  # no correlator windows: the audits' incidents get their own
                 self.scheduler.add_job(self._audit_incidents, "interval", seconds=self.config.correlator.interval,
                                        id="audit-incidents")
+        if self.config.actions.enabled:
+            self.scheduler.add_job(self.actions.tick, "interval", seconds=self.config.correlator.interval,
+                                   id="actions")
         self.scheduler.start()
         if self.correlation is not None:
             self._correlating = asyncio.create_task(self._correlate_loop(), name="correlate")

@@ -360,6 +360,73 @@ class ClockConfig(Strict):
     method: Literal["svm", "ntp"] = "svm"  # which edges are solved (ntp: the min-RTT baseline)
 
 
+def _yaml_off(v: object) -> object:
+    return "off" if v is False else v  # YAML 1.1 reads a bare `off` as false
+
+
+ActionPolicy = Annotated[Literal["auto", "approval", "off"], BeforeValidator(_yaml_off)]
+ACTION_KINDS = ("host_reroute", "drain_link", "isolate_port")
+
+
+class ActionScope(Strict):
+    """A policy for the elements it matches (every key given must match; the first scope wins).
+    `devices`: glob patterns on the element's devices (a link's two ends); `roles`: roles of those
+    devices (fabric.switches[].role, "host" for hosts); `prefix`: the start of the element's name
+    (a pod's naming prefix)."""
+
+    policy: ActionPolicy
+    devices: list[str] = []
+    roles: list[str] = []
+    prefix: str | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> ActionScope:
+        if not (self.devices or self.roles or self.prefix):
+            raise ValueError("a scope needs devices, roles or prefix (the kind's policy covers everything)")
+        return self
+
+
+class ActionKindPolicy(Strict):
+    policy: ActionPolicy = "approval"
+    scopes: list[ActionScope] = []
+
+
+class ActionLimits(Strict):
+    """Blast radius (correlator.steering.Limits): a flow group (host pair) keeps `min_paths` of its
+    ECMP paths and loses at most `max_drain_fraction` of them to everything avoided at once."""
+
+    max_drain_fraction: float = Field(0.5, gt=0, le=1)
+    min_paths: int = Field(1, ge=1)
+
+
+class ActionRate(Strict):
+    per_kind: int = Field(5, ge=1)  # automatic actions of one kind per `window`; beyond, they wait for approval
+    window: Seconds = 600.0
+    max_concurrent: int = Field(10, ge=1)  # actions applied (or being applied) at once, all kinds
+
+
+class ActionsConfig(Strict):
+    """Acting on incidents (docs/actions.md): the planner proposes, the policy decides."""
+
+    enabled: bool = False
+    dry_run: bool = False  # record every proposal, send nothing to agents or switches
+    policies: dict[Literal["host_reroute", "drain_link", "isolate_port"], ActionKindPolicy] = Field(
+        default_factory=lambda: {k: ActionKindPolicy() for k in ACTION_KINDS})
+    limits: ActionLimits = ActionLimits()
+    rate: ActionRate = ActionRate()
+    expiry: Seconds = 3600.0  # an applied action is rolled back this long after it was applied
+    approval_ttl: Seconds = 900.0  # a proposal nobody approved by then expires
+    hold: Seconds = 300.0  # rolled back once its incident has stayed resolved this long
+    worse_windows: int = Field(10, ge=1)  # correlator windows after applying in which "worse" rolls back
+    worse_factor: float = Field(1.5, gt=1)  # the incident's loss % or delay inflation rising this much is worse
+    dport: int = Field(4791, ge=1, le=65535)  # the traffic host_reroute steers (RoCE v2)
+
+    @field_validator("policies")
+    @classmethod
+    def _every_kind(cls, v: dict) -> dict:
+        return {k: v.get(k, ActionKindPolicy()) for k in ACTION_KINDS}
+
+
 # --- fabric inventory ------------------------------------------------------------------------
 
 
@@ -709,6 +776,7 @@ class NmsConfig(Strict):
     correlator: CorrelatorConfig = CorrelatorConfig()
     notifications: NotificationsConfig = NotificationsConfig()
     audits: AuditsConfig = AuditsConfig()
+    actions: ActionsConfig = ActionsConfig()
     fabric: FabricConfig = FabricConfig()
 
     @model_validator(mode="after")

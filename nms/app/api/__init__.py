@@ -11,7 +11,8 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from nms import __version__
-from nms.app.api import agents, audits, clock, fabric, incidents, ingest, jobs, notifications, system, telemetry, ui
+from nms.app.api import (actions, agents, audits, clock, fabric, incidents, ingest, jobs, notifications, system,
+                         telemetry, ui)
 from nms.app.auth import SessionStore, TokenRegistry
 from nms.app.service import Service
 from nms.store import StoreError, StoreUnavailable
@@ -153,7 +154,8 @@ def create_app(service: Service, manage_lifecycle: bool = True) -> FastAPI:
     async def store_error(request: Request, exc: StoreError):
         return JSONResponse({"detail": f"telemetry store error: {exc}"}, status_code=502)
 
-    for module in (system, ingest, telemetry, jobs, fabric, agents, clock, notifications, incidents, audits, ui):
+    for module in (system, ingest, telemetry, jobs, fabric, agents, clock, notifications, incidents, audits, actions,
+                   ui):
         app.include_router(module.router)
     _add_ingest_schemas(app)
     app.add_middleware(RequestMetrics, metrics=service.metrics)

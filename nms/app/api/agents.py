@@ -32,7 +32,8 @@ def registry(request: Request) -> AgentRegistry:
     with _lock:  # sync routes run in a thread pool
         if getattr(state, "agents", None) is None:  # built on first use from the service's config
             config = state.service.config
-            state.agents = AgentRegistry(config.fabric, config.agents, state.service.state)
+            state.agents = getattr(state.service, "agents", None) or AgentRegistry(
+                config.fabric, config.agents, state.service.state)
     return state.agents
 
 
@@ -79,6 +80,8 @@ class PeerList(BaseModel):
 class Registered(PeerList):
     instance: str = Field(description="this service run; a new value means the service restarted")
     command_wait_max: float
+    command_key: str | None = Field(None, description="the service's Ed25519 public key (base64) that signs "
+                                                      "commands; agents pin it (docs/actions.md)")
 
 
 class Commands(BaseModel):
@@ -145,7 +148,8 @@ async def register(host: HostName, body: Registration, request: Request,
         # its RDMA UD QPs are new: the hosts probing it fetch their peer lists now, not at the next refresh
         await reg.issue(reg.probed_by(host), "refresh_peers", {}, "service")
     return Registered(host=host, generation=reg.generation, peers=reg.peers(host), instance=reg.instance,
-                      command_wait_max=reg.settings.command_wait_max)
+                      command_wait_max=reg.settings.command_wait_max,
+                      command_key=reg.signer.public_key if reg.signer is not None else None)
 
 
 @router.get("/{host}/peers", response_model=PeerList, responses=UNKNOWN, summary="Whom this host probes",

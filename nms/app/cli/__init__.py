@@ -22,6 +22,7 @@ from nms.app.cli.client import ApiClient, TokenOpt, UrlOpt, err_console, fmt_tim
 from nms.app.cli.clock import clock as clock_cmd
 from nms.app.cli.dashboards import dashboards_app
 from nms.app.cli.fabric import collect_app, devices as devices_cmd, topology as topology_cmd
+from nms.app.cli.actions import actions_app
 from nms.app.cli.incidents import incidents_app
 from nms.app.cli.jobs import jobs_app
 from nms.app.cli.store import store_app
@@ -39,6 +40,7 @@ app.add_typer(token_app, name="token")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(agents_app, name="agents")
 app.add_typer(incidents_app, name="incidents")
+app.add_typer(actions_app, name="actions")
 app.add_typer(audit_app, name="audit")
 app.add_typer(collect_app, name="collect")
 app.add_typer(store_app, name="store")

@@ -12,6 +12,7 @@ import json
 from dataclasses import asdict, dataclass
 from importlib.metadata import entry_points
 
+from nms.app.actions import manager as action_manager
 from nms.app.dashboards import incident_points
 from nms.records import INGEST_KINDS, TelemetryRecord
 from nms.store.base import declared_fields
@@ -91,6 +92,10 @@ def _generic() -> list[Measurement]:
         Measurement(incident_points.MEASUREMENT, "nms/app/dashboards/incident_points.py",
                     "the service (each incident event: opened, updated, resolved, acknowledged)",
                     incident_points.TAGS, "ts", dict(declared_fields(incident_points.MEASUREMENT))),
+        Measurement(action_manager.MEASUREMENT, "nms/app/actions/manager.py",
+                    "the service (each action event: proposed, approved, rejected, applied, failed, rolled_back, "
+                    "expired; the audit log itself is in SQLite, docs/actions.md)",
+                    action_manager.TAGS, "ts", dict(declared_fields(action_manager.MEASUREMENT))),
     ]
 
 

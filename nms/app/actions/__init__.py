@@ -1,0 +1,1 @@
+"""Acting on incidents: the action manager and its actuators (docs/actions.md)."""

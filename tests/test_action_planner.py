@@ -1,0 +1,108 @@
+"""The action planner (correlator/actions.py): which actions each incident kind gets, and the
+blast-radius limits through correlator.steering."""
+
+from __future__ import annotations
+
+from _act_fabric import addresses, incident, topology, uplink
+from correlator.actions import avoid_hops, host_pairs, plan
+from correlator.steering import Limits
+
+
+def test_congestion_reroutes_the_hosts_whose_paths_cross_the_link():
+    p = plan(incident("congestion"), topology(4), addresses(4))
+    assert [x.kind for x in p.proposals] == ["host_reroute"]
+    (reroute,) = p.proposals
+    # h1 -> h3 leaves leaf1 by up1; h3 -> h1 comes back over spine1 -> leaf1 on the same cable
+    assert reroute.targets == ["h1", "h3"]
+    assert reroute.params["dsts"] == {"h1": ["h3"], "h3": ["h1"]}
+    # spine1 answers from its leaf1 port (h1 -> h3), leaf1 from up1 (h3 -> h1)
+    assert reroute.params["avoid_hops"] == ["10.1.1.0", "10.1.1.1"]
+    assert reroute.params["dport"] == 4791 and reroute.params["proto"] == "udp"
+    assert "incident 7" in reroute.reason
+
+
+def test_path_imbalance_reroutes_too():
+    p = plan(incident("path_imbalance"), topology(4), addresses(4))
+    assert [x.kind for x in p.proposals] == ["host_reroute"]
+
+
+def test_corrupting_and_flapping_links_are_drained_and_rerouted():
+    for kind in ("corrupting_link", "link_flapping"):
+        p = plan(incident(kind), topology(4), addresses(4))
+        assert [x.kind for x in p.proposals] == ["drain_link", "host_reroute"], kind
+        drain = p.proposals[0]
+        assert drain.targets == ["leaf1", "spine1"]
+        assert drain.params["ports"] == {"leaf1": "up1", "spine1": "leaf1"}
+
+
+def test_link_down_needs_evidence_that_traffic_still_goes_there():
+    down = plan(incident("link_down", evidence={"paths_down": 4, "oper": "down"}), topology(4), addresses(4))
+    assert down.proposals == [] and "routing already avoids it" in down.notes[0]
+    gray = plan(incident("link_down", evidence={"paths_down": 4, "oper": "up"}), topology(4), addresses(4))
+    assert [x.kind for x in gray.proposals] == ["host_reroute"]
+
+
+def test_other_elements_and_kinds_get_nothing_with_a_reason():
+    nic = incident("nic_down", element="h1:eth0", element_kind="nic")
+    p = plan(nic, topology(), addresses())
+    assert p.proposals == [] and "nic" in p.notes[0]
+    p = plan(incident("mtu_mismatch"), topology(), addresses())
+    assert p.proposals == [] and "mtu_mismatch" in p.notes[0]
+
+
+def test_the_last_path_is_never_taken():
+    # one spine: every h1 <-> h3 path crosses leaf1's only uplink
+    p = plan(incident("congestion", element=uplink("leaf1", 1)), topology(1), addresses(1))
+    assert p.proposals == []
+    assert uplink("leaf1", 1) in p.refused and "would keep 0 of 1 paths" in p.refused[uplink("leaf1", 1)]
+
+
+def test_blast_radius_fraction_of_a_leafs_uplinks():
+    limits = Limits(max_drain_fraction=0.5, min_paths=1)
+    # 2 spines: one uplink is half the paths: allowed; a second one beside it is not
+    first = plan(incident("congestion", element=uplink("leaf1", 1)), topology(2), addresses(2), limits)
+    assert [x.kind for x in first.proposals] == ["host_reroute"]
+    second = plan(incident("congestion", element=uplink("leaf1", 2)), topology(2), addresses(2), limits,
+                  avoided={uplink("leaf1", 1): 1.0})
+    assert second.proposals == [] and "would keep 0 of 2 paths" in second.refused[uplink("leaf1", 2)]
+    # 4 spines, a 25 % limit: the first uplink fits, the second does not
+    quarter = Limits(max_drain_fraction=0.25)
+    ok = plan(incident("congestion", element=uplink("leaf1", 2)), topology(4), addresses(4), quarter)
+    assert ok.proposals
+    no = plan(incident("congestion", element=uplink("leaf1", 2)), topology(4), addresses(4), quarter,
+              avoided={uplink("leaf1", 1): 1.0})
+    assert not no.proposals and "max 25%" in no.refused[uplink("leaf1", 2)]
+
+
+def test_a_drain_counts_every_host_pair_not_only_the_probed_ones():
+    # h2 -> h4 was not probed, but a drain moves its traffic too: with 2 spines and a 40 % limit
+    # draining one of leaf1's two uplinks takes 50 % of every pair's paths
+    limits = Limits(max_drain_fraction=0.4)
+    p = plan(incident("corrupting_link"), topology(2), addresses(2), limits)
+    assert p.proposals == [] and uplink("leaf1", 1) in p.refused
+
+
+def test_an_element_already_avoided_gets_nothing_new():
+    p = plan(incident("congestion"), topology(4), addresses(4), avoided={uplink("leaf1", 1): 1.0})
+    assert p.proposals == [] and "avoided already" in p.notes[0]
+
+
+def test_no_addresses_no_reroute():
+    p = plan(incident("congestion"), topology(4), [])
+    assert p.proposals == [] and "no interface address" in p.notes[0]
+
+
+def test_helpers():
+    assert host_pairs(["h1:eth0>h3:eth1/2", "h1:eth0>h4:eth0/0", "junk"]) == {"h1": {"h3", "h4"}}
+    assert avoid_hops("h1:eth0--leaf1:h1", topology(), addresses()) == []  # leaf1:h1 has no address
+
+
+def test_moved_to_and_worse():
+    from correlator.actions import evidence_level, worse
+    p = plan(incident("congestion"), topology(2), addresses(2))
+    # h1 <-> h3 avoiding leaf1-spine1 uses spine2's links; access links are common to every path
+    assert p.proposals[0].params["moved_to"] == [uplink("leaf1", 2), uplink("leaf2", 2)]
+    inc = incident(evidence={"loss": {"loss_pct": 2.0}, "delay": {"inflation_us": 80.0}})
+    assert evidence_level(inc) == {"loss_pct": 2.0, "inflation_us": 80.0}
+    assert worse({"loss_pct": 2.0}, {"loss_pct": 2.9}, 1.5) is None
+    assert "loss_pct rose from 2 to 3" in worse({"loss_pct": 2.0}, {"loss_pct": 3.0}, 1.5)
