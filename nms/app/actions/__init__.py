@@ -1,0 +1,1 @@
+"""Actuators: the code that carries out approved actions (issue #13)."""
