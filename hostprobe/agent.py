@@ -305,7 +305,7 @@ class Agent:
         def done(status: str, message: str, details: dict | None) -> None:
             log.info("command %s: %s", cid, message)
             if isinstance(cid, int):
-                self.control.result(cid, status, message, details)
+                self.control.result_now(cid, status, message, details)
         log.info("command %s: %s", cid, self.steering.start_steer(args, peers, done))
         return None
 
