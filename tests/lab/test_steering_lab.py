@@ -24,7 +24,8 @@ from agent_lab import MeshLab  # noqa: E402
 
 pytestmark = pytest.mark.root
 RATE = 8_000_000  # offered per flow
-CONGESTED = "6mbit"  # leaf1 -> spine1 under the fault: the 4 flows there offer 32 Mbit/s
+CONGESTED = "6mbit"
+PROBE_DPORT = 34567  # udp_probe's port (the agents hold 33434)  # leaf1 -> spine1 under the fault: the 4 flows there offer 32 Mbit/s
 
 
 def job_flows(topo) -> list[Flow]:
@@ -125,3 +126,96 @@ def test_steer_moves_flows_off_a_congested_link_and_goodput_recovers(mesh, tmp_p
         faults.heal(mesh.dir, fault["id"])
     finally:
         job.stop()
+
+
+# -- switch side: gNMI Set through the collector's session, against the lab's targets -------------
+def _setter_and_switches(mesh):
+    from collectors.gnmi import GnmiCollector
+    from collectors.gnmi_set import GnmiSetter
+    from nms.config import load_config
+    config = load_config(mesh.dir.config)
+    return GnmiSetter(GnmiCollector()), {s.name: s for s in config.fabric.switches}
+
+
+def _spines_used(topo, src: str, dst: str, sports) -> set[str]:
+    return {paths.predict(topo, src, dst, "udp", sp, 4791)["spine"] for sp in sports}
+
+
+def test_gnmi_set_drains_an_uplink_and_the_kernel_forwarding_follows(mesh):
+    import asyncio
+    topo = mesh.topo
+    setter, switches = _setter_and_switches(mesh)
+    leaf1 = switches["leaf1"]
+    link = topo.find_link("leaf1-spine1")
+    uplink = link.a.name
+    spine_rx = Path(f"/sys/class/net/{link.b.name}/statistics/rx_packets")
+    sports = range(41000, 41064)
+    assert _spines_used(topo, "host1", "host3", sports) == {"spine1", "spine2"}
+
+    async def run():
+        assert await setter.weight(leaf1, uplink) == 1
+        await setter.set_weight(leaf1, uplink, 0)
+        drained = await setter.weight(leaf1, uplink)
+        used = _spines_used(topo, "host1", "host3", sports)
+        # the kernel's own routes: no flow hashes onto the drained uplink, and it really carries none
+        # (spine1's counter of the port facing leaf1 stays put while 8 x 100 datagrams arrive)
+        before = _ns_read(topo, "spine1", spine_rx)
+        got = paths.udp_probe(topo, "host1", "host3", list(sports)[:8], dport=PROBE_DPORT, count=100)
+        crossed = int(_ns_read(topo, "spine1", spine_rx)) - int(before)
+        # a failover elsewhere and its heal recompute the routes: the drain must survive them
+        fault = faults.inject(mesh.dir, "link-down", "leaf2-spine2", mode="failover")
+        faults.heal(mesh.dir, fault["id"])
+        survived = _spines_used(topo, "host1", "host3", sports)
+        await setter.set_weight(leaf1, uplink, 1)  # revert
+        restored = _spines_used(topo, "host1", "host3", sports)
+        with pytest.raises(Exception, match="FAILED_PRECONDITION"):  # never drain the last uplink
+            await setter.set_weight(leaf1, uplink, 0)
+            await setter.set_weight(leaf1, topo.find_link("leaf1-spine2").a.name, 0)
+        await setter.set_weight(leaf1, uplink, 1)
+        with pytest.raises(Exception, match="INVALID_ARGUMENT"):
+            await setter.set_weight(leaf1, uplink, 999)
+        with pytest.raises(Exception, match="NOT_FOUND"):
+            await setter.set_weight(leaf1, "swp99", 0)
+        return drained, used, got, crossed, survived, restored
+
+    drained, used, got, crossed, survived, restored = asyncio.run(run())
+    assert drained == 0
+    assert used == {"spine2"}
+    assert sum(got.values()) >= 0.95 * 800, got
+    assert crossed < 40, crossed  # LLDP and the like only, not the 800 datagrams
+    assert survived == {"spine2"}
+    assert restored == {"spine1", "spine2"}
+
+
+def test_gnmi_set_isolates_a_port_and_brings_it_back(mesh):
+    import asyncio
+    topo = mesh.topo
+    setter, switches = _setter_and_switches(mesh)
+    spine2 = switches["spine2"]
+    port = topo.find_link("leaf2-spine2").end("spine2").name
+    oper = Path(f"/sys/class/net/{port}/operstate")
+    sports = range(42000, 42064)
+
+    async def run():
+        assert await setter.enabled(spine2, port) is True
+        await setter.set_enabled(spine2, port, False)
+        down = await setter.enabled(spine2, port)
+        state = _ns_read(topo, "spine2", oper)
+        await setter.set_enabled(spine2, port, True)
+        time.sleep(0.5)
+        return down, state, await setter.enabled(spine2, port), _ns_read(topo, "spine2", oper)
+
+    down, state, up, state_after = asyncio.run(run())
+    assert (down, state) == (False, "down")
+    assert (up, state_after) == (True, "up")
+    # the spine's route to leaf2 came back with the port: traffic through spine2 flows again
+    assert "spine2" in _spines_used(topo, "host1", "host3", sports)
+    got = paths.udp_probe(topo, "host1", "host3", [paths.sport_via(topo, "host1", "host3", "spine2", "udp", PROBE_DPORT,
+                                                                   43000)], dport=PROBE_DPORT, count=20)
+    assert all(n > 0 for n in got.values()), got
+
+
+def _ns_read(topo, node: str, path: Path) -> str:
+    import subprocess
+    return subprocess.run(["ip", "netns", "exec", topo.netns(node), "cat", str(path)], capture_output=True,
+                          text=True, check=True).stdout.strip()
