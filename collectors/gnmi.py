@@ -272,6 +272,10 @@ class GnmiCollector(Collector):
             session = self._sessions[device.name] = _Session(device, s)
         return session
 
+    async def session(self, device: SwitchConfig) -> _Session:
+        """The device's session, for gNMI Set (collectors/gnmi_set.py)."""
+        return await self._session(device)
+
     def _wanted(self, device: SwitchConfig) -> Callable[[str], bool]:
         """Whether an interface is kept: decided once per name (it is asked for every leaf of every tick)."""
         patterns = self.settings(device).interfaces

@@ -76,6 +76,9 @@ class UfmClient:
     async def post(self, path: str, body: Any) -> Any:
         return await self._request("POST", path, body=body)
 
+    async def put(self, path: str, body: Any) -> Any:
+        return await self._request("PUT", path, body=body)
+
     async def get_list(self, path: str, params: dict[str, Any] | None = None, paged: bool = False) -> list[Any]:
         """A collection. `paged` (and settings.page_size > 0): asked page by page with `page_number`
         (from 1) and `rpp`; a page answer is {"data": [...]}, and a short page is the last. A plain
@@ -106,7 +109,7 @@ class UfmClient:
             last = attempt == attempts - 1
             try:
                 response = await self._http.request(method, self.route(path), params=params,
-                                                    json=body if method == "POST" else None)
+                                                    json=body if method in ("POST", "PUT") else None)
             except httpx.TimeoutException:
                 if last:
                     raise CollectorTimeout(self.device, f"{self.base}: {what} timed out after "
@@ -131,6 +134,8 @@ class UfmClient:
     def _decode(self, what: str, response: httpx.Response) -> Any:
         if not 200 <= response.status_code < 300:
             raise self._bad(what, f"HTTP {response.status_code}{_snippet(response.text)}")
+        if what.startswith("PUT ") and not response.content:
+            return None  # UFM answers some PUTs with 200 and no body
         try:
             return response.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as e:

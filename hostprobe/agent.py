@@ -38,6 +38,7 @@ from hostprobe.netlink import LinkMonitor
 from hostprobe.prober import LocalNic, Prober
 from hostprobe.report import Reporter
 from hostprobe.responder import Responder, make_responders
+from hostprobe.steer import SteerError, Steering
 from hostprobe.tstamp import StampedSocket
 from hostprobe.verify import CommandVerifier
 from nms import __version__
@@ -113,6 +114,8 @@ class Agent:
         self.nccl = self._nccl_listener()
         self.prober = Prober(cfg.host, self.nics, cfg.probe, key, self.session, self.clock, self.stats,
                              self.reporter.put)
+        self.steering = Steering(cfg.steering, cfg.steering.path or self.buffer_dir / "steering.json", key,
+                                 self.session, cfg.probe.max_hops, cfg.probe.trace_rate, self.prober.next_seq)
         self.clock.step_threshold_ns = int(cfg.clock_sync.step_threshold_us * 1000)
         self.clock_sync = None
         if cfg.clock_sync.enabled:
@@ -260,12 +263,16 @@ class Agent:
                     self.stats["commands_refused"] += 1
                     status, message = "failed", f"refused: {refused}"
                 else:
-                    status, message = self._command(payload)
+                    outcome = self._command(payload)
+                    if outcome is None:
+                        continue  # reported later, by the command's own thread (steer)
+                    status, message = outcome
                 if isinstance(payload.get("id"), int):  # the control thread posts it (never blocks here)
                     self.control.result(payload["id"], status, message)
 
-    def _command(self, command: dict) -> tuple[str, str]:
-        """Carry out one command; returns its outcome for the service: ("done" | "failed", message)."""
+    def _command(self, command: dict) -> tuple[str, str] | None:
+        """Carry out one command; returns its outcome for the service: ("done" | "failed", message),
+        or None when the command reports it itself later (steer)."""
         kind, args, cid = command.get("kind"), command.get("args") or {}, command.get("id")
         self.stats["commands"] += 1
         try:
@@ -282,14 +289,33 @@ class Agent:
                 reason = f"bad rate {rate!r}: want 0 < rate <= 10000 exchanges/s per path"
             elif kind == "refresh_peers":
                 return "done", "fetching the peer list again"  # the control thread does, having seen the command
+            elif kind in ("steer", "unsteer"):
+                return self._steer(kind, args, cid)
             else:
-                reason = f"unknown command {kind!r} (this agent knows reprobe_paths, set_rate, refresh_peers)"
+                reason = (f"unknown command {kind!r} (this agent knows reprobe_paths, set_rate, refresh_peers, "
+                          "steer, unsteer)")
+        except SteerError as e:
+            reason = f"{kind}: {e}"
         except Exception as e:  # a command must not take the probe loop down
             log.exception("command %s (%s) failed", cid, kind)
             reason = f"{kind} failed: {type(e).__name__}: {e}"
         log.warning("command %s: %s", cid, reason)
         self.stats["commands_failed"] += 1
         return "failed", reason
+
+    def _steer(self, kind: str, args: dict, cid) -> tuple[str, str] | None:
+        if kind == "unsteer":
+            return self.steering.unsteer(args)
+        peers: dict[str, list[tuple[str, str]]] = {}
+        for t in self.prober.targets.values():
+            peers.setdefault(t.host, []).append((t.nic.address, t.addr))
+
+        def done(status: str, message: str, details: dict | None) -> None:
+            log.info("command %s: %s", cid, message)
+            if isinstance(cid, int):
+                self.control.result_now(cid, status, message, details)
+        log.info("command %s: %s", cid, self.steering.start_steer(args, peers, done))
+        return None
 
     def _on_links(self) -> None:
         watched = {n.name for n in self.nics}

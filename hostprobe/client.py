@@ -106,6 +106,17 @@ class Control(threading.Thread):
         except queue.Full:
             self._dropped(command_id)
 
+    def result_now(self, command_id: int, status: str, message: str, details: dict | None = None) -> None:
+        """A result from a worker thread (steer) that finished while the control thread sits in its
+        long-poll: posted from the calling thread at once, queued as `result` when that fails."""
+        body = {"status": status, "message": message[:1024], **({"details": details} if details else {})}
+        try:
+            if self.client.post_result(command_id, body).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        self.result(command_id, status, message, details)
+
     def _dropped(self, command_id: int) -> None:
         self.results_dropped += 1
         log.warning("result of command %d dropped: %d results wait for the service already", command_id, RESULTS_MAX)

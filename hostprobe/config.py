@@ -97,6 +97,23 @@ class NcclSettings(Strict):
     socket_mode: int = Field(0o666, ge=0, le=0o777)  # the jobs' users must be able to write to it
 
 
+class SteeringSettings(Strict):
+    """host_reroute (hostprobe/steer.py, docs/steering.md): where the steering table is written and
+    which source ports a `steer` command traces."""
+    path: Path | None = None  # default: <report.buffer_dir>/steering.json
+    port_base: int = Field(49152, ge=1024, le=65535)  # candidate source ports start here
+    candidates: int = Field(16, ge=1, le=1024)  # source ports traced per destination
+    ports_per_dst: int = Field(4, ge=1, le=1024)  # how many of those avoiding the element are kept
+
+    @model_validator(mode="after")
+    def _fits(self) -> SteeringSettings:
+        if self.port_base + self.candidates - 1 > 65535:
+            raise ValueError("port_base + candidates runs past port 65535")
+        if self.ports_per_dst > self.candidates:
+            raise ValueError("ports_per_dst is more than candidates")
+        return self
+
+
 class LabClock(Strict):
     """Emulated clock error for the fabric lab: t_host = t_real + offset + drift * (t_real - ref).
 
@@ -143,6 +160,7 @@ class AgentConfig(Strict):
     counters: CounterSettings = CounterSettings()
     clock_sync: ClockSyncSettings = ClockSyncSettings()
     nccl: NcclSettings = NcclSettings()
+    steering: SteeringSettings = SteeringSettings()
     lab_clock: LabClock | None = None
     signing: SigningSettings = SigningSettings()
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -239,7 +239,34 @@ class UfmStandIn:
             return 200, d["alarms"]
         if method == "GET" and route == "/app/events":
             return 200, d["events"]
+        if route == "/app/unhealthy_ports" and method in ("GET", "PUT"):
+            return self._unhealthy(method, body)
         return 404, {"error": f"no route {method} {route}"}
+
+    def _unhealthy(self, method: str, body: Any) -> tuple[int, Any]:
+        """OpenSM's unhealthy ports (UFM REST API guide, "Unhealthy Ports REST API"): GET lists them,
+        PUT {"ports": [name], "ports_policy": "UNHEALTHY", "action": "isolate"} adds, HEALTHY removes."""
+        by_name = {p["name"]: p for p in self.data["ports"]}
+        unhealthy = self.data.setdefault("unhealthy", {})
+        if method == "GET":
+            return 200, [{"UnhealthyGUID": p["guid"], "UnhealthyPortNumber": p["number"],
+                          "UnhealthyNode": p["system_name"], "UnhealthyPortDname": p["dname"],
+                          "UnhealthyPort": f"{p['system_name']}/{p['dname']}", "PeerNode": p["peer_node_name"],
+                          "PeerGUID": p["peer_guid"], "PeerPortDname": p["peer_port_dname"],
+                          "Condition": ["MANUAL"], "State": "Warning", "StatusTime": when,
+                          "Action": action} for p, (when, action) in ((by_name[n], v) for n, v in unhealthy.items())]
+        if not isinstance(body, dict) or not isinstance(body.get("ports"), list) \
+                or body.get("ports_policy") not in ("HEALTHY", "UNHEALTHY"):
+            return 400, {"error": "ports (a list) and ports_policy (HEALTHY or UNHEALTHY) are required"}
+        unknown = [n for n in body["ports"] if n not in by_name]
+        if unknown or body.get("action", "no_discover") not in ("isolate", "no_discover"):
+            return 400, {"error": f"unknown ports {unknown}" if unknown else "action must be isolate or no_discover"}
+        for name in body["ports"]:
+            if body["ports_policy"] == "UNHEALTHY":
+                unhealthy[name] = (time.strftime("%a %b %d %H:%M:%S %Y"), body.get("action", "no_discover"))
+            else:
+                unhealthy.pop(name, None)
+        return 200, {}
 
     def _snapshot(self, body: Any) -> tuple[int, Any]:
         required = {"attributes": list, "functions": list, "scope_object": str, "monitor_object": str, "objects": list}
@@ -265,6 +292,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self._serve("POST")
+
+    def do_PUT(self) -> None:
+        self._serve("PUT")
 
     def _serve(self, method: str) -> None:
         url = urlsplit(self.path)

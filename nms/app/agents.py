@@ -31,7 +31,8 @@ from nms.config.models import AgentsConfig, FabricConfig
 from nms.state import AgentCommand, StateStore
 
 COMMANDS = {"reprobe_paths": "trace every path again now", "set_rate": "args.rate: exchanges/s per path",
-            "refresh_peers": "fetch the peer list again now"}
+            "refresh_peers": "fetch the peer list again now",
+            "steer": "move job flows off an element (docs/steering.md)", "unsteer": "args.action_id: undo a steer"}
 
 
 def plan_peers(hosts: dict[str, set[str]], k: int, seed: str) -> dict[str, list[str]]:

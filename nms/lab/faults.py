@@ -51,7 +51,7 @@ def set_withdrawn(topo: Topology, state: dict, link: Link, withdrawn: bool) -> N
     gone = set(state["withdrawn"])
     gone = gone | {link.name} if withdrawn else gone - {link.name}
     state["withdrawn"] = sorted(gone)
-    routing.apply(topo, gone)
+    routing.apply(topo, gone, weights=state.get("ecmp_weights"))
 
 
 def link_down(topo: Topology, state: dict, link: Link, mode: str, down: bool) -> None:
@@ -222,7 +222,7 @@ def _heal(topo: Topology, lab: LabDir, state: dict, f: dict) -> None:
     elif kind == "nic-down":
         set_carrier(topo, topo.link(p["link"]), up=True)
         sh.ip_batch(topo.netns(p["host"]), ["link set eth0 up"])
-        routing.apply(topo, state["withdrawn"], nodes=[p["host"]])  # admin-down deleted its route
+        routing.apply(topo, state["withdrawn"], nodes=[p["host"]], weights=state.get("ecmp_weights"))  # admin-down deleted its route
     elif kind == "clock":
         state.get("clocks", {}).pop(p["host"], None)
 

@@ -26,6 +26,8 @@ The values are the kernel's (nms/lab/gnmi_tree.py). What a client gets (collecto
   request), STREAM with SAMPLE (sample_interval, default 10 s), ON_CHANGE (rtnetlink
   link events, plus a rescan every second) and TARGET_DEFINED (counters SAMPLE, the rest ON_CHANGE);
   sync_response after the first complete set (also with updates_only, which skips that set).
+* Set (and Get) of /interfaces/interface[name=X]/config/enabled and, with --lab-dir/--node, the lab's
+  ECMP weights /ecmp/uplinks/uplink[name=X]/config/weight (nms/lab/gnmi_set.py); nothing else is settable.
 * With --username, every RPC must carry gRPC metadata username/password, else UNAUTHENTICATED.
 """
 
@@ -38,6 +40,7 @@ import hmac
 import logging
 import re
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -46,7 +49,7 @@ from pygnmi.spec.v080 import gnmi_pb2, gnmi_pb2_grpc
 
 from nms.lab.gnmi_tree import (COUNTERS, INTERFACES, STATUS, Kernel, PathError, Selection, json_doc, names_of,
                                path_text, responses, select, wanted_of)
-from nms.lab import gnmi_qos, gnmi_system
+from nms.lab import gnmi_qos, gnmi_set, gnmi_system
 from nms.lab.gnmi_watch import LinkWatch, OnChange
 
 log = logging.getLogger("nms.lab.gnmi_target")
@@ -74,12 +77,14 @@ async def _guarded(coro, queue: asyncio.Queue) -> None:
 
 class Target(gnmi_pb2_grpc.gNMIServicer):
     def __init__(self, kernel: Kernel, username: str | None = None, password: str | None = None,
-                 hostname: str = "nms-lab-switch", qos: bool = True, poll_waits: bool = False):
+                 hostname: str = "nms-lab-switch", qos: bool = True, poll_waits: bool = False,
+                 lab_dir: str | None = None, node: str | None = None):
         self.kernel, self.watch, self.hostname = kernel, LinkWatch(kernel), hostname
         self.queues = gnmi_qos.Queues(kernel.wanted) if qos else None
         self.poll_waits = poll_waits  # POLL: nothing until the first Poll request (some targets do that)
         self._user = username.encode() if username is not None else None
         self._password = (password or "").encode()
+        self.setter = gnmi_set.LabSet(kernel, lab_dir, node)  # Set of config/enabled and (in a lab) ECMP weights
 
     async def _check(self, context, rpc: str) -> None:
         if self._user is None:
@@ -141,6 +146,8 @@ class Target(gnmi_pb2_grpc.gNMIServicer):
             await context.abort(Code.UNIMPLEMENTED, "this target serves state only (no config data)")
         prefix = request.prefix if request.HasField("prefix") else None
         paths = list(request.path) or [gnmi_pb2.Path()]
+        if any(gnmi_set.handles(prefix, p) for p in paths):
+            return await self._guard_set(context, self.setter.get, prefix, paths)
         if any(gnmi_system.is_system(prefix, p) for p in paths):
             return await self._get_system(request, context, prefix, paths)
         selections = await self._selections(context, prefix, paths)
@@ -182,7 +189,15 @@ class Target(gnmi_pb2_grpc.gNMIServicer):
 
     async def Set(self, request, context):
         await self._check(context, "Set")
-        await context.abort(Code.UNIMPLEMENTED, "this target is read-only")
+        return await self._guard_set(context, self.setter.set, request)
+
+    async def _guard_set(self, context, call, *args):
+        try:
+            return await asyncio.to_thread(call, *args)
+        except PathError as e:
+            await context.abort(getattr(Code, e.code), str(e))
+        except (OSError, subprocess.SubprocessError) as e:
+            await context.abort(Code.INTERNAL, f"the change failed: {e}")
 
     async def Subscribe(self, request_iterator, context):
         requests = request_iterator.__aiter__()
@@ -323,6 +338,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--poll-waits", action="store_true", help="a POLL subscription answers only Poll requests "
                     "(nothing before the first)")
     ap.add_argument("--log", metavar="FILE", help="log here instead of stderr")
+    ap.add_argument("--lab-dir", help="the lab directory: serve Set of ECMP weights (nms/lab/gnmi_set.py)")
+    ap.add_argument("--node", help="this switch's node name in the lab (with --lab-dir)")
     args = ap.parse_args(argv)
     try:
         args.host, args.port = _address(args.listen)
@@ -345,7 +362,7 @@ async def serve(args, password: str | None, credentials) -> None:
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])  # never share the port with another target
     gnmi_pb2_grpc.add_gNMIServicer_to_server(Target(Kernel(args.interfaces, args.port_speed_bps),
                                                     args.username, password, args.hostname, not args.no_qos,
-                                                    args.poll_waits), server)
+                                                    args.poll_waits, args.lab_dir, args.node), server)
     address = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"
     try:
         port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)

@@ -4,6 +4,11 @@ No routing daemon runs: the lab itself plays the converged control plane. With n
 leaf reaches every other leaf's /24 over an ECMP route through all spines (hashed on the 5-tuple,
 see builder.SWITCH_SYSCTLS); a spine has one route per leaf. A "failover" link-down withdraws the
 link here, as BGP would after the session drops, and the routes are reprogrammed at once.
+
+ECMP weights (the lab gNMI target's Set of /ecmp/uplinks/uplink[name=X]/config/weight,
+nms/lab/gnmi_set.py) live in the lab state as `ecmp_weights` {leaf: {port: weight}}: every
+recompute applies them, so failover never silently undoes a drain. Weight 0 drains the uplink:
+its nexthop leaves every ECMP group (unless that would leave a group empty).
 """
 
 from __future__ import annotations
@@ -17,8 +22,12 @@ Nexthop = tuple[str, str]             # (gateway address, device)
 Routes = dict[str, list[Nexthop]]     # prefix -> nexthops (empty: no route)
 
 
-def compute(topo: Topology, withdrawn: Iterable[str] = ()) -> dict[str, Routes]:
+Weights = dict[str, dict[str, int]]   # node -> port -> ECMP weight (absent: 1)
+
+
+def compute(topo: Topology, withdrawn: Iterable[str] = (), weights: Weights | None = None) -> dict[str, Routes]:
     gone = set(withdrawn)
+    weights = weights or {}
     uplink = {}  # (leaf index, spine index) -> link, for links still in service
     for link in topo.links:
         if link.kind == "fabric" and link.name not in gone:
@@ -36,16 +45,19 @@ def compute(topo: Topology, withdrawn: Iterable[str] = ()) -> dict[str, Routes]:
         }
     for l in leaves:  # noqa: E741
         routes: Routes = {}
+        drained = {port for port, w in weights.get(f"leaf{l}", {}).items() if w == 0}
         for m in leaves:
             if m != l:
-                routes[topo.leaf_prefix(m)] = [(uplink[(l, s)].b.ip, uplink[(l, s)].a.name)
-                                               for s in spines if (l, s) in uplink and (m, s) in uplink]
+                hops = [(uplink[(l, s)].b.ip, uplink[(l, s)].a.name)
+                        for s in spines if (l, s) in uplink and (m, s) in uplink]
+                routes[topo.leaf_prefix(m)] = [h for h in hops if h[1] not in drained] or hops
         out[f"leaf{l}"] = routes
     return out
 
 
-def commands(routes: Routes) -> list[str]:
+def commands(routes: Routes, weights: dict[str, int] | None = None) -> list[str]:
     """`ip -batch` lines that make the node's table match `routes` (replace is idempotent)."""
+    weights = weights or {}
     lines = []
     for prefix, hops in routes.items():
         if not hops:
@@ -53,15 +65,17 @@ def commands(routes: Routes) -> list[str]:
         elif len(hops) == 1:
             lines.append(f"route replace {prefix} via {hops[0][0]} dev {hops[0][1]}")
         else:
-            nexthops = " ".join(f"nexthop via {gw} dev {dev} weight 1" for gw, dev in hops)
+            nexthops = " ".join(f"nexthop via {gw} dev {dev} weight {max(1, weights.get(dev, 1))}"
+                                for gw, dev in hops)
             lines.append(f"route replace {prefix} {nexthops}")
     return lines
 
 
-def apply(topo: Topology, withdrawn: Iterable[str] = (), nodes: Iterable[str] | None = None) -> None:
+def apply(topo: Topology, withdrawn: Iterable[str] = (), nodes: Iterable[str] | None = None,
+          weights: Weights | None = None) -> None:
     """Program the routes of `nodes` (default: every switch); deleting an absent route is fine."""
-    table = compute(topo, withdrawn)
+    table = compute(topo, withdrawn, weights)
     for name in nodes if nodes is not None else [n.name for n in topo.switches]:
-        lines = commands(table[name])
+        lines = commands(table[name], (weights or {}).get(name))
         sh.ip_batch(topo.netns(name), [x for x in lines if not x.startswith("route del")])
         sh.ip_batch(topo.netns(name), [x for x in lines if x.startswith("route del")], force=True)

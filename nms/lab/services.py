@@ -115,7 +115,8 @@ def start_gnmi(topo: Topology, lab: LabDir, node: Node, state: dict, ifindex: di
     args = [sys.executable, "-m", "nms.lab.gnmi_target", "--listen", f"{node.mgmt_address}:{inventory.GNMI_PORT}",
             "--tls-cert", str(cert), "--tls-key", str(key), "--username", state["gnmi"]["username"],
             "--password-file", str(inventory.gnmi_password_file(lab)),
-            "--port-speed-bps", str(topo.spec.link_rate_bps), "--hostname", node.name, "--log", str(d / "gnmi.log")]
+            "--port-speed-bps", str(topo.spec.link_rate_bps), "--hostname", node.name, "--log", str(d / "gnmi.log"),
+            "--lab-dir", str(lab.root), "--node", node.name]
     for port in node.ports:
         args += ["--interfaces", port.name]
     # the same nms package as this process, wherever the command is run from

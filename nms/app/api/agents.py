@@ -92,7 +92,7 @@ class Commands(BaseModel):
 
 
 class CommandIn(Strict):
-    kind: Literal["reprobe_paths", "set_rate", "refresh_peers"] = Field(
+    kind: Literal["reprobe_paths", "set_rate", "refresh_peers", "steer", "unsteer"] = Field(
         description="; ".join(f"{k}: {v}" for k, v in COMMANDS.items()))
     args: dict = Field(default_factory=dict, max_length=16)
     hosts: list[str] | None = Field(None, max_length=100_000,

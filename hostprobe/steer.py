@@ -1,0 +1,291 @@
+"""The agent's side of host_reroute (issue #13): `steer` and `unsteer` commands, and the steering
+table that the job's traffic follows (docs/steering.md).
+
+`steer` {"action_id", "element", "avoid_hops": [ip...], "dsts": [peer host...], "proto": "udp",
+"dport": 4791, "expires_ns"}: for every NIC address of each peer, Paris-traceroute (hostprobe.trace)
+each candidate source port with the flow's own 5-tuple (our address:port -> peer:dport), keep the
+ports whose forward hops include none of `avoid_hops` (correlator.steering.choose: a trace with a
+silent router in it is unknown and never kept) and write them to the steering table. The result:
+{"dsts": {host: {"ports": [...], "candidates": n, "kept": k}}}. A dst where no port avoids the
+element gets no entry (its traffic keeps hashing as before) and says so in the result.
+
+The table is JSON, replaced atomically (write a temporary file, fsync, rename):
+  {"version": n, "updated_ns": t,
+   "routes": {"<dst ip>": {"ports": [...], "action_ids": [...], "expires_ns": t}}}
+A later steer to the same dst replaces its ports and adds its action id; `unsteer` {"action_id"}
+removes that id, and an entry left without ids goes. Expired entries are dropped on every write
+(and readers ignore them anyway).
+
+The traces run in a thread of their own, on sockets of their own (so the probe loop never waits),
+and only one steer runs at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from correlator.steering import choose
+from hostprobe.trace import TraceJob, Tracer
+from hostprobe.tstamp import StampedSocket
+
+log = logging.getLogger(__name__)
+
+ROCE_V2_PORT = 4791
+TRACE_DEADLINE = 15.0  # seconds: a steer gives up on traces still running after this
+
+
+class SteerError(ValueError):
+    pass
+
+
+@dataclass
+class _Dest:
+    """What hostprobe.trace needs of a target: the peer's address and port; `verbs` makes a trace
+    end at two silent TTLs in a row (the job's receiver consumes packets to dport without an answer)."""
+    addr: str
+    wire_port: int
+    verbs: bool = True
+
+
+def read_table(path: Path) -> dict:
+    try:
+        table = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return {"version": 0, "updated_ns": 0, "routes": {}}
+    if not isinstance(table, dict) or not isinstance(table.get("routes"), dict):
+        raise SteerError(f"steering table {path} is not a steering table")
+    return table
+
+
+def live_routes(table: dict, now_ns: int | None = None) -> dict[str, list[int]]:
+    """{dst ip: ports} of the entries not past their expiry: what traffic follows."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    out = {}
+    for dst, entry in (table.get("routes") or {}).items():
+        try:
+            expires, ports = entry.get("expires_ns"), [int(p) for p in entry["ports"]]
+        except (AttributeError, KeyError, TypeError, ValueError):
+            continue  # a malformed entry steers nothing
+        if ports and (expires is None or expires > now_ns):
+            out[dst] = ports
+    return out
+
+
+def write_table(path: Path, table: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".steering-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(table, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # the job's traffic (another user) reads it
+        os.replace(tmp, path)
+    except BaseException:
+        with_suppressed_unlink(tmp)
+        raise
+
+
+def with_suppressed_unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _int(args: dict, name: str, lo: int, hi: int) -> int:
+    v = args.get(name)
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise SteerError(f"bad {name} {v!r}: want an integer in [{lo}, {hi}]")
+    return v
+
+
+def parse_steer(args: dict) -> dict:
+    """The steer arguments, checked; raises SteerError naming the bad field."""
+    hops = args.get("avoid_hops")
+    if not isinstance(hops, list) or not hops or not all(isinstance(h, str) for h in hops):
+        raise SteerError("bad avoid_hops: want a non-empty list of addresses")
+    dsts = args.get("dsts")
+    if not isinstance(dsts, list) or not dsts or not all(isinstance(d, str) for d in dsts):
+        raise SteerError("bad dsts: want a non-empty list of peer host names")
+    if args.get("proto", "udp") != "udp":
+        raise SteerError(f"bad proto {args.get('proto')!r}: only udp is steered")
+    out = {"action_id": _int(args, "action_id", 0, 2**63), "avoid_hops": set(hops), "dsts": dsts,
+           "dport": _int({"dport": args.get("dport", ROCE_V2_PORT)}, "dport", 1, 65535),
+           "expires_ns": _int(args, "expires_ns", 0, 2**63), "element": str(args.get("element", ""))}
+    if out["expires_ns"] <= time.time_ns():
+        raise SteerError("expires_ns is in the past")
+    return out
+
+
+class Steering:
+    """The agent's steering: runs `steer` in a thread, applies `unsteer` at once, owns the table."""
+
+    def __init__(self, settings, path: Path, key: bytes, session: int, max_hops: int, trace_rate: float,
+                 next_seq):
+        self.settings, self.path = settings, Path(path)
+        self.key, self.session, self.max_hops, self.trace_rate = key, session, max_hops, trace_rate
+        self.next_seq = next_seq
+        self.lock = threading.Lock()  # table writes
+        self.busy = threading.Lock()  # one steer at a time
+
+    # -- the table ---------------------------------------------------------------------------------
+    def _update(self, change: Callable[[dict], None]) -> dict:
+        with self.lock:
+            table = read_table(self.path)
+            change(table["routes"])
+            now = time.time_ns()
+            table["routes"] = {d: e for d, e in table["routes"].items()
+                               if e.get("expires_ns") is None or e["expires_ns"] > now}
+            table["version"] = int(table.get("version", 0)) + 1
+            table["updated_ns"] = now
+            write_table(self.path, table)
+            return table
+
+    def unsteer(self, args: dict) -> tuple[str, str]:
+        action_id = _int(args, "action_id", 0, 2**63)
+        removed = []
+
+        def change(routes: dict) -> None:
+            for dst, entry in list(routes.items()):
+                if action_id in entry.get("action_ids", []):
+                    entry["action_ids"] = [a for a in entry["action_ids"] if a != action_id]
+                    removed.append(dst)
+                    if not entry["action_ids"]:
+                        del routes[dst]
+        self._update(change)
+        return "done", f"action {action_id}: steering removed for {len(removed)} destination(s)"
+
+    # -- steer -------------------------------------------------------------------------------------
+    def start_steer(self, args: dict, peers: dict[str, list[tuple[str, str]]],
+                    done: Callable[[str, str, dict | None], None]) -> str:
+        """Check the arguments now (SteerError), trace in a thread, call done(status, message,
+        details) at the end. `peers`: host -> [(our address, its address)] from the probe targets."""
+        parsed = parse_steer(args)
+        unknown = [d for d in parsed["dsts"] if d not in peers]
+        if unknown:
+            raise SteerError(f"not peers of this agent: {', '.join(unknown)}")
+        if not self.busy.acquire(blocking=False):
+            raise SteerError("another steer is still tracing")
+
+        def work() -> None:
+            try:
+                details = self.steer(parsed, peers)
+                kept = sum(1 for d in details["dsts"].values() if d["ports"])
+                done("done", f"action {parsed['action_id']}: {kept} of {len(details['dsts'])} "
+                             f"destination(s) steered off {parsed['element'] or 'the hops'}", details)
+            except Exception as e:  # the thread must report, whatever happened
+                log.exception("steer failed")
+                done("failed", f"steer failed: {type(e).__name__}: {e}", None)
+            finally:
+                self.busy.release()
+        threading.Thread(target=work, name="steer", daemon=True).start()
+        return f"tracing {self.settings.candidates} source ports to {len(parsed['dsts'])} destination(s)"
+
+    def steer(self, parsed: dict, peers: dict[str, list[tuple[str, str]]]) -> dict:
+        pairs = [(host, local, addr) for host in parsed["dsts"] for local, addr in peers[host]]
+        traced = self.trace(pairs, parsed["dport"])  # (local, addr) -> [(port, hops or None)]
+        result: dict[str, dict] = {}
+        routes: dict[str, list[int]] = {}
+        for host, local, addr in pairs:
+            found = traced.get((local, addr), [])
+            paths = [frozenset(h) if h is not None else frozenset({"?"}) for _, h in found]
+            unknown = {"?"}  # a trace with a silent router could cross anything
+            keep = choose(paths, parsed["avoid_hops"] | unknown, n=self.settings.ports_per_dst)
+            ports = sorted(found[i][0] for i in keep)
+            entry = result.setdefault(host, {"ports": [], "candidates": 0, "kept": 0})
+            entry["ports"] += ports
+            entry["candidates"] += len(found)
+            entry["kept"] += sum(1 for p in paths if not (p & (parsed["avoid_hops"] | unknown)))
+            if ports:
+                routes[addr] = ports
+
+        def change(table_routes: dict) -> None:
+            for addr, ports in routes.items():
+                old = table_routes.get(addr) or {}
+                ids = [a for a in old.get("action_ids", []) if a != parsed["action_id"]] + [parsed["action_id"]]
+                table_routes[addr] = {"ports": ports, "action_ids": ids,
+                                      "expires_ns": max(parsed["expires_ns"], old.get("expires_ns") or 0)}
+        table = self._update(change)
+        log.info("steer %d off %s: %s (table version %d)", parsed["action_id"], parsed["element"],
+                 {h: r["ports"] for h, r in result.items()}, table["version"])
+        return {"dsts": result}
+
+    def trace(self, pairs: list[tuple[str, str, str]], dport: int) -> dict[tuple[str, str], list]:
+        """Forward hops of every candidate source port to every (local, peer) address pair."""
+        s = self.settings
+        tracer = Tracer(self.key, self.session, self.max_hops, self.trace_rate, self.next_seq)
+        sockets: dict[str, list[StampedSocket]] = {}
+        jobs: dict[tuple[str, str], list[TraceJob]] = {}
+        try:
+            for _host, local, addr in pairs:
+                if local not in sockets:
+                    sockets[local] = _open(local, s.port_base, s.candidates)
+                dest = _Dest(addr, dport)
+                for sock in sockets[local]:
+                    job = TraceJob(sock, dest)
+                    jobs.setdefault((local, addr), []).append(job)
+                    tracer.add(job)
+            every = [sk for socks in sockets.values() for sk in socks]
+            by_fd = {sk.fileno(): sk for sk in every}
+            poller = select.epoll()
+            for fd in by_fd:
+                poller.register(fd, select.EPOLLERR | select.EPOLLIN)
+            deadline = time.monotonic() + TRACE_DEADLINE
+            while tracer.busy and time.monotonic() < deadline:
+                for fd, ev in poller.poll(0.02):
+                    sk = by_fd[fd]
+                    if ev & select.EPOLLERR:
+                        now = time.monotonic()
+                        for entry in sk.drain_errqueue()[1]:
+                            tracer.on_icmp(sk.port, entry, now)
+                    if ev & select.EPOLLIN:
+                        _discard(sk)
+                tracer.tick(time.monotonic())
+            poller.close()
+        finally:
+            for socks in sockets.values():
+                for sk in socks:
+                    sk.close()
+        out = {}
+        for key, js in jobs.items():
+            out[key] = [(j.sport, [h for h in j.fwd] if j.finished and None not in j.fwd else None)
+                        for j in js]
+        return out
+
+
+def _open(address: str, base: int, count: int) -> list[StampedSocket]:
+    """`count` sockets on free ports from `base` up (ports the job or the prober hold are skipped)."""
+    out: list[StampedSocket] = []
+    port = base
+    while len(out) < count and port <= 65535:
+        try:
+            out.append(StampedSocket(address, port))
+        except OSError as e:
+            if e.errno != 98:  # EADDRINUSE: try the next one
+                for sk in out:
+                    sk.close()
+                raise
+        port += 1
+    return out
+
+
+def _discard(sock: StampedSocket) -> None:
+    """Nothing is expected on a trace socket but ICMP errors; drop whatever arrives."""
+    while True:
+        try:
+            sock.sock.recv(2048, 0x40)  # MSG_DONTWAIT
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            return
