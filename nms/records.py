@@ -509,6 +509,7 @@ class NcclCollectivePerf(TelemetryRecord):
 
     measurement: ClassVar[str] = "nccl_collective_perf"
     tag_keys: ClassVar[tuple[str, ...]] = ("job_id", "comm_id", "op", "size_bucket")
+    time_attr: ClassVar[str] = "start_ns"
 
     job_id: Ident
     comm_id: Ident

@@ -32,6 +32,7 @@ from nms.records import (Job, JobSlowdown, NcclCollective, NcclCollectivePerf, N
 log = logging.getLogger(__name__)
 
 SOURCE_LABEL = "source"
+ORPHAN_S = 60.0  # proxy ops whose collective has not come after this long are dropped
 MAX_PENDING = 200_000  # rank records waiting for their proxy ops; the oldest are assembled early beyond
 
 
@@ -70,6 +71,8 @@ class NcclJobs:
         self._job_start: dict[str, int] = {}
         self._dirty_jobs: set[str] = set()
         self._pending: dict[tuple[str, int, int], _RankColl] = {}  # (host, pid, event_id) -> rank's collective
+        # proxy ops that came before their collective (the agent posts each kind on its own): parent -> last stop
+        self._early: dict[tuple[str, int, int], tuple[int, float]] = {}
         self._recent: dict[str, deque[NcclCollectivePerf]] = {}  # job -> recent assembled collectives
 
     # --- intake -------------------------------------------------------------------------------
@@ -87,13 +90,19 @@ class NcclJobs:
                     self._place(comm, r)
                 elif isinstance(r, NcclCollective):
                     self._place(self._comm(r.job_id, r.comm_id), r)
+                    key = (r.host, r.pid, r.event_id)
+                    early = self._early.pop(key, (0, now))[0]
                     if r.kind == "coll" and r.bytes is not None:
-                        self._pending[(r.host, r.pid, r.event_id)] = _RankColl(r, r.stop_ns, now)
+                        self._pending[key] = _RankColl(r, max(r.stop_ns, early), now)
                 elif isinstance(r, NcclProxyOp):
                     self._rank(r).peers.add(r.peer)
                     self._dirty_jobs.add(r.job_id)
-                    if r.parent_id is not None and (p := self._pending.get((r.host, r.pid, r.parent_id))):
-                        p.end_ns, p.touched = max(p.end_ns, r.stop_ns), now
+                    if r.parent_id is not None:
+                        parent = (r.host, r.pid, r.parent_id)
+                        if (p := self._pending.get(parent)) is not None:
+                            p.end_ns, p.touched = max(p.end_ns, r.stop_ns), now
+                        elif len(self._early) < MAX_PENDING:
+                            self._early[parent] = (max(self._early.get(parent, (0, now))[0], r.stop_ns), now)
                 elif isinstance(r, NcclProxyStep):
                     info = self._rank(r)
                     if r.connection is not None and len(info.qps) < 4096:
@@ -125,6 +134,8 @@ class NcclJobs:
         """Assemble the collectives whose records settled; upsert the jobs that changed."""
         now = time.monotonic()
         with self._lock:
+            for key in [k for k, (_, seen) in self._early.items() if now - seen > ORPHAN_S]:
+                del self._early[key]  # a parent that never came (p2p ops in other processes, lost records)
             overflow = len(self._pending) - MAX_PENDING
             ready = [k for k, p in self._pending.items() if force or now - p.touched >= self.settle_s]
             if overflow > 0:
