@@ -3,6 +3,8 @@ plugin records (and merged with hand-registered ones), the correlator join, the 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -310,3 +312,40 @@ def test_api_collectives_slowdowns_and_merge(client):
     assert e.incident.element == "job-7" and "no fabric element" in e.incident.summary
     inc = client.get("/incidents?job=job-7", headers=auth("read")).json()
     assert [i["kind"] for i in inc] == ["job_slowdown"]
+
+
+def test_nms_jobs_show_against_a_running_service(tmp_path):
+    """`nms jobs show` on a real `nms serve` fed plugin records through /ingest (default detector:
+    8 samples of baseline, 3 slow in a row; settle 1 s)."""
+    import time
+
+    import httpx
+
+    from tests.test_cli_service import TOKEN, nms, start_server
+    srv = start_server(tmp_path)
+    try:
+        url, t = srv["url"], time.time_ns() - 60 * 10**9
+        kinds = {NcclComm: "nccl_comms", NcclProxyOp: "nccl_proxy_ops", NcclProxyStep: "nccl_proxy_steps",
+                 NcclCollective: "nccl_collectives"}
+        records = []
+        for seq in range(12):
+            records += ring_records(seq, (2 if seq < 9 else 8) * 10**6, job="job-9", t=t + seq * 10**8,
+                                    with_comm=seq == 0)
+        for cls, kind in kinds.items():
+            r = httpx.post(f"{url}/ingest/{kind}", headers={"Authorization": f"Bearer {TOKEN}"},
+                           json={"items": [x.model_dump(mode="json") for x in records if type(x) is cls]})
+            assert r.json()["rejected"] == []
+        time.sleep(1.2)  # the collectives settle
+        out = nms("jobs", "show", "job-9", "--json", url=url)
+        assert out.returncode == 0, out.stderr
+        data = json.loads(out.stdout)
+        assert [c["seq"] for c in data["collectives"]] == list(range(12))
+        assert [s["slow_collectives"] for s in data["slowdowns"]["active"]] == [[9, 10, 11]]
+        out = nms("jobs", "show", "job-9", "--last", "5", url=url)
+        assert out.returncode == 0, out.stderr
+        for text in ("job job-9", "h1, h2, h3, h4", "AllReduce", "SLOW", "active", "9,10,11", "0x100"):
+            assert text in out.stdout, out.stdout
+        assert nms("jobs", "show", "nope", url=url).returncode != 0
+    finally:
+        srv["proc"].kill()
+        srv["proc"].wait()

@@ -74,18 +74,28 @@ def job_collectives(job_id: str, request: Request,
     service = request.app.state.service
     service.nccl_jobs.flush()
     start = since if since is not None else job.start
-    series = service.store.query(StoreQuery(measurement=NcclCollectivePerf.measurement, start=start,
-                                            end=time.time_ns() + 60 * 10**9, tags={"job_id": [job_id]},
-                                            limit=limit))
+    end = time.time_ns() + 60 * 10**9
+    span = 60 * 10**9
+    while True:  # the store returns the oldest rows of a range: widen a range ending now until it holds `limit`
+        lo = max(start, end - span)
+        rows = _collectives(service.store, job_id, lo, end, limit)
+        if len(rows) >= limit or lo == start:
+            break
+        span *= 8
+    rows.sort(key=lambda c: (c.start_ns, c.comm_id))
+    return rows[-limit:]
+
+
+def _collectives(store, job_id: str, start: int, end: int, limit: int) -> list[NcclCollectivePerf]:
     rows = []
-    for s in series:
-        for values in s.values:
+    for s in store.query(StoreQuery(measurement=NcclCollectivePerf.measurement, start=start, end=end,
+                                    tags={"job_id": [job_id]}, limit=100_000)):
+        for values in s.values[-limit:]:
             row = {**s.tags, **dict(zip(s.columns, values))}
             row["start_ns"] = row.pop("time")
             rows.append(NcclCollectivePerf.model_validate({k: v for k, v in row.items() if v is not None},
                                                           strict=False))
-    rows.sort(key=lambda c: (c.start_ns, c.comm_id))
-    return rows[-limit:]
+    return rows
 
 
 @router.get("/{job_id}/slowdowns", response_model=JobSlowdowns, dependencies=[Depends(require("read"))],
