@@ -4,7 +4,9 @@ A slowdown (correlator/slowdown.py) is explained by a fabric finding on the path
 (`impact.on_job_paths`): that finding carries the slowdown as evidence (`job_slowdowns`: the
 collective, its baseline and current bus bandwidth, the slow collectives' sequence numbers) and
 its summary names the job. A slowdown that no fabric finding explains becomes a finding of its
-own, kind `job_slowdown` on the element `job:<id>`, saying so: it is not blamed on the network.
+own, kind `job_slowdown` on the element `job:<id>`, saying so: it is not blamed on the network. That finding waits until the
+slowdown is NO_CAUSE_AFTER_NS old, so that a fabric fault still being localized is not first
+reported as a host-side slowdown.
 """
 
 from __future__ import annotations
@@ -25,9 +27,14 @@ def describe(s: JobSlowdown) -> str:
     return f"{s.op} {s.size_bucket} at {s.ratio:.0%} of its baseline bus bandwidth"
 
 
-def join(findings: Sequence[Finding], slowdowns: Sequence[JobSlowdown], now_ns: int) -> list[Finding]:
+NO_CAUSE_AFTER_NS = 5 * 10**9  # the fabric's own detection takes a few windows: wait this long before "no cause"
+
+
+def join(findings: Sequence[Finding], slowdowns: Sequence[JobSlowdown], now_ns: int,
+         no_cause_after_ns: int = NO_CAUSE_AFTER_NS) -> list[Finding]:
     """The window's findings with the slowdowns they explain attached, plus one `job_slowdown`
-    finding per job whose slowdowns none explains."""
+    finding per job whose slowdowns none explains (once the slowdown is `no_cause_after_ns` old:
+    a fabric fault that slows a job is usually localized within a few windows, not at once)."""
     out = list(findings)
     unexplained: dict[str, list[JobSlowdown]] = {}
     for s in slowdowns:
@@ -37,7 +44,7 @@ def join(findings: Sequence[Finding], slowdowns: Sequence[JobSlowdown], now_ns: 
             evidence = {**f.evidence, "job_slowdowns": [*f.evidence.get("job_slowdowns", []), slowdown_evidence(s)]}
             summary = f"{f.summary}; slows job {s.job_id}: {describe(s)}"[:1024]
             out[i] = f.model_copy(update={"evidence": evidence, "summary": summary})
-        if not causes:
+        if not causes and now_ns - s.since_ns >= no_cause_after_ns:
             unexplained.setdefault(s.job_id, []).append(s)
     for job_id, found in sorted(unexplained.items()):
         worst = min(found, key=lambda s: s.ratio)

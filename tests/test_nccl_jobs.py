@@ -247,7 +247,8 @@ def test_a_fabric_finding_on_the_jobs_paths_names_the_slowed_collectives():
 def test_no_fabric_cause_is_its_own_finding():
     off_path = link_finding(["h5:eth1>h6:eth1/1"])  # the job is attached, but not on its ranks' pairs
     other_job = link_finding(["h1:eth1>h2:eth1/3"], jobs=["job-8"])
-    out = join([off_path, other_job], [slowdown()], T0)
+    assert join([off_path, other_job], [slowdown()], T0 + 4 * 10**9) == [off_path, other_job]  # too young
+    out = join([off_path, other_job], [slowdown()], T0 + 5 * 10**9)
     assert out[:2] == [off_path, other_job]  # untouched
     [j] = out[2:]
     assert (j.kind, j.element, j.element_kind, j.jobs, j.dedup_key) == ("job_slowdown", "job-7", "job", ["job-7"],
@@ -307,7 +308,7 @@ def test_api_collectives_slowdowns_and_merge(client):
                     headers=auth("ingest"))
     assert r.status_code == 200 and r.json()["name"] == "hand" and len(r.json()["ranks"]) == 4
     # the correlator's step: no fabric finding, so the slowdown is its own incident
-    events = client.service.correlation.step(T0 + 2 * 10**9)
+    events = client.service.correlation.step(T0 + 10 * 10**9)
     [e] = [e for e in events if e.incident.kind == "job_slowdown"]
     assert e.incident.element == "job-7" and "no fabric element" in e.incident.summary
     inc = client.get("/incidents?job=job-7", headers=auth("read")).json()
