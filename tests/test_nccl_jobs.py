@@ -350,3 +350,28 @@ def test_nms_jobs_show_against_a_running_service(tmp_path):
     finally:
         srv["proc"].kill()
         srv["proc"].wait()
+
+
+def test_ranks_arriving_apart_make_one_collective_and_proxy_ops_late_are_waited_for(tmp_path):
+    """Agents post at their own pace: a collective's ranks come in separate batches, and a rank's
+    proxy ops may come seconds after its collective record (a slow collective)."""
+    state = StateStore(tmp_path / "s.sqlite")
+    jobs = NcclJobs(state, lambda _: None, settle_s=0.0, max_wait_s=30.0)
+    recs = ring_records(0, 3 * 10**6, with_comm=True)
+    colls = [r for r in recs if isinstance(r, NcclCollective)]
+    ops = [r for r in recs if isinstance(r, (NcclProxyOp, NcclProxyStep))]
+    jobs.add([r for r in recs if isinstance(r, NcclComm)] + colls)
+    assert jobs.flush() == []  # no proxy op yet: not done, however long ago its record came (below max_wait)
+    jobs.add([r for r in ops if r.host in ("h1", "h2")])
+    assert jobs.flush() == []  # two ranks done, two to come
+    jobs.add([r for r in ops if r.host in ("h3", "h4")])
+    [c] = jobs.flush()
+    assert (c.ranks_seen, c.duration_ns, c.seq) == (4, 3 * 10**6, 0)
+    # a later collective's proxy ops finish the earlier one of the same process without waiting
+    jobs.settle_s = 3600.0
+    first, second = ring_records(1, 10**6), ring_records(2, 10**6)
+    jobs.add(first)
+    assert jobs.flush() == []
+    jobs.add([r for r in second if not isinstance(r, NcclCollective)] + [r for r in second if isinstance(r, NcclCollective)])
+    assert [c.seq for c in jobs.flush()] == [1]
+    state.close()

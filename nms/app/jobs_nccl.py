@@ -7,10 +7,12 @@
   is merged, never duplicated: the hand-registered name, start, end, labels, hosts, NICs and rank
   placements win; the plugin adds the hosts and ranks it lacks, and QPs/peers/devices to ranks it
   placed on the same host (`merge_jobs`).
-- Collectives: one collective of a communicator is assembled from its ranks' records once none
-  arrived for `settle_s`: a rank's duration runs from its start to its last proxy op's stop (NCCL's
-  Coll stop only means enqueued), or to its stop when it has no proxy ops (intra-node, or ABI
-  without proxy events); the collective's duration is the slowest rank's. The result is an
+- Collectives: a rank's part of a collective is done when its proxy ops stopped coming for
+  `settle_s`, or a later collective of the same process has proxy ops (a communicator's collectives
+  run in order), or after `max_wait_s`; its duration runs from its start to its last proxy op's stop
+  (NCCL's Coll stop only means enqueued), or to its stop when it has none (intra-node, or proxy
+  events masked). The collective (same communicator and seq) is assembled when all its ranks are
+  done, or `max_wait_s` after its first part came; its duration is the slowest rank's. The result is an
   NcclCollectivePerf point (duration, algbw, busbw), fed to the slowdown detector
   (correlator/slowdown.py) and stored.
 Records without a job id are stored as they came, nothing else.
@@ -41,6 +43,8 @@ class _RankColl:
     rec: NcclCollective
     end_ns: int  # its stop, then its proxy ops' latest stop
     touched: float  # monotonic time of the last record that belonged to it
+    arrived: float
+    ops: int = 0  # proxy ops seen
 
 
 @dataclass
@@ -62,8 +66,9 @@ class NcclJobs:
     and by the correlation step). `write` stores the NcclCollectivePerf points."""
 
     def __init__(self, state, write: Callable[[list[NcclCollectivePerf]], None],
-                 detector: DetectorConfig = DetectorConfig(), settle_s: float = 1.0, recent: int = 512):
-        self.state, self.write, self.settle_s = state, write, settle_s
+                 detector: DetectorConfig = DetectorConfig(), settle_s: float = 1.0, max_wait_s: float = 10.0,
+                 recent: int = 512):
+        self.state, self.write, self.settle_s, self.max_wait_s = state, write, settle_s, max_wait_s
         self.detector = SlowdownDetector(detector)
         self._lock = threading.Lock()
         self._comms: dict[str, _Comm] = {}  # comm_id -> its job and placements
@@ -72,7 +77,9 @@ class NcclJobs:
         self._dirty_jobs: set[str] = set()
         self._pending: dict[tuple[str, int, int], _RankColl] = {}  # (host, pid, event_id) -> rank's collective
         # proxy ops that came before their collective (the agent posts each kind on its own): parent -> last stop
-        self._early: dict[tuple[str, int, int], tuple[int, float]] = {}
+        self._early: dict[tuple[str, int, int], tuple[int, float, int]] = {}  # (latest stop, seen, ops)
+        self._op_seq: dict[tuple[str, int, str], int] = {}  # (host, pid, comm) -> newest seq with a proxy op
+        self._parts: dict[tuple, list[_RankColl]] = {}  # (job, comm, seq) -> ranks done, waiting for the others
         self._recent: dict[str, deque[NcclCollectivePerf]] = {}  # job -> recent assembled collectives
 
     # --- intake -------------------------------------------------------------------------------
@@ -91,18 +98,25 @@ class NcclJobs:
                 elif isinstance(r, NcclCollective):
                     self._place(self._comm(r.job_id, r.comm_id), r)
                     key = (r.host, r.pid, r.event_id)
-                    early = self._early.pop(key, (0, now))[0]
+                    stop, _, ops = self._early.pop(key, (0, now, 0))
                     if r.kind == "coll" and r.bytes is not None:
-                        self._pending[key] = _RankColl(r, max(r.stop_ns, early), now)
+                        self._pending[key] = _RankColl(r, max(r.stop_ns, stop), now, now, ops)
+                        if ops and r.seq is not None:
+                            proc = (r.host, r.pid, r.comm_id)
+                            self._op_seq[proc] = max(self._op_seq.get(proc, -1), r.seq)
                 elif isinstance(r, NcclProxyOp):
                     self._rank(r).peers.add(r.peer)
                     self._dirty_jobs.add(r.job_id)
                     if r.parent_id is not None:
                         parent = (r.host, r.pid, r.parent_id)
                         if (p := self._pending.get(parent)) is not None:
-                            p.end_ns, p.touched = max(p.end_ns, r.stop_ns), now
+                            p.end_ns, p.touched, p.ops = max(p.end_ns, r.stop_ns), now, p.ops + 1
+                            seq = p.rec.seq if p.rec.seq is not None else -1
+                            proc = (r.host, r.pid, r.comm_id)
+                            self._op_seq[proc] = max(self._op_seq.get(proc, -1), seq)
                         elif len(self._early) < MAX_PENDING:
-                            self._early[parent] = (max(self._early.get(parent, (0, now))[0], r.stop_ns), now)
+                            stop, seen, ops = self._early.get(parent, (0, now, 0))
+                            self._early[parent] = (max(stop, r.stop_ns), now, ops + 1)
                 elif isinstance(r, NcclProxyStep):
                     info = self._rank(r)
                     if r.connection is not None and len(info.qps) < 4096:
@@ -134,23 +148,28 @@ class NcclJobs:
         """Assemble the collectives whose records settled; upsert the jobs that changed."""
         now = time.monotonic()
         with self._lock:
-            for key in [k for k, (_, seen) in self._early.items() if now - seen > ORPHAN_S]:
+            for key in [k for k, (_, seen, _) in self._early.items() if now - seen > ORPHAN_S]:
                 del self._early[key]  # a parent that never came (p2p ops in other processes, lost records)
             overflow = len(self._pending) - MAX_PENDING
-            ready = [k for k, p in self._pending.items() if force or now - p.touched >= self.settle_s]
+            ready = [k for k, p in self._pending.items() if force or self._rank_done(p, now)]
             if overflow > 0:
                 chosen = set(ready)
                 ready += sorted((k for k in self._pending if k not in chosen),
                                 key=lambda k: self._pending[k].touched)[:overflow]
-            groups: dict[tuple, list[_RankColl]] = {}
             for k in ready:
                 p = self._pending.pop(k)
                 r = p.rec
                 seq = r.seq if r.seq is not None else -1
                 # one collective of a comm = one seq; without seq each rank's record stands alone
                 gkey = (r.job_id, r.comm_id, seq) if seq >= 0 else (r.job_id, r.comm_id, r.host, r.pid, r.event_id)
-                groups.setdefault(gkey, []).append(p)
-            perfs = sorted((self._perf(g) for g in groups.values()), key=lambda c: c.start_ns)
+                self._parts.setdefault(gkey, []).append(p)
+            groups = []
+            for gkey, parts in list(self._parts.items()):
+                comm = self._comms.get(parts[0].rec.comm_id)
+                want = max(comm.nranks, len(comm.ranks)) if comm else 1
+                if force or len(gkey) > 3 or len(parts) >= want or now - min(p.arrived for p in parts) >= self.max_wait_s:
+                    groups.append(self._parts.pop(gkey))
+            perfs = sorted((self._perf(g) for g in groups), key=lambda c: c.start_ns)
             out = []
             for c in perfs:
                 c, change = self.detector.observe(c)
@@ -165,6 +184,17 @@ class NcclJobs:
         if out:
             self.write(out)
         return out
+
+    def _rank_done(self, p: _RankColl, now: float) -> bool:
+        """A rank's collective is done when its proxy ops stopped coming (settle_s after the last),
+        or when one of its process's later collectives has proxy ops (NCCL runs a communicator's
+        collectives in order), or after max_wait_s (no proxy ops: intra-node, or events masked)."""
+        if now - p.arrived >= self.max_wait_s:
+            return True
+        if p.ops and now - p.touched >= self.settle_s:
+            return True
+        seq = p.rec.seq if p.rec.seq is not None else -1
+        return self._op_seq.get((p.rec.host, p.rec.pid, p.rec.comm_id), -1) > seq >= 0
 
     def _perf(self, ranks: list[_RankColl]) -> NcclCollectivePerf:
         first = ranks[0].rec
