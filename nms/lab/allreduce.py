@@ -178,8 +178,9 @@ class Ring:
             raise failed[0]
 
 
-def allreduce(ring: Ring, prof: Profiler, buf: np.ndarray, seq: int) -> int:
-    """One ring all-reduce of buf (in place), profiled; returns its duration in ns."""
+def allreduce(ring: Ring, prof: Profiler, buf: np.ndarray, seq: int, rate_bps: float = 0.0) -> int:
+    """One ring all-reduce of buf (in place), profiled; returns its duration in ns. `rate_bps` paces
+    each step's send (0: as fast as TCP goes), so that the job alone does not congest the lab."""
     n, r = ring.n, ring.rank
     chunks = np.array_split(buf, n)
     t0 = time.perf_counter_ns()
@@ -211,11 +212,14 @@ def allreduce(ring: Ring, prof: Profiler, buf: np.ndarray, seq: int) -> int:
             prof.state(net, NET_UPDATE)
             prof.stop(net)
         into = scratch[:chunks[in_i].size]
+        step_started = time.perf_counter()
         ring.exchange(memoryview(chunks[out_i]).cast("B"), memoryview(into).cast("B"))
         if step < n - 1:
             chunks[in_i] += into  # reduce-scatter: accumulate
         else:
             chunks[in_i][:] = into  # all-gather: take the reduced chunk
+        if rate_bps:
+            time.sleep(max(0.0, chunks[out_i].nbytes * 8 / rate_bps - (time.perf_counter() - step_started)))
         prof.state(s_step, SEND_WAIT, chunks[out_i].nbytes)
         prof.state(r_step, RECV_GPU_WAIT, chunks[in_i].nbytes)
         prof.stop(s_step)
@@ -234,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bytes", type=int, default=1 << 20)
     ap.add_argument("--comm", type=lambda s: int(s, 0), default=0x5EED0001)
     ap.add_argument("--seconds", type=float, default=300.0)
+    ap.add_argument("--rate-mbps", type=float, default=0.0, help="pace each rank's sending (0: unpaced)")
     args = ap.parse_args(argv)
     addrs = args.addrs.split(",")
     stopping = threading.Event()
@@ -248,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         while not stopping.is_set() and time.monotonic() < deadline:
             buf = values.copy()
-            durations.append(allreduce(ring, prof, buf, seq))
+            durations.append(allreduce(ring, prof, buf, seq, args.rate_mbps * 1e6))
             bad += int(not np.all(buf == expected))
             seq += 1
     except OSError:  # a peer stopped first (ConnectionError included): the ring is over
