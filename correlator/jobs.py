@@ -4,9 +4,9 @@ A slowdown (correlator/slowdown.py) is explained by a fabric finding on the path
 (`impact.on_job_paths`): that finding carries the slowdown as evidence (`job_slowdowns`: the
 collective, its baseline and current bus bandwidth, the slow collectives' sequence numbers) and
 its summary names the job. A slowdown that no fabric finding explains becomes a finding of its
-own, kind `job_slowdown` on the element `job:<id>`, saying so: it is not blamed on the network. That finding waits until the
-slowdown is NO_CAUSE_AFTER_NS old, so that a fabric fault still being localized is not first
-reported as a host-side slowdown.
+own, kind `job_slowdown` on the element `job:<id>`, saying so: it is not blamed on the network.
+That finding waits until the slowdown is NO_CAUSE_AFTER_NS old, so that a fabric fault still
+being localized is not first reported as a host-side slowdown.
 """
 
 from __future__ import annotations

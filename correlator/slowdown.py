@@ -121,7 +121,8 @@ class SlowdownDetector:
         median = statistics.median(bws)
         return JobSlowdown(job_id=c.job_id, comm_id=c.comm_id, op=c.op, size_bucket=c.size_bucket,
                            since_ns=since if since is not None else s.slow_run[0][2],
-                           baseline_busbw_gbps=baseline, busbw_gbps=median, ratio=median / baseline if baseline else 0.0,
+                           baseline_busbw_gbps=baseline, busbw_gbps=median,
+                           ratio=median / baseline if baseline else 0.0,
                            slow_collectives=[seq for seq, _, _ in s.slow_run])
 
     def active(self, job_id: str | None = None) -> list[JobSlowdown]:

@@ -372,6 +372,7 @@ def test_ranks_arriving_apart_make_one_collective_and_proxy_ops_late_are_waited_
     first, second = ring_records(1, 10**6), ring_records(2, 10**6)
     jobs.add(first)
     assert jobs.flush() == []
-    jobs.add([r for r in second if not isinstance(r, NcclCollective)] + [r for r in second if isinstance(r, NcclCollective)])
+    jobs.add([r for r in second if not isinstance(r, NcclCollective)]
+             + [r for r in second if isinstance(r, NcclCollective)])
     assert [c.seq for c in jobs.flush()] == [1]
     state.close()

@@ -167,7 +167,8 @@ class NcclJobs:
             for gkey, parts in list(self._parts.items()):
                 comm = self._comms.get(parts[0].rec.comm_id)
                 want = max(comm.nranks, len(comm.ranks)) if comm else 1
-                if force or len(gkey) > 3 or len(parts) >= want or now - min(p.arrived for p in parts) >= self.max_wait_s:
+                waited = now - min(p.arrived for p in parts)
+                if force or len(gkey) > 3 or len(parts) >= want or waited >= self.max_wait_s:
                     groups.append(self._parts.pop(gkey))
             perfs = sorted((self._perf(g) for g in groups), key=lambda c: c.start_ns)
             out = []

@@ -69,9 +69,10 @@ class Ring:
             sock = agents.agents_dir(mesh.dir) / host / "nccl.sock"
             env = {**os.environ, "PYTHONPATH": str(REPO), "SLURM_JOB_ID": JOB, "NMS_NCCL_SOCKET": str(sock)}
             self.procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", topo.netns(host), sys.executable, "-m", "nms.lab.allreduce", "--rank", str(rank),
-                 "--addrs", ",".join(addrs), "--port", str(PORT), "--sport", str(SPORT + rank), "--bytes", str(nbytes),
-                 "--seconds", "600", "--rate-mbps", str(RATE_MBPS)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                ["ip", "netns", "exec", topo.netns(host), sys.executable, "-m", "nms.lab.allreduce",
+                 "--rank", str(rank), "--addrs", ",".join(addrs), "--port", str(PORT), "--sport", str(SPORT + rank),
+                 "--bytes", str(nbytes), "--seconds", "600", "--rate-mbps", str(RATE_MBPS)],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
 
     def stop(self) -> list[dict]:
         for p in self.procs:
@@ -147,7 +148,8 @@ def test_a_fabric_fault_names_the_job_and_a_host_side_slowdown_is_not_blamed_on_
                         return inc
                 return None
             inc = _wait("the congestion incident naming the job", named, 60, why=lambda: json.dumps(
-                {"incidents": [(i["kind"], i["element"], i["jobs"], i["summary"]) for i in incidents(mesh, since=start)],
+                {"incidents": [(i["kind"], i["element"], i["jobs"], i["summary"])
+                               for i in incidents(mesh, since=start)],
                  "slowdowns": _slowdowns(mesh), "element": link_element(link),
                  "last": [(c["seq"], c["busbw_gbps"], c["baseline_busbw_gbps"], c["slow"])
                           for c in _collectives(mesh, 30)]}))
@@ -160,7 +162,8 @@ def test_a_fabric_fault_names_the_job_and_a_host_side_slowdown_is_not_blamed_on_
         assert slowed["op"] == "AllReduce" and slowed["size_bucket"] == "512KiB" and slowed["ratio"] < 0.5, slowed
         assert len(slowed["slow_collectives"]) >= 3
         colls = {c["seq"]: c for c in _collectives(mesh, 1000)}
-        assert all(colls[s]["slow"] for s in slowed["slow_collectives"] if s in colls), (slowed, [colls.get(s) for s in slowed["slow_collectives"]])
+        assert all(colls[s]["slow"] for s in slowed["slow_collectives"] if s in colls), \
+            (slowed, [colls.get(s) for s in slowed["slow_collectives"]])
         fault_busbw = sorted(colls[s]["busbw_gbps"] for s in slowed["slow_collectives"] if s in colls)
         # no host-side incident for the job while the fabric explained it
         assert not [i for i in incidents(mesh, since=start) if i["kind"] == "job_slowdown"]
