@@ -105,8 +105,10 @@ class NcclJobs:
                             proc = (r.host, r.pid, r.comm_id)
                             self._op_seq[proc] = max(self._op_seq.get(proc, -1), r.seq)
                 elif isinstance(r, NcclProxyOp):
-                    self._rank(r).peers.add(r.peer)
-                    self._dirty_jobs.add(r.job_id)
+                    info = self._rank(r)
+                    if r.peer not in info.peers:
+                        info.peers.add(r.peer)
+                        self._dirty_jobs.add(r.job_id)
                     if r.parent_id is not None:
                         parent = (r.host, r.pid, r.parent_id)
                         if (p := self._pending.get(parent)) is not None:
@@ -119,13 +121,15 @@ class NcclJobs:
                             self._early[parent] = (max(stop, r.stop_ns), now, ops + 1)
                 elif isinstance(r, NcclProxyStep):
                     info = self._rank(r)
+                    before = (len(info.qps), len(info.devices), len(info.peers))
                     if r.connection is not None and len(info.qps) < 4096:
                         info.qps.add(r.connection)
                     if r.net_device is not None and len(info.devices) < 64:
                         info.devices.add(r.net_device)
                     if r.peer is not None:
                         info.peers.add(r.peer)
-                    self._dirty_jobs.add(r.job_id)
+                    if (len(info.qps), len(info.devices), len(info.peers)) != before:
+                        self._dirty_jobs.add(r.job_id)  # the job is rewritten only when it learned something
 
     def _comm(self, job_id: str, comm_id: str) -> _Comm:
         comm = self._comms.get(comm_id)
