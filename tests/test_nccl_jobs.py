@@ -376,3 +376,16 @@ def test_ranks_arriving_apart_make_one_collective_and_proxy_ops_late_are_waited_
              + [r for r in second if isinstance(r, NcclCollective)])
     assert [c.seq for c in jobs.flush()] == [1]
     state.close()
+
+
+def test_what_the_plugin_learns_about_a_rank_accumulates(tracked):
+    """Proxy records of one rank come over many batches: its peers and QPs only grow."""
+    jobs, state, _ = tracked
+    recs = ring_records(0, 10**6, with_comm=True)
+    jobs.add([r for r in recs if not isinstance(r, (NcclProxyOp, NcclProxyStep)) or r.is_send])
+    jobs.flush()
+    assert state.get_job("job-7").ranks[1].qps == [0x10a] and state.get_job("job-7").ranks[1].peers == [2]
+    jobs.add([r for r in recs if isinstance(r, (NcclProxyOp, NcclProxyStep)) and not r.is_send])
+    jobs.flush()
+    r1 = state.get_job("job-7").ranks[1]
+    assert r1.qps == [0x10a, 0x10b] and r1.peers == [0, 2]

@@ -265,9 +265,13 @@ class NcclJobs:
         return s.model_copy(update={"host_pairs": sorted(pairs)})
 
 
+def _union(a: list[int], b: list[int], limit: int) -> list[int]:
+    return sorted(set(a) | set(b))[:limit]
+
+
 def merge_jobs(registered: Job, found: Job) -> Job:
     """The registered job wins on everything it states; the plugin's data fills in the rest
-    (hosts and rank placements it lacks; peers/QPs/devices of ranks on the same host)."""
+    (hosts and rank placements it lacks; peers/QPs/devices of ranks on the same host, added up)."""
     by_key = {(r.comm_id, r.rank): r for r in found.ranks}
     ranks, taken = [], set()
     for r in registered.ranks:
@@ -275,8 +279,10 @@ def merge_jobs(registered: Job, found: Job) -> Job:
             (x for x in found.ranks if x.rank == r.rank and r.comm_id is None and x.host == r.host), None)
         if f is not None and f.host == r.host:
             taken.add((f.comm_id, f.rank))
-            r = r.model_copy(update={"comm_id": r.comm_id or f.comm_id, "peers": r.peers or f.peers,
-                                     "qps": r.qps or f.qps, "net_devices": r.net_devices or f.net_devices})
+            # what the plugin saw only grows: peers, QPs and devices are the union of both
+            r = r.model_copy(update={"comm_id": r.comm_id or f.comm_id, "peers": _union(r.peers, f.peers, 4096),
+                                     "qps": _union(r.qps, f.qps, 4096),
+                                     "net_devices": _union(r.net_devices, f.net_devices, 64)})
         ranks.append(r)
     placed = {(r.comm_id, r.rank) for r in ranks}
     ranks += [f for f in found.ranks if (f.comm_id, f.rank) not in taken and (f.comm_id, f.rank) not in placed]
