@@ -56,3 +56,32 @@ def _hosts_at(d, index: FabricIndex) -> set[str]:
         return {h for (h, _), sw in index.nic_switch.items() if sw == d.element}
     a, _, b = d.element.partition("--")
     return {end.split(":", 1)[0] for end in (a, b)} & index.hosts
+
+
+def path_hosts(path: str) -> tuple[str, str]:
+    """'src_host:src_nic>dst_host:dst_nic/path_id' (Finding.paths) -> (src_host, dst_host)."""
+    src, _, rest = path.partition(">")
+    return src.split(":", 1)[0], rest.split(":", 1)[0]
+
+
+def on_job_paths(finding, job_id: str, host_pairs: Sequence[str]) -> bool:
+    """Whether a fabric finding lies on the paths a job's ranks use: the job is attached to it
+    (`attach`), and when the ranks' peer pairs are known (`host>host`, from the QPs' peers), one of
+    the finding's probe paths joins such a pair (either way), or the finding sits at one of the job's
+    hosts (a NIC, an access link: no path between two of its hosts needed)."""
+    if job_id not in finding.jobs:
+        return False
+    if not host_pairs:
+        return True
+    pairs = set()
+    for pair in host_pairs:
+        a, _, b = pair.partition(">")
+        pairs |= {(a, b), (b, a)}
+    if any(path_hosts(p) in pairs for p in finding.paths):
+        return True
+    hosts = {h for pair in pairs for h in pair}
+    if finding.element_kind == "nic":
+        return finding.element.split(":", 1)[0] in hosts
+    if finding.element_kind == "link":
+        return any(end.split(":", 1)[0] in hosts for end in finding.element.split("--"))
+    return False

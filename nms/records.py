@@ -358,6 +358,11 @@ class RankPlacement(Record):
     rank: int = Field(ge=0)
     host: Ident
     nic: Ident | None = None
+    # filled by the NCCL plugin's data (nms/app/jobs_nccl.py); a rank is a rank of one communicator
+    comm_id: Ident | None = Field(None, description="the communicator this rank belongs to (16 hex digits)")
+    peers: list[int] = Field(default_factory=list, max_length=4096, description="ranks it sent to / received from")
+    qps: list[int] = Field(default_factory=list, max_length=4096, description="IB QP numbers (socket: fds) it used")
+    net_devices: list[int] = Field(default_factory=list, max_length=64, description="NCCL's network device indexes")
 
 
 class Job(Record):
@@ -494,6 +499,50 @@ class NcclProxyStep(_NcclEvent):
     recv_wait_ns: int | None = Field(None, ge=0)
     recv_flush_wait_ns: int | None = Field(None, ge=0)
     recv_gpu_wait_ns: int | None = Field(None, ge=0)
+
+
+class NcclCollectivePerf(TelemetryRecord):
+    """One collective of one communicator, assembled by the service from its ranks' records
+    (nms/app/jobs_nccl.py): duration is the slowest rank's (start -> its last proxy op's stop, else
+    its enqueue stop); bandwidths as nccl-tests defines them (algbw = bytes / duration, busbw =
+    algbw x the op's factor). `slow`: below the slowdown detector's baseline (correlator/slowdown.py)."""
+
+    measurement: ClassVar[str] = "nccl_collective_perf"
+    tag_keys: ClassVar[tuple[str, ...]] = ("job_id", "comm_id", "op", "size_bucket")
+    time_attr: ClassVar[str] = "start_ns"
+
+    job_id: Ident
+    comm_id: Ident
+    op: str = Field(max_length=16)
+    size_bucket: str = Field(max_length=16, description="message size rounded down to a power of two, e.g. 1MiB")
+    start_ns: TimestampNs
+    seq: int = Field(ge=-1, description="NCCL's sequence number (-1: unknown)")
+    bytes: int = Field(ge=0)
+    nranks: int = Field(ge=1)
+    ranks_seen: int = Field(ge=1)
+    duration_ns: int = Field(ge=1)
+    algbw_gbps: float = Field(ge=0)
+    busbw_gbps: float = Field(ge=0)
+    baseline_busbw_gbps: float | None = Field(None, ge=0)
+    slow: bool = False
+
+
+class JobSlowdown(Record):
+    """A collective (job, communicator, op, size bucket) running below its own bus bandwidth
+    baseline for K collectives in a row; cleared after K good ones."""
+
+    job_id: Ident
+    comm_id: Ident
+    op: str
+    size_bucket: str
+    since_ns: int
+    cleared_ns: int | None = None
+    baseline_busbw_gbps: float
+    busbw_gbps: float = Field(description="the median of the slow collectives")
+    ratio: float = Field(description="busbw / baseline")
+    slow_collectives: list[int] = Field(default_factory=list, description="seq numbers of the slow collectives "
+                                                                         "(the latest up to 32)")
+    host_pairs: list[str] = Field(default_factory=list, description="host>host pairs its ranks' QPs connect")
 
 
 # Record kinds accepted by POST /ingest/<kind>.
@@ -676,8 +725,10 @@ class InterfaceAddress(TelemetryRecord):
 FaultKind = Literal["link_down", "link_flapping", "corrupting_link", "congestion", "path_imbalance",
                     "nic_down", "device_down", "mtu_mismatch", "miscabling",
                     # from the fabric audits (nms/app/audits/escalation.py)
-                    "speed_mismatch", "clock_unsynced", "config_drift", "probe_gap"]
-ElementKind = Literal["link", "nic", "device", "host", "host_pair", "role"]
+                    "speed_mismatch", "clock_unsynced", "config_drift", "probe_gap",
+                    # a job's collectives slowed and no fabric element explains it (correlator/jobs.py)
+                    "job_slowdown"]
+ElementKind = Literal["link", "nic", "device", "host", "host_pair", "role", "job"]
 Severity = Literal["critical", "major", "minor", "warning"]
 
 

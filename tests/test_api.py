@@ -166,7 +166,8 @@ def test_jobs_crud(client):
     active = client.get("/jobs", params={"active_at": 1767225600 * 10**9 + 5}, headers=auth("read")).json()
     assert [j["id"] for j in active] == ["train-1"]
     assert [j["id"] for j in client.get("/jobs", params={"host": "h3"}, headers=auth("read")).json()] == ["train-0"]
-    assert client.get("/jobs/train-1", headers=auth("read")).json()["ranks"][1] == {"rank": 1, "host": "h2", "nic": None}
+    assert client.get("/jobs/train-1", headers=auth("read")).json()["ranks"][1] == {
+        "rank": 1, "host": "h2", "nic": None, "comm_id": None, "peers": [], "qps": [], "net_devices": []}
     assert client.delete("/jobs/train-1", headers=auth("ingest")).status_code == 204
     assert client.get("/jobs/train-1", headers=auth("read")).status_code == 404
     assert client.delete("/jobs/train-1", headers=auth("ingest")).status_code == 404

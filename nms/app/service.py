@@ -20,6 +20,7 @@ from nms.app.clock import ClockService
 from nms.app.correlation import MIN_GAP_S, CorrelationService
 from nms.app.dashboards.incident_points import IncidentPoints
 from nms.app.incidents import IncidentManager
+from nms.app.jobs_nccl import NcclJobs
 from nms.app.metrics import ServiceMetrics
 from nms.app.notify import Notifier
 from nms.app.plugins import open_store
@@ -61,9 +62,12 @@ class Service:
                                      self._action_context, self.store, self.metrics.registry,
                                      window_ns=int(config.correlator.interval * 1e9))
         self.incidents.add_listener(self.actions.on_incident)
+        # jobs, collective bandwidth and slowdowns from the NCCL plugin's records (nms/app/jobs_nccl.py)
+        self.nccl_jobs = NcclJobs(self.state, lambda perfs: self.store.write([p.to_point() for p in perfs]))
         self.correlation = None  # telemetry -> findings -> incidents, one step per correlator.interval
         if config.correlator.enabled:
             self.correlation = CorrelationService(config, self.state, self.incident_feed, self.metrics.registry)
+            self.correlation.job_slowdowns = self._job_slowdowns
             self.poller.on_records = lambda records: self.correlation.add(records, "collectors")
 
     def _action_context(self):
@@ -84,12 +88,26 @@ class Service:
                     records = self.clock.correct(records)
             except Exception:
                 log.exception("clock sync hook failed for %d %s", len(records), kind)
+        if kind.startswith("nccl_"):
+            try:
+                self.nccl_jobs.add(records)
+                self.nccl_jobs.flush()
+            except Exception:
+                log.exception("NCCL job tracking failed for %d %s", len(records), kind)
         if self.correlation is not None:
             try:
                 self.correlation.add(records, kind)
             except Exception:
                 log.exception("correlator feed failed for %d %s", len(records), kind)
         return records
+
+    def _job_slowdowns(self) -> list:
+        """Settled collectives assembled, then the active slowdowns (for the correlator's join)."""
+        try:
+            self.nccl_jobs.flush()
+        except Exception:  # the fabric's own findings must not wait on this
+            log.exception("assembling NCCL collectives failed")
+        return self.nccl_jobs.slowdowns()[0]
 
     async def start(self) -> None:
         """Start the scheduler on the running event loop: store retention, one polling job per

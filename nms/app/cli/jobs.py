@@ -41,9 +41,51 @@ def list_jobs(active: bool = typer.Option(False, "--active", help="only jobs run
 
 
 @jobs_app.command("show")
-def show_job(job_id: str, url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
-    """Print one job as JSON."""
-    print(json.dumps(ApiClient(url, token).call("GET", f"/jobs/{job_id}"), indent=2))
+def show_job(job_id: str, last: int = typer.Option(20, "--last", min=1, max=10_000, help="collectives to list"),
+             as_json: bool = typer.Option(False, "--json", help="everything below as one JSON object"),
+             url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+    """One job: ranks and hosts, its recent collectives (duration, bus bandwidth), slowdowns, incidents."""
+    client = ApiClient(url, token)
+    job = client.call("GET", f"/jobs/{job_id}")
+    collectives = client.call("GET", f"/jobs/{job_id}/collectives", params={"limit": last})
+    slowdowns = client.call("GET", f"/jobs/{job_id}/slowdowns")
+    incidents = client.call("GET", "/incidents", params={"job": job_id, "limit": 50})
+    if as_json:
+        print(json.dumps({"job": job, "collectives": collectives, "slowdowns": slowdowns, "incidents": incidents},
+                         indent=2))
+        return
+    console.print(f"[bold]job {job['id']}[/] {job['name']}  source={job['labels'].get('source', 'api')}  "
+                  f"start {fmt_time(job['start'])}  {'end ' + fmt_time(job['end']) if job['end'] else 'running'}")
+    console.print(f"hosts: {', '.join(job['hosts']) or '-'}")
+    ranks = Table("comm", "rank", "host", "nic", "peers", "QPs", title="ranks")
+    for r in job["ranks"]:
+        ranks.add_row(r.get("comm_id") or "-", str(r["rank"]), r["host"], r.get("nic") or "-",
+                      ",".join(map(str, r.get("peers", []))) or "-", _qps(r.get("qps", [])))
+    console.print(ranks)
+    timeline = Table("start", "comm", "op", "size", "seq", "duration", "busbw GB/s", "baseline", "",
+                     title=f"collectives (last {last})")
+    for c in collectives:
+        base = c.get("baseline_busbw_gbps")
+        timeline.add_row(fmt_time(c["start_ns"]), c["comm_id"], c["op"], c["size_bucket"], str(c["seq"]),
+                         f"{c['duration_ns'] / 1e6:.3f} ms", f"{c['busbw_gbps']:.3f}",
+                         f"{base:.3f}" if base is not None else "-", "[red]SLOW[/]" if c.get("slow") else "")
+    console.print(timeline)
+    slow = Table("state", "comm", "op", "size", "since", "busbw / baseline", "slow collectives", title="slowdowns")
+    for state, items in (("[red]active[/]", slowdowns["active"]), ("cleared", slowdowns["cleared"])):
+        for s in items:
+            slow.add_row(state, s["comm_id"], s["op"], s["size_bucket"], fmt_time(s["since_ns"]),
+                         f"{s['busbw_gbps']:.3f} / {s['baseline_busbw_gbps']:.3f} ({s['ratio']:.0%})",
+                         ",".join(map(str, s["slow_collectives"][-8:])))
+    console.print(slow)
+    linked = Table("id", "state", "kind", "element", "summary", title="incidents")
+    for i in incidents:
+        linked.add_row(str(i["id"]), i["state"], i["kind"], i["element"], i["summary"])
+    console.print(linked)
+
+
+def _qps(qps: list[int]) -> str:
+    text = ",".join(hex(q) for q in qps[:6])
+    return (text + f" (+{len(qps) - 6})" if len(qps) > 6 else text) or "-"
 
 
 @jobs_app.command("add")

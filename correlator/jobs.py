@@ -1,0 +1,60 @@
+"""Job slowdowns joined with the fabric's findings of the same window.
+
+A slowdown (correlator/slowdown.py) is explained by a fabric finding on the paths its ranks use
+(`impact.on_job_paths`): that finding carries the slowdown as evidence (`job_slowdowns`: the
+collective, its baseline and current bus bandwidth, the slow collectives' sequence numbers) and
+its summary names the job. A slowdown that no fabric finding explains becomes a finding of its
+own, kind `job_slowdown` on the element `job:<id>`, saying so: it is not blamed on the network.
+That finding waits until the slowdown is NO_CAUSE_AFTER_NS old, so that a fabric fault still
+being localized is not first reported as a host-side slowdown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from correlator.impact import on_job_paths
+from nms.records import Finding, JobSlowdown
+
+
+def slowdown_evidence(s: JobSlowdown) -> dict:
+    return {"job": s.job_id, "comm": s.comm_id, "op": s.op, "size_bucket": s.size_bucket, "since_ns": s.since_ns,
+            "baseline_busbw_gbps": round(s.baseline_busbw_gbps, 6), "busbw_gbps": round(s.busbw_gbps, 6),
+            "ratio": round(s.ratio, 4), "slow_collectives": list(s.slow_collectives)}
+
+
+def describe(s: JobSlowdown) -> str:
+    return f"{s.op} {s.size_bucket} at {s.ratio:.0%} of its baseline bus bandwidth"
+
+
+NO_CAUSE_AFTER_NS = 5 * 10**9  # the fabric's own detection takes a few windows: wait this long before "no cause"
+
+
+def join(findings: Sequence[Finding], slowdowns: Sequence[JobSlowdown], now_ns: int,
+         no_cause_after_ns: int = NO_CAUSE_AFTER_NS) -> list[Finding]:
+    """The window's findings with the slowdowns they explain attached, plus one `job_slowdown`
+    finding per job whose slowdowns none explains (once the slowdown is `no_cause_after_ns` old:
+    a fabric fault that slows a job is usually localized within a few windows, not at once)."""
+    out = list(findings)
+    unexplained: dict[str, list[JobSlowdown]] = {}
+    for s in slowdowns:
+        causes = [i for i, f in enumerate(out) if f.element_kind != "job" and on_job_paths(f, s.job_id, s.host_pairs)]
+        for i in causes:
+            f = out[i]
+            evidence = {**f.evidence, "job_slowdowns": [*f.evidence.get("job_slowdowns", []), slowdown_evidence(s)]}
+            summary = f"{f.summary}; slows job {s.job_id}: {describe(s)}"[:1024]
+            out[i] = f.model_copy(update={"evidence": evidence, "summary": summary})
+        if not causes and now_ns - s.since_ns >= no_cause_after_ns:
+            unexplained.setdefault(s.job_id, []).append(s)
+    for job_id, found in sorted(unexplained.items()):
+        worst = min(found, key=lambda s: s.ratio)
+        out.append(Finding(
+            kind="job_slowdown", element=job_id, element_kind="job", ts=now_ns, severity="warning",
+            confidence=max(0.0, min(1.0, 1.0 - worst.ratio)),
+            summary=(f"job {job_id}: {describe(worst)}"
+                     + (f" (+{len(found) - 1} more)" if len(found) > 1 else "")
+                     + "; no fabric element on its paths explains it (not a network fault)")[:1024],
+            evidence={"job_slowdowns": [slowdown_evidence(s) for s in found], "fabric_cause": None,
+                      "host_pairs": sorted({p for s in found for p in s.host_pairs})[:1000]},
+            jobs=[job_id]))
+    return out
