@@ -33,7 +33,7 @@ from correlator_lab import SERVICE, incidents, link_element, wait_quiet  # noqa:
 from nms.lab import agents, faults, paths  # noqa: E402
 
 pytestmark = pytest.mark.root
-PREFIX, MGMT = "nmsj-", "198.18.243.0/24"
+PREFIX, MGMT = "nmsj-", "198.18.242.0/24"
 JOB = "lab-allreduce-1"
 PORT, SPORT = 47000, 47100
 NBYTES = 512 << 10

@@ -55,7 +55,7 @@ def mesh():
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
-    m = MeshLab("nmsr-", "198.18.241.0/24")
+    m = MeshLab("nmsw-", "198.18.241.0/24")
     try:
         m.up(rate=2.0)
         m.wait_traced(120)  # slow on a loaded machine: 60 s timed out once at load 5

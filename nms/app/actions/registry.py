@@ -6,12 +6,14 @@ from typing import TYPE_CHECKING
 
 from nms.app.actions.base import Actuator
 from nms.app.actions.host import HostRerouteActuator
+from nms.app.actions.switch import SwitchActuator
 
 if TYPE_CHECKING:
     from nms.app.service import Service
 
 
 def build_actuators(service: Service) -> dict[str, Actuator]:
-    """kind -> actuator. drain_link / isolate_port (nms/app/actions/switch.py) add their entries here."""
+    """kind -> actuator: host_reroute by signed agent commands, drain_link / isolate_port by the
+    switches' southbound (gNMI Set, UFM)."""
     host = HostRerouteActuator(service.agents, timeout=min(60.0, service.config.agents.command_ttl))
-    return {"host_reroute": host}
+    return {"host_reroute": host, **dict.fromkeys(SwitchActuator.kinds, SwitchActuator(service))}
