@@ -89,7 +89,9 @@ class NicCounters:
         except OSError:
             fields["oper_status"] = "notPresent"
         fields["mtu"] = _read_int(base / "mtu")
-        speed = _read_int(base / "speed")  # Mb/s; -1 or unreadable (EINVAL) when the link is down or unknown
+        # Mb/s; -1 or unreadable (EINVAL) when the link is down or unknown. Only a NIC with a device
+        # behind it: virtual ones (veth says 10000 whatever it carries) would fake a speed mismatch
+        speed = _read_int(base / "speed") if (base / "device").exists() else None
         fields["speed_bps"] = speed * 1_000_000 if speed is not None and speed > 0 else None
         if self.ib.get(nic) is not None:
             fields.update(ib_counters(self.ib[nic]))
