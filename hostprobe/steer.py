@@ -199,7 +199,10 @@ class Steering:
         routes: dict[str, list[int]] = {}
         for host, local, addr in pairs:
             found = traced.get((local, addr), [])
-            paths = [frozenset(h) if h is not None else frozenset({"?"}) for _, h in found]
+            # ECMP paths are equal-cost, so a full trace has as many hops as the longest one; a
+            # shorter one lost a hop (it may be the avoided one): as unknown as a silent router
+            full = max((len(h) for _, h in found if h is not None), default=0)
+            paths = [frozenset(h) if h is not None and len(h) == full else frozenset({"?"}) for _, h in found]
             unknown = {"?"}  # a trace with a silent router could cross anything
             keep = choose(paths, parsed["avoid_hops"] | unknown, n=self.settings.ports_per_dst)
             ports = sorted(found[i][0] for i in keep)

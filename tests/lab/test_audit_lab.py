@@ -118,6 +118,9 @@ def test_ecmp_balance_under_real_load_even_then_skewed(mesh):
         assert sorted(util) == leaf1 and max(util.values()) > 0.5 and f["evidence"]["skew"] >= 2, f
     finally:
         ran(t)
+    # the load gone, leaf1 is idle again: not judged, no finding (the next tests start from here)
+    result = run_until(mesh, "ecmp_balance", lambda r: not r["findings"], 20)
+    assert result["findings"] == [], result
 
 
 def test_mtu_mismatch_is_found_by_the_mtu_audit_only(mesh):

@@ -199,9 +199,17 @@ def test_a_link_down_turns_red_within_2s_its_incident_shows_and_it_heals(mesh, b
         [incident_id] = link_attr(browser, link_id, "data-incident").split()
         incident = mesh.api("GET", f"/incidents/{incident_id}").json()
         assert incident["element"] == link_id and incident["kind"] in ("link_down", "link_flapping")
-        browser.find_element("css selector", f'circle.incident-mark[data-incident="{incident_id}"]').click()
-        details = browser.find_element("id", "details").text
-        assert incident["kind"] in details and incident["summary"] in details and "evidence" in details
+        from selenium.common.exceptions import StaleElementReferenceException
+
+        def details_of_the_mark() -> str | None:  # the view redraws marks and the panel as incidents update
+            try:
+                browser.find_element("css selector", f'circle.incident-mark[data-incident="{incident_id}"]').click()
+                return browser.find_element("id", "details").text
+            except StaleElementReferenceException:
+                return None
+
+        details = wait_for(details_of_the_mark, 5)
+        assert details and incident["kind"] in details and incident["summary"] in details and "evidence" in details
 
         seen = {}
 
