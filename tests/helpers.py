@@ -20,3 +20,23 @@ def make_config(data_dir: Path, **overrides):
 
 def auth(scope: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {TOKENS[scope]}"}
+
+
+def serve_in_thread(app, timeout: float = 15.0):
+    """Run `app` under uvicorn on a free loopback port in a daemon thread, as `nms serve` does
+    (`app.state.server`: streams end when it stops). Returns (url, server, thread); stop it with
+    `server.should_exit = True` and `thread.join()`."""
+    import threading
+    import time
+
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    app.state.server = server
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.02)
+    return f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}", server, thread

@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
 import yaml
 from _act_fabric import addresses, topology, uplink
 
 from nms.app.actions.signing import CommandSigner
 from nms.app.api import create_app
 from nms.app.service import Service
-from tests.helpers import TOKENS, auth, make_config
+from tests.helpers import TOKENS, auth, make_config, serve_in_thread
 from tests.test_cli_service import _free_port
 
 HOSTS = {"h1": "127.0.0.2", "h2": "127.0.0.3", "h3": "127.0.0.4", "h4": "127.0.0.5"}
@@ -37,15 +35,7 @@ def bed(tmp_path_factory):
     service = Service(config)
     service.actions.context = lambda: (topology(4), addresses(4))
     app = create_app(service)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    app.state.server = server
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    url, server, thread = serve_in_thread(app)
     probe_port = _free_port()
     agents = {}
 

@@ -5,11 +5,9 @@ resolved when a run no longer finds it), the config's errors, and `nms audit` ag
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 from test_audits_checks import T0, clean_snapshot
 from test_topology import fabric
@@ -27,7 +25,7 @@ from nms.app.service import Service
 from nms.config import ConfigError, parse_config
 from nms.config.models import AuditsConfig
 from nms.state import StateStore
-from tests.helpers import TOKENS, auth, make_config
+from tests.helpers import TOKENS, auth, make_config, serve_in_thread
 
 W = 10**9
 ALL = ["cabling", "mtu", "speed", "errors", "ecmp_balance", "clock", "config_drift", "probe_coverage"]
@@ -218,14 +216,7 @@ def test_scheduled_jobs_run_and_store_reports(tmp_path):
 
 def test_cli_list_run_report_against_a_real_server(tmp_path):
     service = Service(config(tmp_path))
-    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive()
-        time.sleep(0.02)
-    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    url, server, thread = serve_in_thread(create_app(service))
     try:
         runner = CliRunner()
         env = {"NMS_URL": url, "NMS_TOKEN": TOKENS["admin"], "COLUMNS": "200"}

@@ -16,7 +16,6 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 from openapi_spec_validator import validate
 from typer.testing import CliRunner
@@ -28,7 +27,7 @@ from nms.app.incidents import IncidentManager
 from nms.app.service import Service
 from nms.records import IncidentEvent
 from nms.state import StateStore
-from tests.helpers import TOKENS, auth, make_config
+from tests.helpers import TOKENS, auth, make_config, serve_in_thread
 from tests.test_hostprobe_service import fabric
 from tests.test_incidents import LINK, T0, W, finding, paths
 
@@ -152,16 +151,8 @@ def test_the_stream_of_a_service_that_is_not_running_ends_after_the_snapshot(tmp
 def live(tmp_path):
     service = Service(config(tmp_path))
     app = create_app(service)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    app.state.server = server  # as `nms serve` does: streams end when it stops
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield SimpleNamespace(url=f"http://127.0.0.1:{port}", service=service, server=server, thread=thread)
+    url, server, thread = serve_in_thread(app)
+    yield SimpleNamespace(url=url, service=service, server=server, thread=thread)
     server.should_exit = True
     thread.join(20)
     assert not thread.is_alive(), "the server did not stop (a stream kept it up?)"

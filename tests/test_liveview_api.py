@@ -16,7 +16,6 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 
 from nms.app.api import create_app
@@ -26,7 +25,7 @@ from nms.app import auth as auth_module
 from nms.app.auth import Principal, SessionStore
 from nms.app.service import Service
 from nms.records import FabricTopology, Job, LinkEvent, PortRates, TopologyLink, TopologyNode
-from tests.helpers import TOKENS, auth, make_config
+from tests.helpers import TOKENS, auth, make_config, serve_in_thread
 
 ORIGIN = "http://testserver"
 L1 = "leaf1:swp1--spine1:swp1"
@@ -277,16 +276,8 @@ def live(tmp_path):
     holder = {"topology": _topology()}
     service.poller.topology = lambda: holder["topology"].model_copy(update={"generated_ns": time.time_ns()})
     app = create_app(service)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    app.state.server = server
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield SimpleNamespace(url=f"http://127.0.0.1:{port}", service=service, holder=holder)
+    url, server, thread = serve_in_thread(app)
+    yield SimpleNamespace(url=url, service=service, holder=holder)
     server.should_exit = True
     thread.join(20)
     assert not thread.is_alive(), "the server did not stop (a stream kept it up?)"
