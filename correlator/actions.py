@@ -134,27 +134,31 @@ def _still_carries_traffic(incident: Incident) -> bool:
     return bool(ev.get("paths_down")) and ev.get("oper") not in ("down", "lowerLayerDown", "notPresent")
 
 
+def fitting_kinds(incident: Incident) -> tuple[frozenset[str], str]:
+    """The action kinds that fit the incident as it is now, whatever is active already; when none,
+    why not."""
+    kind = incident.kind
+    if incident.element_kind != "link":
+        return frozenset(), f"{kind} on a {incident.element_kind}: no action steers off a {incident.element_kind}"
+    if kind == "link_down" and not _still_carries_traffic(incident):
+        return frozenset(), "link down: routing already avoids it"
+    if kind in REROUTE_KINDS or kind == "link_down":
+        return frozenset({"host_reroute"}), ""
+    if kind in DRAIN_KINDS:
+        return frozenset({"drain_link", "host_reroute"}), ""
+    return frozenset(), f"no action for {kind}"
+
+
 def plan(incident: Incident, topology: FabricTopology, addresses: Iterable[InterfaceAddress],
          limits: Limits = Limits(), avoided: Mapping[str, float] | None = None,
          dport: int = ROCE_DPORT) -> Plan:
     """What to do about one incident. `avoided`: elements active actions steer off already."""
     out = Plan()
-    kind = incident.kind
-    if incident.element_kind != "link":
-        out.notes.append(f"{kind} on a {incident.element_kind}: no action steers off a {incident.element_kind}")
+    kinds, why_not = fitting_kinds(incident)
+    if not kinds:
+        out.notes.append(why_not)
         return out
-    if kind == "link_down":
-        if not _still_carries_traffic(incident):
-            out.notes.append("link down: routing already avoids it")
-            return out
-        drain = False
-    elif kind in REROUTE_KINDS:
-        drain = False
-    elif kind in DRAIN_KINDS:
-        drain = True
-    else:
-        out.notes.append(f"no action for {kind}")
-        return out
+    drain = "drain_link" in kinds
     element = incident.element
     pairs = host_pairs(incident.paths)
     affected = {(s, d) for s, ds in pairs.items() for d in ds}

@@ -137,6 +137,24 @@ def test_reject_and_approval_expiry(tmp_path):
     assert rig.actuator.calls == []
 
 
+def test_proposals_that_no_longer_fit_their_incident_are_withdrawn(tmp_path):
+    rig = Rig(tmp_path)  # approval for every kind
+    rig.window(finding("corrupting_link"))  # a first window's guess: drain + reroute proposed
+    assert sorted(a.kind for a in rig.actions(state="awaiting_approval")) == ["drain_link", "host_reroute"]
+    rig.window(finding("congestion"))  # one window later it is congestion: no drain for that
+    drain = rig.actions(kind="drain_link")[0]
+    assert drain.state == "rejected" and drain.result.startswith("withdrawn: incident 1 is now congestion")
+    assert rig.state.action_events(drain.id)[-1].by == "controller"
+    (reroute,) = rig.actions(kind="host_reroute")
+    assert reroute.state == "awaiting_approval"
+    rig.window()
+    rig.window()  # resolved: nobody may approve a steer for a healed fault any more
+    assert rig.state.get_action(reroute.id).state == "rejected"
+    with pytest.raises(ActionRefused, match="not awaiting approval"):
+        asyncio.run(rig.manager.approve(reroute.id, "alice"))
+    assert rig.actuator.calls == []
+
+
 def test_policy_off_and_scopes(tmp_path):
     rig = Rig(tmp_path, policies={"host_reroute": {"policy": "auto", "scopes": [
         {"policy": "off", "devices": ["spine1"]}, {"policy": "approval", "roles": ["leaf"], "prefix": "leaf2"}]}})

@@ -111,11 +111,16 @@ class ActionManager:
             await self._check_moved_to(inc)
         if event.event == "updated":
             await self._check_evidence(inc)
-        if event.event not in ("opened", "updated") or inc.state != "open":
+        if inc.state != "open":
+            await self._withdraw(inc.id, set(), f"incident {inc.id} is {inc.state}")
+            return
+        if event.event not in ("opened", "updated"):
             return
         have = {a.kind for a in self.state.list_actions(incident_id=inc.id, limit=None)
                 if a.state in OPEN_STATES or a.state == "applied"}
         topology, addresses = self.context()
+        await self._withdraw(inc.id, planner.fitting_kinds(inc)[0],
+                             f"incident {inc.id} is now {inc.kind}, for which the planner does not propose it")
         result = planner.plan(inc, topology, addresses, self.limits, self._avoided(), self.config.dport)
         for note in result.notes:
             log.info("incident %d (%s on %s): %s", inc.id, inc.kind, inc.element, note)
@@ -126,6 +131,16 @@ class ActionManager:
             if proposal.kind in have:
                 continue
             await self._propose(proposal, inc.id, CONTROLLER, dry_run=self.config.dry_run)
+
+    async def _withdraw(self, incident_id: int, still_proposed: set[str], why: str) -> None:
+        """Proposals waiting for approval that no longer fit their incident (resolved, or reclassified:
+        a first window's corrupting_link that is congestion one window later must not leave a drain
+        waiting for an operator's click) are rejected by the controller, the reason logged."""
+        async with self._lock:
+            for action in self.state.list_actions(incident_id=incident_id, state="awaiting_approval", limit=None):
+                if action.kind not in still_proposed:
+                    self._set(action, "rejected", "rejected", CONTROLLER, f"withdrawn: {why}",
+                              result=f"withdrawn: {why}")
 
     # --- proposing and deciding -------------------------------------------------------------------
 
