@@ -159,9 +159,9 @@ def directed_findings(loss: list[Pick], inflation: list[Pick], index: FabricInde
                       t: Thresholds, config: CorrelatorConfig) -> list[Draft]:
     loss_by = {p.element: p for p in loss}
     infl_by = {p.element: p for p in inflation}
-    hot = _imbalance(index, view, t, config, set(infl_by))
+    imbalanced = _imbalance(index, view, t, config, set(infl_by))
     out: dict[tuple[str, str], Draft] = {}
-    for did in sorted(set(loss_by) | set(infl_by) | set(hot), key=lambda d: -len(
+    for did in sorted(set(loss_by) | set(infl_by) | set(imbalanced), key=lambda d: -len(
             (loss_by.get(d) or infl_by.get(d) or Pick(d, np.zeros(0))).paths)):
         lp, ip = loss_by.get(did), infl_by.get(did)
         rates = view.direction_rates(did)
@@ -179,9 +179,9 @@ def directed_findings(loss: list[Pick], inflation: list[Pick], index: FabricInde
             alts += ip.alternatives
             frac = ip.stats["paths_inflated"] / max(ip.stats["paths_judged"], 1)
             conf = max(conf, 0.5 + 0.4 * frac)
-        if did in hot:
+        if did in imbalanced:
             kind = "path_imbalance"
-            evidence["imbalance"] = hot[did]
+            evidence["imbalance"] = imbalanced[did]
             conf = max(conf, 0.8)
         elif ip is not None or view.queueing(rates) or (view.congested(rates) and not errors):
             kind = "congestion"
@@ -197,13 +197,13 @@ def directed_findings(loss: list[Pick], inflation: list[Pick], index: FabricInde
             alts = [a for a in alts if a != did ^ 1]
             other_rates = view.direction_rates(did ^ 1)
             other_errors = other_rates.get("errors_ps", 0.0) > 0
-            hot, other_hot = view.congested(rates), view.congested(other_rates)
+            this_hot, other_hot = view.congested(rates), view.congested(other_rates)
             if kind != "congestion" and errors != other_errors:  # error counters (a NIC's, a port's) say which way
                 if other_errors:
                     direction, evidence["rates"], used = index.dname(did ^ 1), other_rates, did ^ 1
                 errors = True
                 evidence["direction_by"] = "error counters"
-            elif kind == "congestion" and hot != other_hot:  # the switch port's load says which way
+            elif kind == "congestion" and this_hot != other_hot:  # the switch port's load says which way
                 if other_hot:
                     direction, evidence["rates"], used = index.dname(did ^ 1), other_rates, did ^ 1
                 evidence["direction_by"] = "utilization"

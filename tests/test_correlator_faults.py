@@ -224,6 +224,18 @@ def test_access_link_loss_is_the_access_link():
     assert f.confidence >= 0.9
 
 
+def test_an_access_link_and_a_fabric_link_lossy_in_one_window():
+    # the access link's both-directions branch once overwrote the imbalance map and every later
+    # element of the window crashed the step (seen in the lab under heavy congestion loss)
+    run = Run(switch_every=1)
+    access = run.s.access("host2")[1]
+    fabric = run.s.up_link(3, 1)
+    run.s.loss.update({access: 0.05, fabric: 0.04})
+    run.s.util.update({fabric: 0.98, run.s.up_link(3, 2): 0.9})
+    last = run.steps(5)[-1]
+    assert kinds(last) == {("corrupting_link", link_of(access)), ("congestion", link_of(fabric))}
+
+
 def test_host_nic_errors_give_an_access_link_its_direction():
     run = Run(switch_every=1)
     directed = run.s.access("host2")[1]  # leaf1 -> host2: the host's NIC counts the bad frames
