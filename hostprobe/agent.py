@@ -256,6 +256,8 @@ class Agent:
                 return
             if kind == "peers":
                 self.prober.set_peers(payload)
+            elif kind == "registered" and payload > 1:  # registered again: a restarted service
+                log.info("announced %d probe paths to the restarted service", self.prober.announce_paths())
             elif kind == "command":
                 refused = self.verifier.check(payload)  # before dispatch: signature, host, expiry, replay
                 if refused is not None:

@@ -81,7 +81,7 @@ class ServiceClient:
 
 
 class Control(threading.Thread):
-    """Registration, peer list and commands; posts ('peers', list) and ('command', dict) to `inbox`,
+    """Registration, peer list and commands; posts ('peers', list), ('registered', n: the how-manyth registration) and ('command', dict) to `inbox`,
     and posts the commands' results handed to `result()` to the service."""
 
     def __init__(self, client: ServiceClient, info: dict, refresh: float, cache_dir: Path, inbox: queue.Queue,
@@ -93,6 +93,7 @@ class Control(threading.Thread):
         self._halt = threading.Event()
         self.instance: str | None = None
         self.registered = threading.Event()
+        self.registrations = 0
         self.wait_max = 30.0
         self.results: queue.Queue = queue.Queue(maxsize=RESULTS_MAX)  # (command id, body) from the probe loop
         self._unsent: deque[tuple[int, dict]] = deque()
@@ -177,6 +178,8 @@ class Control(threading.Thread):
                     if self.verifier is not None:
                         self.verifier.offer_key(answer.get("command_key"))
                     self._peers(answer)
+                    self.registrations += 1
+                    self.inbox.put(("registered", self.registrations))
                     next_refresh = time.monotonic() + self.refresh
                     self.registered.set()
                     log.info("registered with the service (%d peers, command long-poll up to %.0f s)",

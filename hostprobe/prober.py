@@ -57,6 +57,7 @@ class Target:
         self.dest = (addr, qpn) if self.verbs else (addr, port)
         self.wire_port = ROCE_V2_PORT if self.verbs else port
         self.paths: dict[str, PathState] = {}  # probed, by path id
+        self.announced: dict[str, ProbePath] = {}  # what the service was told of each path
         self.retired: list[PathState] = []  # no longer probed; kept until their windows close
         self.jobs: list[TraceJob] = []  # the current trace round
         self.tracing = 0
@@ -137,6 +138,16 @@ class Prober:
             log.info("probing %d new peer NICs (%d in all)", len(new), len(self.targets))
             self.trace(new)
 
+    def announce_paths(self) -> int:
+        """Tell the service every probed path again (it restarted: its correlator knows no path's
+        hops until told, and without them it would pin a spine link's loss on the hosts' access
+        links). Returns how many."""
+        now_ns = self.clock.now()
+        records = [r.model_copy(update={"ts": now_ns}) for t in self.targets.values() for r in t.announced.values()]
+        for record in records:
+            self.emit("probe_paths", record)
+        return len(records)
+
     def _drop_target(self, target: Target) -> None:
         for path in target.paths.values():
             path.active = False
@@ -178,7 +189,7 @@ class Prober:
         target.complete = target.reached and not any(j.gaps for j in target.jobs)
         target.unreachable = any(j.unreachable for j in target.jobs)
         now_ns = self.clock.now()
-        old, target.paths = target.paths, {}
+        old, target.paths, target.announced = target.paths, {}, {}
         for pid, jobs in groups.items():
             jobs.sort(key=lambda j: (j.gaps, j.sport))  # a complete trace describes the path
             path = old.pop(pid, None)
@@ -190,12 +201,13 @@ class Prober:
                 self._schedule(path, time.monotonic() + random.random() * 2 / self.rate)
             target.paths[pid] = path
             first = jobs[0]
-            self.emit("probe_paths", ProbePath(
+            target.announced[pid] = ProbePath(
                 src_host=self.host, src_nic=target.nic.name, dst_host=target.host, dst_nic=target.nic_name,
                 path_id=pid, ts=now_ns, src_addr=target.nic.address, dst_addr=target.addr, dport=target.wire_port,
                 sports=",".join(str(sp) for sp in sorted(j.sport for j in jobs)), probed_sport=path.sock.port,
                 fwd_hops=hops_text(first.fwd), rev_hops=hops_text(first.rev),
-                fwd_complete=first.fwd_done and not first.unreachable, rev_complete=first.rev_done))
+                fwd_complete=first.fwd_done and not first.unreachable, rev_complete=first.rev_done)
+            self.emit("probe_paths", target.announced[pid])
         for path in old.values():
             path.active = False
             target.retired.append(path)

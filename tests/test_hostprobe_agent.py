@@ -162,6 +162,9 @@ def test_no_window_is_lost_across_a_service_restart(bed):
     assert bed.status("h2")["stats"]["batches_replayed"] > 0
     agents = bed.api("GET", "/agents").json()
     assert {a["host"] for a in agents} == set(HOSTS)  # every agent registered again
+    # ... and told the new service its paths again (its correlator needs their hops)
+    again = bed.rows("probe_path", restarted - 10**9, src_host="h2")
+    assert {p["dst_host"] for p in again} >= {"h1", "h3"}, again
 
 
 def test_sigterm_flushes_and_exits(bed):
