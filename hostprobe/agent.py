@@ -308,9 +308,9 @@ class Agent:
     def _steer(self, kind: str, args: dict, cid) -> tuple[str, str] | None:
         if kind == "unsteer":
             return self.steering.unsteer(args)
-        peers: dict[str, list[tuple[str, str]]] = {}
+        peers: dict[str, list[tuple[str, str, int | None]]] = {}
         for t in self.prober.targets.values():
-            peers.setdefault(t.host, []).append((t.nic.address, t.addr))
+            peers.setdefault(t.host, []).append((t.nic.address, t.addr, t.routers()))
 
         def done(status: str, message: str, details: dict | None) -> None:
             log.info("command %s: %s", cid, message)

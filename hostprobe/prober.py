@@ -70,6 +70,13 @@ class Target:
     def key(self) -> tuple[str, str, str]:
         return self.nic.name, self.host, self.nic_name
 
+    def routers(self) -> int | None:
+        """How many routers every path to the peer crosses, from complete traces without a silent hop
+        (ECMP paths are equal-cost); None when no such trace or the paths disagree."""
+        counts = {len(r.fwd_hops.split(",")) for r in self.announced.values()
+                  if r.fwd_complete and r.fwd_hops and "*" not in r.fwd_hops.split(",")}
+        return counts.pop() if len(counts) == 1 else None
+
 
 class PathState:
     __slots__ = ("target", "sock", "path_id", "state", "last_reply", "last_reply_ns", "down_ns", "unanswered",

@@ -50,10 +50,12 @@ class SteerError(ValueError):
 @dataclass
 class _Dest:
     """What hostprobe.trace needs of a target: the peer's address and port; `verbs` makes a trace
-    end at two silent TTLs in a row (the job's receiver consumes packets to dport without an answer)."""
+    end at two silent TTLs in a row (the job's receiver consumes packets to dport without an answer),
+    or at its `known_hops`-th router."""
     addr: str
     wire_port: int
     verbs: bool = True
+    known_hops: int | None = None  # routers on every path to the peer, when the prober's traces tell
 
 
 def read_table(path: Path) -> dict:
@@ -167,10 +169,11 @@ class Steering:
         return "done", f"action {action_id}: steering removed for {len(removed)} destination(s)"
 
     # -- steer -------------------------------------------------------------------------------------
-    def start_steer(self, args: dict, peers: dict[str, list[tuple[str, str]]],
+    def start_steer(self, args: dict, peers: dict[str, list[tuple[str, str, int | None]]],
                     done: Callable[[str, str, dict | None], None]) -> str:
         """Check the arguments now (SteerError), trace in a thread, call done(status, message,
-        details) at the end. `peers`: host -> [(our address, its address)] from the probe targets."""
+        details) at the end. `peers`: host -> [(our address, its address, routers on its paths or None)]
+        from the probe targets."""
         parsed = parse_steer(args)
         unknown = [d for d in parsed["dsts"] if d not in peers]
         if unknown:
@@ -192,12 +195,12 @@ class Steering:
         threading.Thread(target=work, name="steer", daemon=True).start()
         return f"tracing {self.settings.candidates} source ports to {len(parsed['dsts'])} destination(s)"
 
-    def steer(self, parsed: dict, peers: dict[str, list[tuple[str, str]]]) -> dict:
-        pairs = [(host, local, addr) for host in parsed["dsts"] for local, addr in peers[host]]
+    def steer(self, parsed: dict, peers: dict[str, list[tuple[str, str, int | None]]]) -> dict:
+        pairs = [(host, local, addr, hops) for host in parsed["dsts"] for local, addr, hops in peers[host]]
         traced = self.trace(pairs, parsed["dport"])  # (local, addr) -> [(port, hops or None)]
         result: dict[str, dict] = {}
         routes: dict[str, list[int]] = {}
-        for host, local, addr in pairs:
+        for host, local, addr, _ in pairs:
             found = traced.get((local, addr), [])
             # ECMP paths are equal-cost, so a full trace has as many hops as the longest one; a
             # shorter one lost a hop (it may be the avoided one): as unknown as a silent router
@@ -224,17 +227,17 @@ class Steering:
                  {h: r["ports"] for h, r in result.items()}, table["version"])
         return {"dsts": result}
 
-    def trace(self, pairs: list[tuple[str, str, str]], dport: int) -> dict[tuple[str, str], list]:
+    def trace(self, pairs: list[tuple[str, str, str, int | None]], dport: int) -> dict[tuple[str, str], list]:
         """Forward hops of every candidate source port to every (local, peer) address pair."""
         s = self.settings
         tracer = Tracer(self.key, self.session, self.max_hops, self.trace_rate, self.next_seq)
         sockets: dict[str, list[StampedSocket]] = {}
         jobs: dict[tuple[str, str], list[TraceJob]] = {}
         try:
-            for _host, local, addr in pairs:
+            for _host, local, addr, hops in pairs:
                 if local not in sockets:
                     sockets[local] = _open(local, s.port_base, s.candidates)
-                dest = _Dest(addr, dport)
+                dest = _Dest(addr, dport, known_hops=hops)
                 for sock in sockets[local]:
                     job = TraceJob(sock, dest)
                     jobs.setdefault((local, addr), []).append(job)

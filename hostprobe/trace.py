@@ -204,6 +204,12 @@ class Tracer:
         self._forget(job)
         if entry.icmp_type == 11:  # time exceeded: a router
             job._record(entry.offender)
+            # a silent far end (RDMA UD) whose router count is known already (the prober's own traces
+            # to that peer: ECMP paths are equal-cost): done at its last router, not two silent TTLs
+            # (1.5 s) later
+            known = getattr(job.target, "known_hops", None)
+            if job.target.verbs and known and job.ttl >= known and None not in job.fwd:
+                job.fwd_done = True
         else:  # unreachable from the destination itself: reached, but nobody listens
             del job.fwd[job.ttl - 1:]
             job.fwd_done = entry.offender == job.target.addr

@@ -234,16 +234,20 @@ def test_no_rollback_while_the_element_is_bad_again(tmp_path):
 
 
 def test_rollback_when_the_evidence_gets_worse(tmp_path):
-    rig = Rig(tmp_path, worse_factor=1.5, **AUTO)
+    rig = Rig(tmp_path, worse_factor=1.5, worse_grace=2, **AUTO)
     rig.window(finding(loss=2.0))
     (action,) = rig.actions()
     assert action.params["baseline"] == {"loss_pct": 2.0}
-    rig.window(finding(loss=2.5))
+    rig.window(finding(loss=3.5))  # the grace: a fresh fault's loss still climbs; the baseline follows
+    rig.window(finding(loss=3.0))
+    action = rig.state.get_action(action.id)
+    assert action.state == "applied" and action.params["baseline"] == {"loss_pct": 3.5}
+    rig.window(finding(loss=5.0))  # 1.43x: not worse
     assert rig.state.get_action(action.id).state == "applied"
-    rig.window(finding(kind="corrupting_link", loss=4.0))  # kind changes: an `updated` event
+    rig.window(finding(loss=5.3))  # 1.51x, no incident event for it (same kind, summary): judged anyway
     action = rig.state.get_action(action.id)
     assert action.state == "rolled_back"
-    assert "worse since applied: loss_pct rose from 2 to 4" in rig.state.action_events(action.id)[-1].note
+    assert "worse since applied: loss_pct rose from 3.5 to 5.3" in rig.state.action_events(action.id)[-1].note
 
 
 def test_rollback_when_an_incident_opens_where_traffic_moved(tmp_path):

@@ -262,3 +262,27 @@ def test_a_roce_trace_ends_after_two_silent_ttls_and_has_no_reverse_phase():
     assert job.fwd == ["10.1.0.1", "10.2.0.1", "10.3.0.1"] and job.fwd_done and job.rev == []
     assert [ttl for _, ttl in sock.sent] == [1, 2, 3] + [4] * STEP_TRIES + [5] * STEP_TRIES  # no reverse phase
     assert tracer.take_done() == [job]
+
+
+def test_a_roce_trace_with_a_known_router_count_ends_at_the_last_router():
+    from hostprobe.steer import _Dest
+    sock = _TraceSock(0xC124)
+    seq = iter(range(1, 10**6))
+    tracer = Tracer(b"k" * 16, 1, 8, 1e6, lambda: next(seq))
+    dest = ("10.0.0.2", verbs.ROCE_V2_PORT)
+    job, short = TraceJob(sock, _Dest(*dest, known_hops=3)), TraceJob(_TraceSock(0xC125), _Dest(*dest, known_hops=3))
+    for j in (job, short):
+        tracer.add(j)
+    tracer.tick(100.0)
+    for router in ("10.1.0.1", "10.2.0.1", "10.3.0.1"):  # the steer's trace: the prober knows 3 routers
+        assert tracer.on_icmp(sock.port, _icmp(router, dest), 100.0)
+    assert job.finished and job.fwd_done and job.fwd == ["10.1.0.1", "10.2.0.1", "10.3.0.1"]
+    assert [ttl for _, ttl in sock.sent] == [1, 2, 3]  # no silent TTLs waited for
+    # a silent router on the way: not done at TTL 3, the two silent TTLs still end it
+    assert tracer.on_icmp(short.sock.port, _icmp("10.1.0.1", dest), 100.0)
+    now = 100.0
+    while short.ttl < 3:
+        now += STEP_TIMEOUT + 0.01
+        tracer.tick(now)
+    assert tracer.on_icmp(short.sock.port, _icmp("10.3.0.1", dest), now)
+    assert not short.finished and short.fwd == ["10.1.0.1", None, "10.3.0.1"]

@@ -418,6 +418,9 @@ class ActionsConfig(Strict):
     approval_ttl: Seconds = 900.0  # a proposal nobody approved by then expires
     hold: Seconds = 300.0  # rolled back once its incident has stayed resolved this long
     worse_windows: int = Field(10, ge=1)  # correlator windows after applying in which "worse" rolls back
+    # the first windows after applying judge nothing: a fresh fault's loss still climbs over the
+    # correlator's loss window then, and the baseline follows it up
+    worse_grace: int = Field(3, ge=0)
     worse_factor: float = Field(1.5, gt=1)  # the incident's loss % or delay inflation rising this much is worse
     dport: int = Field(4791, ge=1, le=65535)  # the traffic host_reroute steers (RoCE v2)
 

@@ -109,8 +109,6 @@ class ActionManager:
         inc = event.incident
         if event.event == "opened":
             await self._check_moved_to(inc)
-        if event.event == "updated":
-            await self._check_evidence(inc)
         if inc.state != "open":
             await self._withdraw(inc.id, set(), f"incident {inc.id} is {inc.state}")
             return
@@ -311,6 +309,9 @@ class ActionManager:
             if action.incident_id is None:
                 continue
             incident = self.state.get_incident(action.incident_id)
+            if incident is not None and incident.state == "open" and self._within_worse_window(action):
+                await self._check_evidence(action, incident)  # every window: evidence changes emit no event
+                continue
             if incident is None or incident.state != "resolved" or incident.resolved_ns is None:
                 continue
             if now - incident.resolved_ns < hold_ns:
@@ -334,12 +335,20 @@ class ActionManager:
                                    f"worse: incident {incident.id} ({incident.kind}) opened on {incident.element}, "
                                    "where the action moved traffic")
 
-    async def _check_evidence(self, incident: Incident) -> None:
-        for action in self.state.list_actions(state="applied", incident_id=incident.id, limit=None):
-            why = planner.worse(action.params.get("baseline", {}), planner.evidence_level(incident),
-                                self.config.worse_factor)
-            if why and self._within_worse_window(action):
-                await self._revert(action, "rolled_back", CONTROLLER, f"worse since applied: {why}")
+    async def _check_evidence(self, action: Action, incident: Incident) -> None:
+        """Roll back when the incident's evidence rose by `worse_factor` over the baseline; in the
+        first `worse_grace` windows only raise the baseline (a fresh fault still climbs)."""
+        now = planner.evidence_level(incident)
+        baseline = action.params.get("baseline", {})
+        if self.clock() - (action.applied_ns or 0) <= self.config.worse_grace * self.window_ns:
+            raised = {k: max(v, now.get(k, v)) for k, v in baseline.items()} | \
+                {k: v for k, v in now.items() if k not in baseline}
+            if raised != baseline:
+                self._set(action, "applied", None, CONTROLLER, "", params=action.params | {"baseline": raised})
+            return
+        why = planner.worse(baseline, now, self.config.worse_factor)
+        if why:
+            await self._revert(action, "rolled_back", CONTROLLER, f"worse since applied: {why}")
 
     # --- operators (the API) ---------------------------------------------------------------------
 
