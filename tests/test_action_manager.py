@@ -221,6 +221,24 @@ def test_rollback_after_the_incident_stays_resolved_for_the_hold(tmp_path):
     assert last.event == "rolled_back" and "incident 1 resolved and stayed clean for 10 s" in last.note
 
 
+def test_the_hold_doubles_when_the_element_relapses_after_a_rollback(tmp_path):
+    # steering a slow link's traffic away resolves the incident while the link stays slow; the
+    # rollback brings the traffic back and the incident again: each round holds twice as long
+    rig = Rig(tmp_path, hold="2s", expiry="1h", **AUTO)
+    holds = []
+    for _ in range(3):
+        rig.window(finding())
+        action = max(rig.actions(), key=lambda a: a.id)
+        holds.append(action.params["hold_s"])
+        rig.window()
+        rig.window()  # resolved
+        for _ in range(int(action.params["hold_s"]) + 1):
+            rig.window()
+        assert rig.state.get_action(action.id).state == "rolled_back"
+    assert holds == [2.0, 4.0, 8.0]
+    assert "hold 8 s: rolled back on resolution 2 time(s)" in rig.state.action_events(action.id)[0].note
+
+
 def test_no_rollback_while_the_element_is_bad_again(tmp_path):
     rig = Rig(tmp_path, hold="2s", **AUTO)
     rig.window(finding())

@@ -43,6 +43,7 @@ CONTROLLER = "controller"
 PENDING: tuple[ActionState, ...] = ("proposed", "awaiting_approval", "approved")
 LIVE: tuple[ActionState, ...] = ("applying", "applied", "rolling_back")
 OPEN_STATES = PENDING + LIVE
+RESOLVED = "resolved and stayed clean"  # in the result of a rollback on resolution
 STEERING_KINDS = ("host_reroute", "drain_link", "isolate_port")  # all take traffic off an element
 MEASUREMENT = "action_event"
 TAGS = ("kind", "event", "state")
@@ -176,9 +177,22 @@ class ActionManager:
             return f"{live} actions applied at once (max {self.config.rate.max_concurrent})"
         return None
 
+    def _hold(self, kind: str, element: str, now: int) -> tuple[float, str]:
+        """The hold before a rollback on resolution, doubled for every action of this kind on this
+        element that such a rollback ended within the last `expiry`: steering a congested link's
+        traffic away resolves the incident while the link stays slow, and the rollback brings the
+        traffic back onto it; the doubling damps that cycle (capped at `expiry`)."""
+        since = now - int(self.config.expiry * 1e9)
+        relapses = [a for a in self.state.list_actions(kind=kind, element=element, state="rolled_back", limit=None)
+                    if (a.reverted_ns or 0) >= since and RESOLVED in (a.result or "")]
+        hold = min(self.config.hold * 2 ** len(relapses), self.config.expiry)
+        return hold, (f"; hold {hold:g} s: rolled back on resolution {len(relapses)} time(s) in the last "
+                      f"{self.config.expiry:g} s" if relapses else "")
+
     async def _propose(self, proposal: planner.Proposal, incident_id: int | None, by: str, dry_run: bool,
                        approved: bool = False) -> Action:
         now = self.clock()
+        hold, hold_note = self._hold(proposal.kind, proposal.element, now)
         policy = self.policy(proposal.kind, proposal.element)
         if policy == "off":
             self.m_refused.labels(proposal.kind, "policy_off").inc()
@@ -196,9 +210,11 @@ class ActionManager:
             else:
                 self.m_refused.labels(proposal.kind, "rate").inc()
                 note = f"policy auto, but {refusal}: waiting for approval"
+        note += hold_note
         ttl = self.config.expiry if state == "proposed" else self.config.approval_ttl
         action = Action(id=0, kind=proposal.kind, incident_id=incident_id, element=proposal.element,
-                        element_kind=proposal.element_kind, targets=list(proposal.targets), params=proposal.params,
+                        element_kind=proposal.element_kind, targets=list(proposal.targets),
+                        params=proposal.params | {"hold_s": hold},
                         state="proposed" if state != "awaiting_approval" else state, dry_run=dry_run,
                         reason=proposal.reason, requested_by=by, created_ns=now, updated_ns=now,
                         expires_ns=now + int(ttl * 1e9))
@@ -295,7 +311,6 @@ class ActionManager:
 
     async def _timers(self) -> None:
         now = self.clock()
-        hold_ns = int(self.config.hold * 1e9)
         for action in self.state.list_actions(states=("proposed", "awaiting_approval", "applied"), limit=None):
             if action.state in ("proposed", "awaiting_approval"):
                 if action.expires_ns is not None and now >= action.expires_ns:
@@ -314,14 +329,15 @@ class ActionManager:
                 continue
             if incident is None or incident.state != "resolved" or incident.resolved_ns is None:
                 continue
-            if now - incident.resolved_ns < hold_ns:
+            hold = float(action.params.get("hold_s", self.config.hold))
+            if now - incident.resolved_ns < int(hold * 1e9):
                 continue
             again = [i for i in self.state.list_incidents(state="open", element=action.element)
                      if i.element == action.element]
             if again:
                 continue  # the element is bad again: keep steering off it
             await self._revert(action, "rolled_back", CONTROLLER,
-                               f"incident {incident.id} resolved and stayed clean for {self.config.hold:g} s")
+                               f"incident {incident.id} {RESOLVED} for {hold:g} s")
 
     def _within_worse_window(self, action: Action) -> bool:
         return action.applied_ns is not None and \
