@@ -36,12 +36,11 @@ def allowed_avoid(bad: Mapping[str, float], groups: Mapping[str, Sequence[frozen
     if not bad:
         return accepted, refused
     touching: dict[str, dict[str, list[int]]] = {e: {} for e in bad}  # element -> group -> path indices
+    bad_set = frozenset(bad)
     for group, paths in groups.items():
         for i, path in enumerate(paths):
-            for element in path:
-                hit = touching.get(element)
-                if hit is not None:
-                    hit.setdefault(group, []).append(i)
+            for element in bad_set.intersection(path):
+                touching[element].setdefault(group, []).append(i)
     blocked: dict[str, set[int]] = {}  # group -> indices of its paths crossing an accepted element
     for element in sorted(bad, key=lambda e: (-bad[e], e)):
         reason = None
@@ -102,7 +101,7 @@ def rebalance(paths: Sequence[Collection[Hashable]], current: Sequence[int], loa
     moves per subflow guards it); `load` itself is not changed."""
     n = len(current)
     w = [float(weight)] * n if isinstance(weight, (int, float)) else [float(x) for x in weight]
-    avoid = set(avoid)
+    avoid = avoid if isinstance(avoid, (set, frozenset)) else set(avoid)
     cur = {e: float(load.get(e, 0.0)) for p in paths for e in p}  # the loads as moves change them
     allowed = [j for j, p in enumerate(paths) if not any(e in avoid for e in p)]
     assign = list(current)
