@@ -6,24 +6,27 @@ A round: rates are max-min fair over the current paths; the correlator's view fl
 `congestion_utilization` while more is offered than it carries: the "high utilization and discards"
 of correlator/evidence.py; badness = offered / capacity); `allowed_avoid` applies the blast-radius
 `Limits` to those plus the elements still avoided from earlier rounds; every subflow whose path
-crosses an accepted element is re-steered by `choose` among its host pair's candidate source
-ports (the paths a host agent's Paris traceroutes of those ports show), as the agent's `steer`
-does. A round that makes the job worse (lower minimum rate, then lower aggregate) is rolled back
-and the controller stops, as actions are rolled back when they make things worse.
+crosses an accepted element may be re-steered among its host pair's candidate source ports (the
+paths a host agent's Paris traceroutes of those ports show). A round that makes the job worse
+(lower minimum rate, then lower aggregate) is rolled back and the controller stops, as actions are
+rolled back when they make things worse; rounds go on while they gain (the minimum rate or the
+aggregate up by more than `min_gain`, relative), up to `max_rounds`.
 
-Modes: `load_aware` passes the links' offered load / capacity as `choose`'s load and counts each move at once
-(the next choice sees it); otherwise `choose` gets no load and a host pair's moved subflows are
-spread over the first paths that avoid (what an agent that only receives `avoid_hops` can do).
+Modes: `load_aware` (the default) re-steers each host pair's subflows with `rebalance` over the
+directed links' offered load / capacity: a subflow on a link over capacity moves to the candidate
+path whose busiest link after the move is least busy, only if that lowers its own, never onto an
+accepted element, each move counted at once (the next pair sees it); a hot link is relieved, not
+emptied. Otherwise `choose` gets no load and a host pair's moved subflows are spread over the first
+paths that avoid (what an agent that only receives `avoid_hops` can do).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from correlator.steering import Limits, allowed_avoid, choose
+from correlator.steering import Limits, allowed_avoid, choose, rebalance
 from flowsim_fabric import PAD, FatTree
 from flowsim_maxmin import maxmin_rates
 
@@ -84,30 +87,14 @@ def evaluate(ft: FatTree, job: Job, avail: np.ndarray) -> Outcome:
     return Outcome(maxmin_rates(paths, avail), paths)
 
 
-class _LinkLoad(Mapping):
-    """Undirected link name -> offered load / capacity (the busier direction), read live."""
-
-    def __init__(self, ft: FatTree, util: np.ndarray, ids: dict[str, int]):
-        self.ft, self.util, self.ids = ft, util, ids
-
-    def __getitem__(self, name: str) -> float:
-        up, down = self.ft.directions(self.ids[name])
-        return float(max(self.util[up], self.util[down]))
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.ids)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
 class Controller:
     def __init__(self, ft: FatTree, job: Job, avail: np.ndarray, background: np.ndarray | None = None,
                  limits: Limits = Limits(), candidates: int = 32, congestion_utilization: float = 0.9,
-                 load_aware: bool = True, max_rounds: int = 8):
+                 load_aware: bool = True, max_rounds: int = 16, min_gain: float = 1e-3):
         self.ft, self.avail, self.limits = ft, avail, limits
         self.background = background if background is not None else np.zeros(ft.n_links)
         self.congestion_utilization, self.load_aware, self.max_rounds = congestion_utilization, load_aware, max_rounds
+        self.min_gain = min_gain
         self.ids = {name: u for u, name in enumerate(ft.names)}
         # host pairs (groups) and each one's candidate source ports and their paths
         H = ft.hosts
@@ -120,19 +107,31 @@ class Controller:
         ca, cc = ft.route(cs, cd, self.cand_port.ravel())
         self.cand_links = ft.path_links(cs, cd, ca, cc).reshape(pairs.size, candidates, 6)
         self.fabric = ft.edge(g_src) != ft.edge(g_dst)
-        self.groups = {}
+        self.groups = {}  # name -> candidate paths (link names), host pairs across the fabric
+        self.group_name: list[str | None] = []
         self.cand_sets = []
         for g in range(pairs.size):
             sets = [ft.path_set(g_src[g], g_dst[g], ca[g * candidates + i], cc[g * candidates + i])
                     for i in range(candidates)]
             self.cand_sets.append(sets)
+            self.group_name.append(f"h{g_src[g]}->h{g_dst[g]}" if self.fabric[g] else None)
             if self.fabric[g]:
-                self.groups[f"h{g_src[g]}->h{g_dst[g]}"] = sets
+                self.groups[self.group_name[g]] = sets
+        self._cand_paths: dict[int, list[tuple[int, ...]]] = {}
         # what each subflow could send if the fabric were no limit: its NICs' fair share
         n_out = np.bincount(job.src, minlength=H)
         n_in = np.bincount(job.dst, minlength=H)
         self.potential = np.minimum(avail[ft.link(0, 0, job.src)] / n_out[job.src],
                                     avail[ft.link(0, 1, job.dst)] / n_in[job.dst])
+
+    def _groups_touching(self, bad: dict[str, float]) -> dict[str, list[frozenset[str]]]:
+        """The groups some candidate path of which crosses a bad element: all that `allowed_avoid`
+        checks (the others cannot refuse anything), picked with numpy."""
+        mask = np.zeros(3 * self.ft.hosts, bool)
+        mask[[self.ids[e] for e in bad]] = True
+        hops = self.cand_links[:, :, 2:]
+        hit = np.where(hops == PAD, False, mask[self.ft.undirected(np.maximum(hops, 0))]).any(axis=(1, 2))
+        return {self.group_name[g]: self.groups[self.group_name[g]] for g in np.flatnonzero(hit & self.fabric)}
 
     def detect(self, out: Outcome) -> dict[str, float]:
         """Bad fabric links as the correlator would flag them: hot and overloaded, by badness."""
@@ -166,7 +165,7 @@ class Controller:
             bad = self.detect(out)
             if not bad:
                 break
-            accepted, refused = allowed_avoid(bad, self.groups, self.limits)
+            accepted, refused = allowed_avoid(bad, self._groups_touching(bad), self.limits)
             result.refusals.update(refused)
             ports, moved = self._steer(job, out, set(accepted))
             step = Round(len(bad), len(accepted), len(refused), moved, out.min_rate, out.aggregate)
@@ -181,50 +180,69 @@ class Controller:
                 result.rounds.append(step)
                 break
             result.rounds.append(step)
+            gained = (new_out.min_rate > out.min_rate * (1 + self.min_gain)
+                      or new_out.aggregate > out.aggregate * (1 + self.min_gain))
             job, out = new_job, new_out
             result.job, result.outcome = job, out
+            if not gained:
+                break  # kept (not worse), but another round would churn for next to nothing
         return result
 
     def _steer(self, job: Job, out: Outcome, avoid: set[str]) -> tuple[np.ndarray, int]:
-        """New ports: every subflow whose path crosses an avoided link moves (if it can)."""
+        """New ports for the subflows whose path crosses an avoided link; returns (ports, moved)."""
         ft = self.ft
         ports = job.port.copy()
         if not avoid:
             return ports, 0
         mask = np.zeros(3 * ft.hosts, bool)
         mask[[self.ids[e] for e in avoid]] = True
-        fabric_hops = out.paths[:, 2:]
-        crossing = np.where(fabric_hops == PAD, False, mask[ft.undirected(np.maximum(fabric_hops, 0))]).any(axis=1)
-        movers = np.flatnonzero(crossing)
-        util = None
-        if self.load_aware:
-            util = self._pressure(out)
-        load = _LinkLoad(ft, util, self.ids) if util is not None else None
-        moved = 0
+        hops = out.paths[:, 2:]
+        crossing = np.where(hops == PAD, False, mask[ft.undirected(np.maximum(hops, 0))]).any(axis=1)
+        util = self._pressure(out)
+        if self.load_aware:  # only a subflow on a link over capacity may move
+            crossing &= np.where(hops == PAD, 0.0, util[np.maximum(hops, 0)]).max(axis=1) > 1.0 + 1e-9
         by_group: dict[int, list[int]] = {}
-        for f in movers:
-            by_group.setdefault(int(self.group_of[f]), []).append(int(f))
-        for g, subflows in by_group.items():
-            sets = self.cand_sets[g]
-            if load is None:
-                picks = choose(sets, avoid, None, n=len(subflows))
+        for f in np.flatnonzero(crossing).tolist():
+            by_group.setdefault(int(self.group_of[f]), []).append(f)
+        if not self.load_aware:
+            moved = 0
+            for g, subflows in by_group.items():
+                picks = choose(self.cand_sets[g], avoid, None, n=len(subflows))
                 for i, f in enumerate(subflows):
                     if picks:
                         ports[f] = self.cand_port[g, picks[i % len(picks)]]
                         moved += 1
-                continue
-            for f in subflows:
-                here = out.paths[f][2:]
-                here = here[here != PAD]
-                if util[here].max() <= 1.0 + 1e-9:
-                    continue  # enough others left the hot link: this one may stay
-                picks = choose(sets, avoid, load, n=1)
-                if not picks:
+            return ports, moved
+        return self._rebalance(job, out, util, by_group, np.flatnonzero(mask), ports)
+
+    def _rebalance(self, job: Job, out: Outcome, util: np.ndarray, by_group: dict[int, list[int]],
+                   avoided: np.ndarray, ports: np.ndarray) -> tuple[np.ndarray, int]:
+        """`rebalance` per host pair, over directed link ids: its candidate paths plus its subflows'
+        current ones (a subflow may keep its port, or take another subflow's); `util` (offered load
+        / capacity per directed link) is updated as each pair's moves are made."""
+        ft = self.ft
+        weight = self.potential / ft.capacity[2 * ft.hosts]  # fabric links all one speed
+        up, down = ft.directions(avoided)
+        avoid = frozenset(up.tolist()) | frozenset(down.tolist())
+        moved = 0
+        for g, subflows in by_group.items():
+            ours = out.paths[subflows, 2:]
+            cand = self._cand_paths.get(g)
+            if cand is None:
+                cand = self._cand_paths[g] = [tuple(x for x in row if x != PAD)
+                                              for row in self.cand_links[g, :, 2:].tolist()]
+            paths = cand + [tuple(x for x in row if x != PAD) for row in ours.tolist()]
+            elements = np.unique(np.concatenate([self.cand_links[g, :, 2:].ravel(), ours.ravel()]))
+            elements = elements[elements != PAD]
+            load = dict(zip(elements.tolist(), util[elements].tolist()))
+            first = len(cand)
+            new = rebalance(paths, range(first, first + len(subflows)), load, weight[subflows], avoid)
+            for i, f in enumerate(subflows):
+                j = new[i]
+                if j == first + i:
                     continue
-                new, old = self.cand_links[g, picks[0]], out.paths[f]
-                new, old = new[new != PAD], old[old != PAD]
-                util[old] -= self.potential[f] / ft.capacity[old]
-                util[new] += self.potential[f] / ft.capacity[new]
-                ports[f] = self.cand_port[g, picks[0]]
+                util[np.array(paths[first + i], np.int64)] -= weight[f]
+                util[np.array(paths[j], np.int64)] += weight[f]
+                ports[f] = self.cand_port[g, j] if j < first else job.port[subflows[j - first]]
                 moved += 1
         return ports, moved

@@ -9,7 +9,7 @@ is the set of element names it crosses (links as `dev:port--dev:port`, NICs, dev
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -36,12 +36,11 @@ def allowed_avoid(bad: Mapping[str, float], groups: Mapping[str, Sequence[frozen
     if not bad:
         return accepted, refused
     touching: dict[str, dict[str, list[int]]] = {e: {} for e in bad}  # element -> group -> path indices
+    bad_set = frozenset(bad)
     for group, paths in groups.items():
         for i, path in enumerate(paths):
-            for element in path:
-                hit = touching.get(element)
-                if hit is not None:
-                    hit.setdefault(group, []).append(i)
+            for element in bad_set.intersection(path):
+                touching[element].setdefault(group, []).append(i)
     blocked: dict[str, set[int]] = {}  # group -> indices of its paths crossing an accepted element
     for element in sorted(bad, key=lambda e: (-bad[e], e)):
         reason = None
@@ -78,3 +77,63 @@ def choose(paths: Sequence[frozenset[str]], avoid: set[str], load: Mapping[str, 
             return (max(loads, default=0.0), sum(loads))
         ok.sort(key=key)
     return ok[:n]
+
+
+def rebalance(paths: Sequence[Collection[Hashable]], current: Sequence[int], load: Mapping[Hashable, float],
+              weight: float | Sequence[float] = 1.0, avoid: Collection[Hashable] = frozenset(),
+              limit: float = 1.0) -> list[int]:
+    """New path index for each of one flow group's subflows (`current[i]`: the index in `paths` of
+    subflow i's path now): the ones on an element loaded over `limit` move where that lowers it.
+
+    `load`: element -> load now, the group's own subflows included (a host agent: per-port
+    utilization from its counters or from the planner; the simulator: offered load / capacity per
+    directed link); elements missing count 0. `weight`: what one subflow adds to each element of
+    its path, in the load's units (its rate / the link speed), one number or one per subflow.
+
+    The subflow on the highest load moves first, to the path whose highest load after the move is
+    lowest (then the lowest sum after it; ties keep the given order), and only if that is strictly
+    below the highest load it leaves; each move is counted at once (its old path's elements lose
+    its weight, the new one's gain it), so the next decision sees it; it stops when no subflow over
+    `limit` can lower its load. Only as many subflows move as it takes: a link over the limit is
+    relieved, not emptied. No move goes onto an element of `avoid` (the bad elements being
+    drained: their subflows move by load like the others; to empty them, `choose`).
+    Every move lowers the sorted vector of loads lexicographically, so this ends (a cap of 8
+    moves per subflow guards it); `load` itself is not changed."""
+    n = len(current)
+    w = [float(weight)] * n if isinstance(weight, (int, float)) else [float(x) for x in weight]
+    avoid = avoid if isinstance(avoid, (set, frozenset)) else set(avoid)
+    cur = {e: float(load.get(e, 0.0)) for p in paths for e in p}  # the loads as moves change them
+    allowed = [j for j, p in enumerate(paths) if not any(e in avoid for e in p)]
+    assign = list(current)
+    peak = [max((cur[e] for e in paths[j]), default=0.0) for j in assign]
+    eps = 1e-9
+    for _ in range(8 * n + 8):
+        moved = False
+        for i in sorted(range(n), key=lambda i: (-peak[i], i)):
+            here, top = assign[i], peak[i]
+            if top <= limit + eps:
+                break  # sorted: nobody after this one is over the limit
+            old = paths[here]
+            best, best_key = None, (top - eps, float("inf"))
+            for j in allowed:
+                if j == here:
+                    continue
+                after = [cur[e] if e in old else cur[e] + w[i] for e in paths[j]]
+                key = (max(after, default=0.0), sum(after))
+                if key < best_key:
+                    best, best_key = j, key
+            if best is None:
+                continue
+            new = paths[best]
+            for e in old:
+                if e not in new:
+                    cur[e] -= w[i]
+            for e in new:
+                if e not in old:
+                    cur[e] += w[i]
+            assign[i], moved = best, True
+            peak = [max((cur[e] for e in paths[j]), default=0.0) for j in assign]
+            break
+        if not moved:
+            break
+    return assign

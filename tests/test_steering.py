@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from correlator.steering import Limits, allowed_avoid, choose
+from correlator.steering import Limits, allowed_avoid, choose, rebalance
 
 
 def P(*elements: str) -> frozenset[str]:
@@ -85,3 +85,78 @@ def test_choose_breaks_max_ties_by_the_other_links():
     paths = [P("up", "busy"), P("up", "idle")]
     assert choose(paths, set(), {"up": 0.8, "busy": 0.7, "idle": 0.0}, n=2) == [1, 0]
     assert choose(paths, set(), None, n=2) == [0, 1]  # no load: the given order
+
+
+def loads_after(paths, assign, load, weight, current):
+    """The loads once the subflows moved from `current` to `assign` (weight per subflow)."""
+    out = dict(load)
+    for i, (a, b) in enumerate(zip(current, assign)):
+        for e in paths[a]:
+            out[e] = out.get(e, 0.0) - weight
+        for e in paths[b]:
+            out[e] = out.get(e, 0.0) + weight
+    return out
+
+
+def test_rebalance_relieves_an_overloaded_link_with_as_few_moves_as_it_takes():
+    # five subflows of weight 0.25 on "hot" (load 1.25); the others: "a" (0.5) and "b" (0.75)
+    paths = [P("hot", "x"), P("a", "x"), P("b", "x")]
+    load = {"hot": 1.25, "a": 0.5, "b": 0.75, "x": 0.5}
+    assign = rebalance(paths, [0] * 5, load, 0.25)
+    assert sorted(assign) == [0, 0, 0, 0, 1]  # one moves, to the least loaded; "hot" is at 1.0
+    assert load["hot"] == 1.25  # the caller's map is not changed
+
+
+def test_rebalance_counts_each_move_at_once():
+    # eight subflows on "hot" (2.0): four must leave; "a" and "b" take two each, not four on one
+    paths = [P("hot"), P("a"), P("b")]
+    assign = rebalance(paths, [0] * 8, {"hot": 2.0, "a": 0.5, "b": 0.5}, 0.25)
+    assert assign.count(0) == 4 and assign.count(1) == 2 and assign.count(2) == 2
+
+
+def test_rebalance_never_moves_onto_avoid_and_leaves_subflows_under_the_limit():
+    paths = [P("hot"), P("idle", "bad"), P("busy")]
+    assert rebalance(paths, [0, 0], {"hot": 1.5, "busy": 0.5}, 0.5, avoid={"bad"}) == [2, 0]  # the first moves
+    assert rebalance(paths, [0, 0], {"hot": 1.0}, 0.5) == [0, 0]  # at the limit: nobody moves
+    assert rebalance(paths, [0, 0], {"hot": 1.5, "busy": 1.5}, 0.5, avoid={"bad"}) == [0, 0]  # no better path
+
+
+def test_rebalance_with_shared_elements_counts_them_once():
+    # both paths share "x" (over the limit): moving does not lower it, so nobody moves
+    paths = [P("hot", "x"), P("a", "x")]
+    assert rebalance(paths, [0, 0], {"hot": 1.5, "x": 2.0, "a": 0.0}, 0.5) == [0, 0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_rebalance_only_lowers_the_bottleneck_and_ends_where_no_single_move_helps(data):
+    elements = [f"e{i}" for i in range(6)]
+    paths = data.draw(st.lists(st.frozensets(st.sampled_from(elements), min_size=1, max_size=3),
+                               min_size=1, max_size=6))
+    current = data.draw(st.lists(st.integers(0, len(paths) - 1), max_size=6))
+    weight = data.draw(st.sampled_from([0.25, 0.5]))
+    base = {e: data.draw(st.sampled_from([0.0, 0.25, 0.5, 0.75])) for e in elements}
+    load = dict(base)
+    for a in current:  # the group's own subflows are part of the load
+        for e in paths[a]:
+            load[e] += weight
+    avoid = data.draw(st.frozensets(st.sampled_from(elements), max_size=2))
+    assign = rebalance(paths, current, load, weight, avoid)
+    assert len(assign) == len(current) and all(0 <= j < len(paths) for j in assign)
+    after = loads_after(paths, assign, load, weight, current)
+    used = {e for p in paths for e in p}
+    limit = 1.0
+    for i, (a, b) in enumerate(zip(current, assign)):
+        if a != b:
+            assert not (paths[b] & avoid)  # never onto avoid
+            assert max(load[e] for e in paths[a]) > limit  # only subflows over the limit move
+    top = max((load[e] for e in used), default=0.0)
+    assert max((after[e] for e in used), default=0.0) <= top + 1e-9  # the bottleneck never rises
+    # no subflow still over the limit has a single move that strictly lowers its highest load
+    for i, a in enumerate(assign):
+        peak = max(after[e] for e in paths[a])
+        if peak <= limit + 1e-9:
+            continue
+        for j, p in enumerate(paths):
+            if j != a and not (p & avoid):
+                assert max(after[e] + (0 if e in paths[a] else weight) for e in p) >= peak - 1e-9
