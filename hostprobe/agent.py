@@ -38,7 +38,7 @@ from hostprobe.netlink import LinkMonitor
 from hostprobe.prober import LocalNic, Prober
 from hostprobe.report import Reporter
 from hostprobe.responder import Responder, make_responders
-from hostprobe.steer import SteerError, Steering
+from hostprobe.steer import Peer, SteerError, Steering
 from hostprobe.tstamp import StampedSocket
 from hostprobe.verify import CommandVerifier
 from nms import __version__
@@ -231,6 +231,8 @@ class Agent:
                         due = self.prober.retrace_due(now, self.cfg.probe.trace_interval)
                         if due:
                             self.prober.trace(due)
+                        else:  # the prober's paths are known: map the steering candidates' paths
+                            self.steering.warm(self._steer_peers())
                 if now >= next_counters:
                     next_counters = now + self.cfg.counters.interval
                     for sample in self.counters.sample_all(self.clock.now()):
@@ -305,12 +307,16 @@ class Agent:
         self.stats["commands_failed"] += 1
         return "failed", reason
 
+    def _steer_peers(self) -> dict[str, list[Peer]]:
+        peers: dict[str, list[Peer]] = {}
+        for t in self.prober.targets.values():
+            peers.setdefault(t.host, []).append(Peer(t.nic.address, t.addr, t.routers(), frozenset(t.announced)))
+        return peers
+
     def _steer(self, kind: str, args: dict, cid) -> tuple[str, str] | None:
         if kind == "unsteer":
             return self.steering.unsteer(args)
-        peers: dict[str, list[tuple[str, str, int | None]]] = {}
-        for t in self.prober.targets.values():
-            peers.setdefault(t.host, []).append((t.nic.address, t.addr, t.routers()))
+        peers = self._steer_peers()
 
         def done(status: str, message: str, details: dict | None) -> None:
             log.info("command %s: %s", cid, message)
@@ -338,7 +344,8 @@ class Agent:
                   **(self.clock_sync.stats if self.clock_sync is not None else {}),
                   "cpu_user_s": usage.ru_utime, "cpu_system_s": usage.ru_stime, "max_rss_kib": usage.ru_maxrss,
                   "buffered_bytes": self.reporter.buffered_bytes, "uptime_s": time.monotonic() - self.started,
-                  "clock_offset_ns": self.clock.offset_ns}
+                  "clock_offset_ns": self.clock.offset_ns,
+                  "steer_map": self.steering.map_size(self._steer_peers())}
         fields = {k: v for k, v in fields.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         self.reporter.put("points", GenericPoint(measurement="agent_stats", tags={"host": self.cfg.host},
                                                  fields=fields, ts=self.clock.now()))

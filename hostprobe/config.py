@@ -104,6 +104,10 @@ class SteeringSettings(Strict):
     port_base: int = Field(49152, ge=1024, le=65535)  # candidate source ports start here
     candidates: int = Field(16, ge=1, le=1024)  # source ports traced per destination
     ports_per_dst: int = Field(4, ge=1, le=1024)  # how many of those avoiding the element are kept
+    # the port map: the candidates' paths to every peer traced ahead, in the background, so a steer
+    # answers without tracing; re-traced after this long or when the prober's paths change; 0: off
+    warm_every: float = Field(300.0, ge=0)
+    warm_dport: int = Field(4791, ge=1, le=65535)  # the traffic the map is for (RoCE v2)
 
     @model_validator(mode="after")
     def _fits(self) -> SteeringSettings:

@@ -58,6 +58,17 @@ class _Dest:
     known_hops: int | None = None  # routers on every path to the peer, when the prober's traces tell
 
 
+@dataclass(frozen=True)
+class Peer:
+    """One (our address, its address) pair of a peer host, as the prober knows it: `routers` on
+    every path to it (None when unknown) and `paths`, the prober's path ids to it (they change when
+    routing does, which makes the port map's entry for the pair stale)."""
+    local: str
+    addr: str
+    routers: int | None = None
+    paths: frozenset[str] = frozenset()
+
+
 def read_table(path: Path) -> dict:
     try:
         table = json.loads(Path(path).read_text())
@@ -139,7 +150,11 @@ class Steering:
         self.key, self.session, self.max_hops, self.trace_rate = key, session, max_hops, trace_rate
         self.next_seq = next_seq
         self.lock = threading.Lock()  # table writes
-        self.busy = threading.Lock()  # one steer at a time
+        self.busy = threading.Lock()  # one trace round at a time (a steer, or one pair of the warm-up)
+        # the port map: (local, addr, dport) -> (monotonic time traced, the peer's path ids then,
+        # [(port, hops or None)]): a steer answers from it without tracing (docs/steering.md)
+        self.known: dict[tuple[str, str, int], tuple[float, frozenset[str], list]] = {}
+        self._warming = False
 
     # -- the table ---------------------------------------------------------------------------------
     def _update(self, change: Callable[[dict], None]) -> dict:
@@ -169,19 +184,58 @@ class Steering:
         return "done", f"action {action_id}: steering removed for {len(removed)} destination(s)"
 
     # -- steer -------------------------------------------------------------------------------------
-    def start_steer(self, args: dict, peers: dict[str, list[tuple[str, str, int | None]]],
+    # -- the port map ------------------------------------------------------------------------------
+    def fresh(self, peer: Peer, dport: int) -> list | None:
+        """The mapped (port, hops) of a pair, if traced within `warm_every` and routing has not
+        changed since (the prober's paths to the peer are the same)."""
+        entry = self.known.get((peer.local, peer.addr, dport))
+        if entry is None or time.monotonic() - entry[0] > self.settings.warm_every or entry[1] != peer.paths:
+            return None
+        return entry[2]
+
+    def map_size(self, peers: dict[str, list[Peer]]) -> int:
+        """How many of `peers`' pairs the map answers for (the agent's `steer_map` stat)."""
+        return sum(1 for ps in peers.values() for p in ps if self.fresh(p, self.settings.warm_dport) is not None)
+
+    def warm(self, peers: dict[str, list[Peer]]) -> int:
+        """Trace, in a background thread, the candidate ports of every pair the map has no fresh
+        entry for, one pair at a time (a steer waits for one pair at most). Pairs whose paths the
+        prober has not traced whole yet wait. Returns how many pairs are due."""
+        if self.settings.warm_every <= 0 or self._warming:
+            return 0
+        dport = self.settings.warm_dport
+        due = [(host, p) for host, ps in sorted(peers.items()) for p in ps
+               if p.routers is not None and self.fresh(p, dport) is None]
+        if not due:
+            return 0
+        self._warming = True
+
+        def work() -> None:
+            try:
+                for host, peer in due:
+                    with self.busy:
+                        self.trace([(host, peer)], dport)
+            except Exception:
+                log.exception("warming the port map failed")
+            finally:
+                self._warming = False
+        threading.Thread(target=work, name="steer-warm", daemon=True).start()
+        return len(due)
+
+    # -- steer -------------------------------------------------------------------------------------
+    def start_steer(self, args: dict, peers: dict[str, list[Peer]],
                     done: Callable[[str, str, dict | None], None]) -> str:
-        """Check the arguments now (SteerError), trace in a thread, call done(status, message,
-        details) at the end. `peers`: host -> [(our address, its address, routers on its paths or None)]
-        from the probe targets."""
+        """Check the arguments now (SteerError), answer from the port map or trace in a thread, call
+        done(status, message, details) at the end. `peers`: host -> its Peers (the probe targets)."""
         parsed = parse_steer(args)
         unknown = [d for d in parsed["dsts"] if d not in peers]
         if unknown:
             raise SteerError(f"not peers of this agent: {', '.join(unknown)}")
-        if not self.busy.acquire(blocking=False):
-            raise SteerError("another steer is still tracing")
 
         def work() -> None:
+            if not self.busy.acquire(timeout=TRACE_DEADLINE):
+                done("failed", "another steer is still tracing", None)
+                return
             try:
                 details = self.steer(parsed, peers)
                 kept = sum(1 for d in details["dsts"].values() if d["ports"])
@@ -193,15 +247,21 @@ class Steering:
             finally:
                 self.busy.release()
         threading.Thread(target=work, name="steer", daemon=True).start()
-        return f"tracing {self.settings.candidates} source ports to {len(parsed['dsts'])} destination(s)"
+        pairs = [p for d in parsed["dsts"] for p in peers[d]]
+        mapped = sum(1 for p in pairs if self.fresh(p, parsed["dport"]) is not None)
+        return (f"{mapped} of {len(pairs)} pair(s) from the port map; tracing {self.settings.candidates} "
+                f"source ports to the rest")
 
-    def steer(self, parsed: dict, peers: dict[str, list[tuple[str, str, int | None]]]) -> dict:
-        pairs = [(host, local, addr, hops) for host in parsed["dsts"] for local, addr, hops in peers[host]]
-        traced = self.trace(pairs, parsed["dport"])  # (local, addr) -> [(port, hops or None)]
+    def steer(self, parsed: dict, peers: dict[str, list[Peer]]) -> dict:
+        pairs = [(host, p) for host in parsed["dsts"] for p in peers[host]]
+        dport = parsed["dport"]
+        traced = {(p.local, p.addr): found for _, p in pairs if (found := self.fresh(p, dport)) is not None}
+        traced |= self.trace([(h, p) for h, p in pairs if (p.local, p.addr) not in traced], dport)
         result: dict[str, dict] = {}
         routes: dict[str, list[int]] = {}
-        for host, local, addr, _ in pairs:
-            found = traced.get((local, addr), [])
+        for host, peer in pairs:
+            addr = peer.addr
+            found = traced.get((peer.local, addr), [])
             # ECMP paths are equal-cost, so a full trace has as many hops as the longest one; a
             # shorter one lost a hop (it may be the avoided one): as unknown as a silent router
             full = max((len(h) for _, h in found if h is not None), default=0)
@@ -227,17 +287,30 @@ class Steering:
                  {h: r["ports"] for h, r in result.items()}, table["version"])
         return {"dsts": result}
 
-    def trace(self, pairs: list[tuple[str, str, str, int | None]], dport: int) -> dict[tuple[str, str], list]:
-        """Forward hops of every candidate source port to every (local, peer) address pair."""
+    def trace(self, pairs: list[tuple[str, Peer]], dport: int) -> dict[tuple[str, str], list]:
+        """Forward hops of every candidate source port to every (local, peer) address pair; the
+        port map remembers them."""
+        if not pairs:
+            return {}
+        started = time.monotonic()
+        out = self._trace(pairs, dport)
+        for _host, peer in pairs:
+            found = out[(peer.local, peer.addr)]
+            if all(hops is not None for _, hops in found):  # a silent hop (a fault on the way) maps nothing
+                self.known[(peer.local, peer.addr, dport)] = (started, peer.paths, found)
+        return out
+
+    def _trace(self, pairs: list[tuple[str, Peer]], dport: int) -> dict[tuple[str, str], list]:
         s = self.settings
         tracer = Tracer(self.key, self.session, self.max_hops, self.trace_rate, self.next_seq)
         sockets: dict[str, list[StampedSocket]] = {}
         jobs: dict[tuple[str, str], list[TraceJob]] = {}
         try:
-            for _host, local, addr, hops in pairs:
+            for _host, peer in pairs:
+                local, addr = peer.local, peer.addr
                 if local not in sockets:
                     sockets[local] = _open(local, s.port_base, s.candidates)
-                dest = _Dest(addr, dport, known_hops=hops)
+                dest = _Dest(addr, dport, known_hops=peer.routers)
                 for sock in sockets[local]:
                     job = TraceJob(sock, dest)
                     jobs.setdefault((local, addr), []).append(job)

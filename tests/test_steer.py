@@ -67,3 +67,67 @@ def test_steering_settings_are_checked():
     with pytest.raises(ValueError, match="65535"):
         SteeringSettings(port_base=65530, candidates=16)
     assert SimpleNamespace(**SteeringSettings().model_dump()).candidates == 16
+
+
+class MappedSteering(Steering):
+    """Real Steering with canned traces: port p crosses spine1's address when p is odd."""
+
+    def __init__(self, tmp_path, **settings):
+        super().__init__(SteeringSettings(candidates=8, ports_per_dst=2, **settings), tmp_path / "steering.json",
+                         b"k" * 16, 1, 8, 100.0, lambda: 1)
+        self.traced: list[tuple[str, int]] = []
+        self.silent: set[int] = set()
+
+    def _trace(self, pairs, dport):
+        self.traced += [(p.addr, dport) for _, p in pairs]
+        return {(p.local, p.addr): [(port, None if port in self.silent else
+                                     ["10.0.0.1", "10.1.0.1" if port % 2 else "10.2.0.1", "10.3.0.1"])
+                                    for port in range(49152, 49160)] for _, p in pairs}
+
+
+def _steer_now(s: Steering, peers: dict) -> dict:
+    done = []
+    s.start_steer({**GOOD, "avoid_hops": ["10.1.0.1"], "expires_ns": time.time_ns() + 10**10}, peers,
+                  lambda *a: done.append(a))
+    deadline = time.monotonic() + 5
+    while not done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert done and done[0][0] == "done", done
+    return done[0][2]
+
+
+def test_the_port_map_answers_a_steer_without_tracing_until_routing_changes(tmp_path):
+    from hostprobe.steer import Peer
+    s = MappedSteering(tmp_path)
+    peer = Peer("198.19.1.1", "198.19.2.1", routers=3, paths=frozenset({"p1", "p2"}))
+    peers = {"host3": [peer], "host4": [Peer("198.19.1.1", "198.19.2.2")]}  # host4: routers unknown yet
+    assert s.warm(peers) == 1  # host4 waits until the prober knows its paths
+    deadline = time.monotonic() + 5
+    while s._warming and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert s.traced == [("198.19.2.1", 4791)] and s.map_size(peers) == 1
+    assert s.warm(peers) == 0  # fresh: nothing due
+    details = _steer_now(s, {"host3": [peer]})
+    assert s.traced == [("198.19.2.1", 4791)]  # answered from the map
+    assert details["dsts"]["host3"] == {"ports": [49152, 49154], "candidates": 8, "kept": 4}
+    assert live_routes(read_table(s.path)) == {"198.19.2.1": [49152, 49154]}
+    moved = Peer(peer.local, peer.addr, 3, frozenset({"p1", "p3"}))  # the prober saw the paths change
+    assert s.fresh(moved, 4791) is None and s.map_size({"host3": [moved]}) == 0
+    _steer_now(s, {"host3": [moved]})
+    assert s.traced[-1] == ("198.19.2.1", 4791)  # traced live
+    s.silent = {49153}  # a trace through a fault: used for this steer, never mapped
+    stale = Peer(peer.local, peer.addr, 3, frozenset({"p9"}))
+    _steer_now(s, {"host3": [stale]})
+    assert s.fresh(stale, 4791) is None
+
+
+def test_the_port_map_goes_stale_after_warm_every(tmp_path):
+    from hostprobe.steer import Peer
+    s = MappedSteering(tmp_path, warm_every=0.2)
+    peer = Peer("198.19.1.1", "198.19.2.1", routers=3)
+    s.trace([("host3", peer)], 4791)
+    assert s.fresh(peer, 4791) is not None and s.fresh(peer, 4792) is None  # per dport
+    time.sleep(0.25)
+    assert s.fresh(peer, 4791) is None
+    off = MappedSteering(tmp_path, warm_every=0)
+    assert off.warm({"host3": [peer]}) == 0 and off.traced == []

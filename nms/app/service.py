@@ -42,6 +42,7 @@ class Service:
         self.metrics.watch_store(self.store.stats, self.store.name)
         self.scheduler: AsyncIOScheduler | None = None
         self._correlating: asyncio.Task | None = None
+        self._acting: set[asyncio.Task] = set()  # action ticks started by a correlator window
         self.started_at = time.time()
         self.poller = Poller(config, self.store, self.metrics.registry)  # switch collectors, by entry point
         self.clock = ClockService(config.clock, self.store, self.metrics)  # network-effect clock sync
@@ -193,6 +194,16 @@ class Service:
         except Exception:
             log.exception("topology for the correlator failed; stepping on the previous one")
         await self._threaded("correlate", self.correlation.step)
+        if self.config.actions.enabled and self.actions.pending:  # act on this window's incidents now
+            task = asyncio.create_task(self._act(), name="actions")
+            self._acting.add(task)
+            task.add_done_callback(self._acting.discard)
+
+    async def _act(self) -> None:
+        try:
+            await self.actions.tick()
+        except Exception:
+            log.exception("actions tick failed")
 
     async def stop(self) -> None:
         """Clean shutdown: stop scheduling, flush the store (or spool it), close state."""

@@ -74,6 +74,7 @@ class ActionManager:
         self.limits = Limits(config.limits.max_drain_fraction, config.limits.min_paths)
         self._queue: queue.SimpleQueue[IncidentEvent] = queue.SimpleQueue()
         self._lock = asyncio.Lock()
+        self._ticking = asyncio.Lock()
         r = registry if registry is not None else CollectorRegistry()
         self.m_events = Counter("nms_action_events", "action events (audit log entries)", ["kind", "event"],
                                 registry=r)
@@ -93,8 +94,18 @@ class ActionManager:
         if self.config.enabled:
             self._queue.put(event)
 
+    @property
+    def pending(self) -> bool:
+        """Incident events wait to be planned for (the service then ticks at once, not on its interval)."""
+        return not self._queue.empty()
+
     async def tick(self) -> None:
-        """Plan for the queued incident events, then run the timers (expiry, hold, worse)."""
+        """Plan for the queued incident events, then run the timers (expiry, hold, worse). Ticks never
+        overlap: one asked for while another runs waits for it."""
+        async with self._ticking:
+            await self._tick()
+
+    async def _tick(self) -> None:
         while True:
             try:
                 event = self._queue.get_nowait()
@@ -136,8 +147,9 @@ class ActionManager:
         a first window's corrupting_link that is congestion one window later must not leave a drain
         waiting for an operator's click) are rejected by the controller, the reason logged."""
         async with self._lock:
-            for action in self.state.list_actions(incident_id=incident_id, state="awaiting_approval", limit=None):
-                if action.kind not in still_proposed:
+            for action in self.state.list_actions(incident_id=incident_id, states=("awaiting_approval", "proposed"),
+                                                  limit=None):
+                if action.kind not in still_proposed and (action.state == "awaiting_approval" or action.dry_run):
                     self._set(action, "rejected", "rejected", CONTROLLER, f"withdrawn: {why}",
                               result=f"withdrawn: {why}")
 
