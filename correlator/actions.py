@@ -119,6 +119,34 @@ def worse(baseline: Mapping[str, float], now: Mapping[str, float], factor: float
     return None
 
 
+def drain_ends(element: str, topology: FabricTopology) -> dict[str, str]:
+    """{device: port} of the link's switch ends nearest the hosts: a link is drained where it is an
+    uplink (a leaf's port to a spine, an aggregation switch's to a core), whose ECMP groups can drop
+    it; the spine end has one route down and nothing to choose. Both ends when they are as near."""
+    switches = {n.name for n in topology.nodes if n.kind == "switch"}
+    ends = [parse_end(e) for e in element.split("--")]
+    ends = [(d, p) for d, p in ends if d in switches]
+    if not ends:
+        return {}
+    depth = {n.name: 0 for n in topology.nodes if n.kind == "host"}  # hops from the nearest host
+    frontier = list(depth)
+    neighbours: dict[str, set[str]] = {}
+    for link in topology.links:
+        a, b = parse_end(link.a)[0], parse_end(link.b)[0]
+        neighbours.setdefault(a, set()).add(b)
+        neighbours.setdefault(b, set()).add(a)
+    while frontier:
+        nxt = []
+        for node in frontier:
+            for other in neighbours.get(node, ()):
+                if other not in depth:
+                    depth[other] = depth[node] + 1
+                    nxt.append(other)
+        frontier = nxt
+    nearest = min(depth.get(d, 1 << 30) for d, _ in ends)
+    return {d: p for d, p in ends if depth.get(d, 1 << 30) == nearest}
+
+
 def blast_radius(element: str, topology: FabricTopology, limits: Limits = Limits(),
                  avoided: Mapping[str, float] | None = None) -> str | None:
     """Why avoiding `element` (beside `avoided`) breaks the limits for some host pair, or None."""
@@ -183,12 +211,9 @@ def plan(incident: Incident, topology: FabricTopology, addresses: Iterable[Inter
     why = f"incident {incident.id}: {incident.summary}"
     common = {"moved_to": moved_to(element, groups), "baseline": evidence_level(incident)}
     if drain:
-        switches = {n.name for n in topology.nodes if n.kind == "switch"}
-        ends = [parse_end(e) for e in element.split("--")]
-        devices = sorted({d for d, _ in ends if d in switches})
-        if devices:
-            out.proposals.append(Proposal("drain_link", element, "link", devices,
-                                          {"ports": {d: p for d, p in ends if d in switches}} | common, why))
+        ends = drain_ends(element, topology)
+        if ends:
+            out.proposals.append(Proposal("drain_link", element, "link", sorted(ends), {"ports": ends} | common, why))
         else:
             out.notes.append(f"{element} has no switch end to drain")
     if pairs:

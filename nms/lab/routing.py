@@ -7,8 +7,10 @@ link here, as BGP would after the session drops, and the routes are reprogrammed
 
 ECMP weights (the lab gNMI target's Set of /ecmp/uplinks/uplink[name=X]/config/weight,
 nms/lab/gnmi_set.py) live in the lab state as `ecmp_weights` {leaf: {port: weight}}: every
-recompute applies them, so failover never silently undoes a drain. Weight 0 drains the uplink:
-its nexthop leaves every ECMP group (unless that would leave a group empty).
+recompute applies them, so failover never silently undoes a drain. Weight 0 drains the uplink
+both ways, as a BGP graceful shutdown of its session does: its nexthop leaves the leaf's ECMP
+groups, and the other leaves stop reaching that leaf through the uplink's spine (unless either
+would leave a group empty).
 """
 
 from __future__ import annotations
@@ -43,14 +45,17 @@ def compute(topo: Topology, withdrawn: Iterable[str] = (), weights: Weights | No
             topo.leaf_prefix(l): ([(uplink[(l, s)].a.ip, uplink[(l, s)].b.name)] if (l, s) in uplink else [])
             for l in leaves  # noqa: E741
         }
+    # a drained uplink is avoided both ways, as a BGP graceful shutdown of its session would: its
+    # leaf stops sending over it, and every other leaf stops reaching that leaf through its spine
+    drained = {(l, s) for (l, s), link in uplink.items()
+               if weights.get(f"leaf{l}", {}).get(link.a.name, 1) == 0}
     for l in leaves:  # noqa: E741
         routes: Routes = {}
-        drained = {port for port, w in weights.get(f"leaf{l}", {}).items() if w == 0}
         for m in leaves:
             if m != l:
-                hops = [(uplink[(l, s)].b.ip, uplink[(l, s)].a.name)
-                        for s in spines if (l, s) in uplink and (m, s) in uplink]
-                routes[topo.leaf_prefix(m)] = [h for h in hops if h[1] not in drained] or hops
+                both = [s for s in spines if (l, s) in uplink and (m, s) in uplink]
+                kept = [s for s in both if (l, s) not in drained and (m, s) not in drained] or both
+                routes[topo.leaf_prefix(m)] = [(uplink[(l, s)].b.ip, uplink[(l, s)].a.name) for s in kept]
         out[f"leaf{l}"] = routes
     return out
 
