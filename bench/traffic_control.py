@@ -51,9 +51,10 @@ ACTIONS = {"enabled": True, "dry_run": True, "hold": "5s",
            "policies": {"host_reroute": {"policy": "auto"}}}
 
 
-def new_lab(prefix: str, mgmt: str) -> MeshLab:
-    return MeshLab(prefix, mgmt, snmp_interval="1s", service_config={**SERVICE, "actions": ACTIONS},
-                   leaves=3, hosts_per_leaf=2)
+def new_lab(prefix: str, mgmt: str, gnmi_interval: str | None = None) -> MeshLab:
+    """`gnmi_interval`: also poll the switches over gNMI (the switch actuators' southbound)."""
+    return MeshLab(prefix, mgmt, snmp_interval="1s", gnmi_interval=gnmi_interval,
+                   service_config={**SERVICE, "actions": ACTIONS}, leaves=3, hosts_per_leaf=2)
 
 
 def job_flows(topo, rate: int = RATE) -> list[Flow]:
@@ -89,13 +90,24 @@ def wait_mapped(mesh: MeshLab, timeout: float = 60.0) -> dict:
     return status
 
 
-def set_dry_run(mesh: MeshLab, dry_run: bool) -> None:
-    """Restart the service with `actions.dry_run` set (what an operator does to turn acting on)."""
+def reconfigure(mesh: MeshLab, changes: dict) -> None:
+    """Restart the service with `changes` merged into its config (nested dicts merged), as an
+    operator turning acting on would."""
+    def merge(into: dict, change: dict) -> None:
+        for key, value in change.items():
+            if isinstance(value, dict) and isinstance(into.get(key), dict):
+                merge(into[key], value)
+            else:
+                into[key] = value
     mesh.stop_service()
     config = yaml.safe_load(mesh.config.read_text())
-    config["actions"]["dry_run"] = dry_run
+    merge(config, changes)
     mesh.config.write_text(yaml.safe_dump(config))
     mesh.start_service()
+
+
+def set_dry_run(mesh: MeshLab, dry_run: bool) -> None:
+    reconfigure(mesh, {"actions": {"dry_run": dry_run}})
 
 
 def wait_for(cond, timeout: float, step: float = 0.2):

@@ -148,7 +148,7 @@ def drain_ends(element: str, topology: FabricTopology) -> dict[str, str]:
 
 
 def blast_radius(element: str, topology: FabricTopology, limits: Limits = Limits(),
-                 avoided: Mapping[str, float] | None = None) -> str | None:
+                 avoided: Mapping[str, object] | None = None) -> str | None:
     """Why avoiding `element` (beside `avoided`) breaks the limits for some host pair, or None."""
     hosts = sorted(n.name for n in topology.nodes if n.kind == "host")
     groups = flow_groups(topology, list(permutations(hosts, 2))[:MAX_PAIRS])
@@ -178,15 +178,26 @@ def fitting_kinds(incident: Incident) -> tuple[frozenset[str], str]:
 
 
 def plan(incident: Incident, topology: FabricTopology, addresses: Iterable[InterfaceAddress],
-         limits: Limits = Limits(), avoided: Mapping[str, float] | None = None,
+         limits: Limits = Limits(), avoided: Mapping[str, Iterable[str]] | None = None,
          dport: int = ROCE_DPORT) -> Plan:
-    """What to do about one incident. `avoided`: elements active actions steer off already."""
+    """What to do about one incident. `avoided`: element -> the kinds of the active actions that
+    steer off it already (a drain may still join a host reroute on the same element)."""
     out = Plan()
     kinds, why_not = fitting_kinds(incident)
+    active = set((avoided or {}).get(incident.element, ()))
+    if kinds and kinds <= active:
+        out.notes.append(f"{incident.element} is avoided already")
+        return out
+    kinds -= active
     if not kinds:
         out.notes.append(why_not)
         return out
     drain = "drain_link" in kinds
+    # the element carries traffic (a flapping link between flaps, a gray failure): its paths count
+    # even when the topology caught it down
+    topology = topology.model_copy(update={"links": [
+        link.model_copy(update={"state": "up", "check": "ok" if link.check == "missing" else link.check})
+        if link_name(link.a, link.b) == incident.element else link for link in topology.links]})
     element = incident.element
     pairs = host_pairs(incident.paths)
     affected = {(s, d) for s, ds in pairs.items() for d in ds}
@@ -197,9 +208,6 @@ def plan(incident: Incident, topology: FabricTopology, addresses: Iterable[Inter
     groups = flow_groups(topology, sorted(considered))
     if not any(element in p for paths in groups.values() for p in paths):
         out.notes.append(f"no ECMP path of the affected host pairs crosses {element}")
-        return out
-    if element in (avoided or {}):
-        out.notes.append(f"{element} is avoided already")
         return out
     bad = {e: ALREADY_AVOIDED for e in (avoided or {})}
     bad[element] = SEVERITY_WEIGHT[incident.severity] + incident.confidence
@@ -216,7 +224,7 @@ def plan(incident: Incident, topology: FabricTopology, addresses: Iterable[Inter
             out.proposals.append(Proposal("drain_link", element, "link", sorted(ends), {"ports": ends} | common, why))
         else:
             out.notes.append(f"{element} has no switch end to drain")
-    if pairs:
+    if pairs and "host_reroute" in kinds:
         hops = avoid_hops(element, topology, addresses)
         if not hops:
             out.notes.append(f"host_reroute not proposed: no interface address known for the switch ends of {element}")

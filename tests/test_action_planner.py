@@ -35,6 +35,15 @@ def test_corrupting_and_flapping_links_are_drained_and_rerouted():
         assert drain.params["ports"] == {"leaf1": "up1"}
 
 
+def test_a_flapping_link_caught_down_is_still_drained():
+    # the topology is refreshed every few seconds: half the time it catches a flapping link down
+    topo = topology(4)
+    topo = topo.model_copy(update={"links": [x.model_copy(update={"state": "down"}) if f"{x.a}--{x.b}" == uplink("leaf1", 1)
+                                             else x for x in topo.links]})
+    p = plan(incident("link_flapping"), topo, addresses(4))
+    assert [x.kind for x in p.proposals] == ["drain_link", "host_reroute"], p.notes
+
+
 def test_link_down_needs_evidence_that_traffic_still_goes_there():
     down = plan(incident("link_down", evidence={"paths_down": 4, "oper": "down"}), topology(4), addresses(4))
     assert down.proposals == [] and "routing already avoids it" in down.notes[0]
@@ -63,14 +72,14 @@ def test_blast_radius_fraction_of_a_leafs_uplinks():
     first = plan(incident("congestion", element=uplink("leaf1", 1)), topology(2), addresses(2), limits)
     assert [x.kind for x in first.proposals] == ["host_reroute"]
     second = plan(incident("congestion", element=uplink("leaf1", 2)), topology(2), addresses(2), limits,
-                  avoided={uplink("leaf1", 1): 1.0})
+                  avoided={uplink("leaf1", 1): {"host_reroute"}})
     assert second.proposals == [] and "would keep 0 of 2 paths" in second.refused[uplink("leaf1", 2)]
     # 4 spines, a 25 % limit: the first uplink fits, the second does not
     quarter = Limits(max_drain_fraction=0.25)
     ok = plan(incident("congestion", element=uplink("leaf1", 2)), topology(4), addresses(4), quarter)
     assert ok.proposals
     no = plan(incident("congestion", element=uplink("leaf1", 2)), topology(4), addresses(4), quarter,
-              avoided={uplink("leaf1", 1): 1.0})
+              avoided={uplink("leaf1", 1): {"host_reroute"}})
     assert not no.proposals and "max 25%" in no.refused[uplink("leaf1", 2)]
 
 
@@ -82,9 +91,13 @@ def test_a_drain_counts_every_host_pair_not_only_the_probed_ones():
     assert p.proposals == [] and uplink("leaf1", 1) in p.refused
 
 
-def test_an_element_already_avoided_gets_nothing_new():
-    p = plan(incident("congestion"), topology(4), addresses(4), avoided={uplink("leaf1", 1): 1.0})
+def test_an_element_already_avoided_gets_nothing_new_but_a_drain_may_join_a_reroute():
+    rerouted = {uplink("leaf1", 1): {"host_reroute"}}
+    p = plan(incident("congestion"), topology(4), addresses(4), avoided=rerouted)
     assert p.proposals == [] and "avoided already" in p.notes[0]
+    # a congestion that turns out a flapping link: the drain joins the reroute already steering off it
+    p = plan(incident("link_flapping"), topology(4), addresses(4), avoided=rerouted)
+    assert [x.kind for x in p.proposals] == ["drain_link"], p.notes
 
 
 def test_no_addresses_no_reroute():

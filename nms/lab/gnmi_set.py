@@ -6,9 +6,11 @@
   the kernel's routes through it, so in a lab (--lab-dir) enabling it reprograms this switch's routes.
 * `/ecmp/uplinks/uplink[name=X]/config/weight` (lab-specific, no OpenConfig model exists for ECMP
   nexthop weights: REFERENCE.md), uint 0..256 on a leaf's uplink port: that nexthop's weight in
-  every ECMP route (`ip route replace P nexthop via .. weight W ..`); 0 drains the uplink (its
-  nexthop leaves the groups). Kept in the lab state (`ecmp_weights`), so nms/lab/routing.py applies
-  it on every recompute (a failover does not undo it). Served only with --lab-dir and --node.
+  every ECMP route (`ip route replace P nexthop via .. weight W ..`); 0 drains the uplink both
+  ways, as a graceful shutdown of its BGP session: its nexthop leaves this leaf's groups, and the
+  other leaves stop reaching this leaf through that spine (every leaf's routes are reprogrammed).
+  Kept in the lab state (`ecmp_weights`), so nms/lab/routing.py applies it on every recompute (a
+  failover does not undo it). Served only with --lab-dir and --node.
 
 Values are accepted typed (bool_val, uint_val / int_val) or as JSON (json_val, json_ietf_val);
 Get answers typed scalars whatever the encoding. A SetRequest is checked whole before anything is
@@ -189,7 +191,9 @@ class LabSet:
                                                    f"{self.node} no uplink in service")
         if not mine:
             del weights[self.node]
-        routing.apply(topo, state.get("withdrawn", []), nodes=[self.node], weights=weights)
+        # every leaf: a drained uplink is avoided both ways (nms/lab/routing.py, graceful shutdown)
+        routing.apply(topo, state.get("withdrawn", []), nodes=[n.name for n in topo.by_role("leaf")],
+                      weights=weights)
         state["ecmp_weights"] = weights
 
     def _set_enabled(self, port: str, up: bool) -> None:

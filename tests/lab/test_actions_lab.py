@@ -3,12 +3,15 @@ job's traffic through it; the correlator opens the incident, the action engine s
 flows off the link through the agents (signed `steer` commands, the agents' port maps), the flows
 move and their goodput recovers; with actions in dry run (plain ECMP) nothing moves and the job
 stays congested. After the heal the action is rolled back and the flows return to their own
-source ports. The harness is bench/traffic_control.py (which also measures it over many trials).
+source ports. A flapping link is drained (gNMI Set on its leaf's uplink; the kernel's routes avoid
+it both ways) and restored once it has stayed clean. The harness is bench/traffic_control.py
+(which also measures the congestion loop over many trials).
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import traffic_control as tc  # noqa: E402
 
 from nms.lab.agents import agents_dir  # noqa: E402
+from nms.lab import faults, paths  # noqa: E402
 from nms.lab.jobtraffic import steered_ports  # noqa: E402
 
 pytestmark = pytest.mark.root
@@ -29,7 +33,7 @@ def loop():
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
-    mesh = tc.new_lab(PREFIX, MGMT)
+    mesh = tc.new_lab(PREFIX, MGMT, gnmi_interval="2s")  # gNMI: the drain's southbound
     try:
         mesh.up()
         mesh.wait_traced(120)
@@ -66,8 +70,8 @@ def test_with_actions_the_job_leaves_the_congested_link_and_recovers_without_it_
     tc.set_dry_run(mesh, False)
     assert tc.settle(mesh, job, flows), "the lab is not quiet after the restart"
     control = tc.trial(mesh, job, flows, "control")
-    assert set(control.moved_s) == via, (control.moved_s, [(a["kind"], a["state"], a.get("result"))
-                                                           for a in control.actions])
+    assert set(control.moved_s) == via, (control.moved_s, [(a["kind"], a["state"], a.get("result"), a.get("after"))
+                                                           for a in control.actions], job.moves()[-12:])
     [reroute] = [a for a in control.actions if a["kind"] == "host_reroute"]
     assert reroute["state"] == "applied" and not reroute["dry_run"], reroute
     assert set(tc.SOURCES) <= set(reroute["targets"])
@@ -85,3 +89,46 @@ def test_with_actions_the_job_leaves_the_congested_link_and_recovers_without_it_
     done = mesh.api("GET", f"/actions/{reroute['id']}").json()
     assert done["state"] == "rolled_back" and "resolved and stayed clean" in done["result"], done
     assert all(steered_ports(agents_dir(mesh.dir) / h / "steering.json") == {} for h in tc.SOURCES)
+
+
+def _spines(topo, src: str, dst: str, sports) -> set[str]:
+    return {paths.predict(topo, src, dst, "udp", sp, 4791)["spine"] for sp in sports}
+
+
+def test_a_flapping_link_is_drained_both_ways_and_restored_once_clean(loop):
+    mesh, job, flows = loop
+    topo = mesh.topo
+    sports = range(45000, 45032)
+    assert _spines(topo, "host1", "host3", sports) == _spines(topo, "host5", "host1", sports) == {"spine1", "spine2"}
+    # drains on their own; flaps counted over 15 s, so the link is clean 15 s after its last flap
+    tc.reconfigure(mesh, {"actions": {"dry_run": False, "policies": {"drain_link": {"policy": "auto"}}},
+                          "thresholds": {"flap_window": "15s"}})
+    assert tc.settle(mesh, job, flows), "the lab is not quiet after the restart"
+    element = tc.link_element(topo.find_link(tc.LINK))
+    start = time.time_ns()
+    fault = faults.inject(mesh.dir, "flap", tc.LINK, period=3.0, down_for=1.5, count=0)
+    try:
+        drain = tc.wait_for(lambda: next((a for a in mesh.api("GET", "/actions", params={"kind": "drain_link"}).json()
+                                          if a["element"] == element and a["created_ns"] > start
+                                          and a["state"] in ("applied", "failed")), None), 40, 0.5)
+        assert drain and drain["state"] == "applied", drain
+        drained_after = (drain["applied_ns"] - start) / 1e9
+        inc = mesh.api("GET", f"/incidents/{drain['incident_id']}").json()
+        # the kernel forwarding: leaf1 sends nothing up to spine1, and nobody reaches leaf1 through it
+        up = tc.wait_for(lambda: _spines(topo, "host1", "host3", sports) == {"spine2"}, 5)
+        down = _spines(topo, "host5", "host1", sports)
+    finally:
+        faults.heal(mesh.dir, fault["id"])
+        healed = time.time_ns()
+    assert inc["kind"] == "link_flapping", inc
+    assert drain["targets"] == ["leaf1"] and drain["before"]["ports"] == {f"leaf1:{topo.find_link(tc.LINK).a.name}":
+                                                                          {"weight": 1}}, drain
+    assert up and down == {"spine2"}, down
+    assert _spines(topo, "host3", "host5", sports) == {"spine1", "spine2"}  # the rest of the fabric untouched
+    restored = tc.wait_for(lambda: (a := mesh.api("GET", f"/actions/{drain['id']}").json())["state"] == "rolled_back"
+                           and a, 90, 1.0)
+    assert restored and "resolved and stayed clean" in restored["result"], restored
+    assert _spines(topo, "host1", "host3", sports) == _spines(topo, "host5", "host1", sports) == {"spine1", "spine2"}
+    print(f"\nflap: drained {drained_after:.1f} s after the first flap; restored "
+          f"{(restored['reverted_ns'] - healed) / 1e9:.1f} s after the heal (flaps counted over 15 s, then "
+          f"5 clean windows and the 5 s hold)")

@@ -169,9 +169,13 @@ class ActionManager:
             return scope.policy
         return kind_policy.policy
 
-    def _avoided(self) -> dict[str, float]:
-        return {a.element: 1.0 for a in self.state.list_actions(states=OPEN_STATES, limit=None)
-                if a.kind in STEERING_KINDS and not a.dry_run}
+    def _avoided(self) -> dict[str, set[str]]:
+        """Element -> the kinds of the live or pending actions steering off it."""
+        out: dict[str, set[str]] = {}
+        for a in self.state.list_actions(states=OPEN_STATES, limit=None):
+            if a.kind in STEERING_KINDS and not a.dry_run:
+                out.setdefault(a.element, set()).add(a.kind)
+        return out
 
     def _rate_refusal(self, kind: str) -> str | None:
         now = self.clock()
