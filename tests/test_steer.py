@@ -1,5 +1,5 @@
 """The agent's steering table and steer arguments (hostprobe/steer.py); the traces and the traffic
-moving are exercised on the lab (tests/lab/test_steering_lab.py)."""
+moving are exercised on the lab (tests/lab/test_actions_lab.py)."""
 
 from __future__ import annotations
 

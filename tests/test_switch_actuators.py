@@ -1,7 +1,7 @@
 """The switch actuators (nms/app/actions/switch.py): isolate_port through UFM against the stand-in
 UFM server (tests/_ufm.py, real HTTP: GET/PUT /ufmRest/app/unhealthy_ports as the UFM REST API guide's
 "Unhealthy Ports REST API" documents them), and the refusals. gNMI Set is exercised on the lab
-(tests/lab/test_steering_lab.py)."""
+(tests/lab/test_actions_lab.py)."""
 
 from __future__ import annotations
 

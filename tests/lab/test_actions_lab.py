@@ -26,6 +26,7 @@ from nms.lab.jobtraffic import steered_ports  # noqa: E402
 
 pytestmark = pytest.mark.root
 PREFIX, MGMT = "nmsx-", "198.18.240.0/24"
+PROBE_DPORT = 34567  # paths.udp_probe's port (the agents hold 33434)
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +76,14 @@ def test_with_actions_the_job_leaves_the_congested_link_and_recovers_without_it_
     [reroute] = [a for a in control.actions if a["kind"] == "host_reroute"]
     assert reroute["state"] == "applied" and not reroute["dry_run"], reroute
     assert set(tc.SOURCES) <= set(reroute["targets"])
+    topo = mesh.topo
+    addr_of = {topo.host_port(h).ip: h for h in ("host3", "host4")}
+    for src in tc.SOURCES:  # what the agents kept, and the kernel agrees: every kept port avoids spine1
+        steered = steered_ports(agents_dir(mesh.dir) / src / "steering.json")
+        result = reroute["after"]["hosts"][src]["result"]["dsts"]
+        for addr, dst in addr_of.items():
+            assert steered[addr] and result[dst]["candidates"] == 16 and 0 < result[dst]["kept"] < 16, result
+            assert _spines(topo, src, dst, steered[addr]) == {"spine2"}, (src, dst, steered[addr])
     assert all(control.per_flow[f.id] > 0.85 * f.rate_bps for f in flows), control.per_flow
     assert control.aggregate_bps > 1.3 * ecmp.aggregate_bps
     events = [e["event"] for e in mesh.api("GET", f"/actions/{reroute['id']}/events").json()]
@@ -132,3 +141,94 @@ def test_a_flapping_link_is_drained_both_ways_and_restored_once_clean(loop):
     print(f"\nflap: drained {drained_after:.1f} s after the first flap; restored "
           f"{(restored['reverted_ns'] - healed) / 1e9:.1f} s after the heal (flaps counted over 15 s, then "
           f"5 clean windows and the 5 s hold)")
+
+
+# -- switch side: gNMI Set through the collector's session, against the lab's targets -------------
+def _setter_and_switches(mesh):
+    from collectors.gnmi import GnmiCollector
+    from collectors.gnmi_set import GnmiSetter
+    from nms.config import load_config
+    config = load_config(mesh.dir.config)
+    return GnmiSetter(GnmiCollector()), {s.name: s for s in config.fabric.switches}
+
+
+def test_gnmi_set_drains_an_uplink_and_the_kernel_forwarding_follows(loop):
+    import asyncio
+    mesh = loop[0]
+    topo = mesh.topo
+    setter, switches = _setter_and_switches(mesh)
+    leaf1 = switches["leaf1"]
+    link = topo.find_link("leaf1-spine1")
+    uplink = link.a.name
+    spine_rx = Path(f"/sys/class/net/{link.b.name}/statistics/rx_packets")
+    sports = range(41000, 41064)
+    assert _spines(topo, "host1", "host3", sports) == {"spine1", "spine2"}
+
+    async def run():
+        assert await setter.weight(leaf1, uplink) == 1
+        await setter.set_weight(leaf1, uplink, 0)
+        drained = await setter.weight(leaf1, uplink)
+        used = _spines(topo, "host1", "host3", sports)
+        # the kernel's own routes: no flow hashes onto the drained uplink, and it really carries none
+        # (spine1's counter of the port facing leaf1 stays put while 8 x 100 datagrams arrive)
+        before = _ns_read(topo, "spine1", spine_rx)
+        got = paths.udp_probe(topo, "host1", "host3", list(sports)[:8], dport=PROBE_DPORT, count=100)
+        crossed = int(_ns_read(topo, "spine1", spine_rx)) - int(before)
+        # a failover elsewhere and its heal recompute the routes: the drain must survive them
+        fault = faults.inject(mesh.dir, "link-down", "leaf2-spine2", mode="failover")
+        faults.heal(mesh.dir, fault["id"])
+        survived = _spines(topo, "host1", "host3", sports)
+        await setter.set_weight(leaf1, uplink, 1)  # revert
+        restored = _spines(topo, "host1", "host3", sports)
+        with pytest.raises(Exception, match="FAILED_PRECONDITION"):  # never drain the last uplink
+            await setter.set_weight(leaf1, uplink, 0)
+            await setter.set_weight(leaf1, topo.find_link("leaf1-spine2").a.name, 0)
+        await setter.set_weight(leaf1, uplink, 1)
+        with pytest.raises(Exception, match="INVALID_ARGUMENT"):
+            await setter.set_weight(leaf1, uplink, 999)
+        with pytest.raises(Exception, match="NOT_FOUND"):
+            await setter.set_weight(leaf1, "swp99", 0)
+        return drained, used, got, crossed, survived, restored
+
+    drained, used, got, crossed, survived, restored = asyncio.run(run())
+    assert drained == 0
+    assert used == {"spine2"}
+    assert sum(got.values()) >= 0.95 * 800, got
+    assert crossed < 40, crossed  # LLDP and the like only, not the 800 datagrams
+    assert survived == {"spine2"}
+    assert restored == {"spine1", "spine2"}
+
+
+def test_gnmi_set_isolates_a_port_and_brings_it_back(loop):
+    import asyncio
+    mesh = loop[0]
+    topo = mesh.topo
+    setter, switches = _setter_and_switches(mesh)
+    spine2 = switches["spine2"]
+    port = topo.find_link("leaf2-spine2").end("spine2").name
+    oper = Path(f"/sys/class/net/{port}/operstate")
+    sports = range(42000, 42064)
+
+    async def run():
+        assert await setter.enabled(spine2, port) is True
+        await setter.set_enabled(spine2, port, False)
+        down = await setter.enabled(spine2, port)
+        state = _ns_read(topo, "spine2", oper)
+        await setter.set_enabled(spine2, port, True)
+        time.sleep(0.5)
+        return down, state, await setter.enabled(spine2, port), _ns_read(topo, "spine2", oper)
+
+    down, state, up, state_after = asyncio.run(run())
+    assert (down, state) == (False, "down")
+    assert (up, state_after) == (True, "up")
+    # the spine's route to leaf2 came back with the port: traffic through spine2 flows again
+    assert "spine2" in _spines(topo, "host1", "host3", sports)
+    got = paths.udp_probe(topo, "host1", "host3", [paths.sport_via(topo, "host1", "host3", "spine2", "udp", PROBE_DPORT,
+                                                                   43000)], dport=PROBE_DPORT, count=20)
+    assert all(n > 0 for n in got.values()), got
+
+
+def _ns_read(topo, node: str, path: Path) -> str:
+    import subprocess
+    return subprocess.run(["ip", "netns", "exec", topo.netns(node), "cat", str(path)], capture_output=True,
+                          text=True, check=True).stdout.strip()
