@@ -81,6 +81,16 @@ def avoid_hops(element: str, topology: FabricTopology, addresses: Iterable[Inter
     return sorted({a.address for a in addresses if (a.device, a.port) in ends and a.device in switches})
 
 
+def hop_loads(links: Iterable[str], addresses: Iterable[InterfaceAddress],
+              port_loads: Mapping[tuple[str, str], float]) -> dict[str, float]:
+    """What a trace's hop address stands for in load: the utilization of the link into that
+    interface (its port's inbound utilization, the poller's latest rates), for the switch ports of
+    `links`. The agent ranks the ports that avoid the element by it (`correlator.steering.choose`)."""
+    ends = {parse_end(e) for link in links for e in link.split("--")}
+    return {a.address: round(float(port_loads[(a.device, a.port)]), 4) for a in addresses
+            if (a.device, a.port) in ends and (a.device, a.port) in port_loads}
+
+
 def flow_groups(topology: FabricTopology, pairs: Iterable[tuple[str, str]]) -> dict[str, list[frozenset[str]]]:
     return {f"{s}>{d}": [path_elements(p) for p in ecmp_paths(topology, s, d)] for s, d in pairs}
 
@@ -179,9 +189,10 @@ def fitting_kinds(incident: Incident) -> tuple[frozenset[str], str]:
 
 def plan(incident: Incident, topology: FabricTopology, addresses: Iterable[InterfaceAddress],
          limits: Limits = Limits(), avoided: Mapping[str, Iterable[str]] | None = None,
-         dport: int = ROCE_DPORT) -> Plan:
+         dport: int = ROCE_DPORT, port_loads: Mapping[tuple[str, str], float] | None = None) -> Plan:
     """What to do about one incident. `avoided`: element -> the kinds of the active actions that
-    steer off it already (a drain may still join a host reroute on the same element)."""
+    steer off it already (a drain may still join a host reroute on the same element).
+    `port_loads`: (device, port) -> inbound utilization, for the reroute's `hop_loads`."""
     out = Plan()
     kinds, why_not = fitting_kinds(incident)
     active = set((avoided or {}).get(incident.element, ()))
@@ -233,8 +244,9 @@ def plan(incident: Incident, topology: FabricTopology, addresses: Iterable[Inter
                       for s, ds in sorted(pairs.items())}
             movers = {s: ds for s, ds in movers.items() if ds}
             if movers:
+                loads = hop_loads(common["moved_to"], addresses, port_loads or {})
                 out.proposals.append(Proposal("host_reroute", element, "link", sorted(movers),
-                                              {"avoid_hops": hops, "dsts": movers, "proto": "udp", "dport": dport}
-                                              | common,
+                                              {"avoid_hops": hops, "dsts": movers, "proto": "udp", "dport": dport,
+                                               "hop_loads": loads} | common,
                                               why))
     return out

@@ -2,10 +2,12 @@
 table that the job's traffic follows (docs/steering.md).
 
 `steer` {"action_id", "element", "avoid_hops": [ip...], "dsts": [peer host...], "proto": "udp",
-"dport": 4791, "expires_ns"}: for every NIC address of each peer, Paris-traceroute (hostprobe.trace)
-each candidate source port with the flow's own 5-tuple (our address:port -> peer:dport), keep the
-ports whose forward hops include none of `avoid_hops` (correlator.steering.choose: a trace with a
-silent router in it is unknown and never kept) and write them to the steering table. The result:
+"dport": 4791, "expires_ns", "hop_loads": {ip: utilization}}: for every NIC address of each peer,
+Paris-traceroute (hostprobe.trace) each candidate source port with the flow's own 5-tuple (our
+address:port -> peer:dport), or take its path from the port map, keep the least loaded (by
+`hop_loads`, the busiest hop first) of the ports whose forward hops include none of `avoid_hops`
+(correlator.steering.choose: a trace with a silent router in it is unknown and never kept) and
+write them to the steering table. The result:
 {"dsts": {host: {"ports": [...], "candidates": n, "kept": k}}}. A dst where no port avoids the
 element gets no entry (its traffic keeps hashing as before) and says so in the result.
 
@@ -133,7 +135,13 @@ def parse_steer(args: dict) -> dict:
         raise SteerError("bad dsts: want a non-empty list of peer host names")
     if args.get("proto", "udp") != "udp":
         raise SteerError(f"bad proto {args.get('proto')!r}: only udp is steered")
+    loads = args.get("hop_loads", {})
+    if not isinstance(loads, dict) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e6
+            for k, v in loads.items()):
+        raise SteerError("bad hop_loads: want {address: utilization >= 0}")
     out = {"action_id": _int(args, "action_id", 0, 2**63), "avoid_hops": set(hops), "dsts": dsts,
+           "hop_loads": {k: float(v) for k, v in loads.items()},
            "dport": _int({"dport": args.get("dport", ROCE_V2_PORT)}, "dport", 1, 65535),
            "expires_ns": _int(args, "expires_ns", 0, 2**63), "element": str(args.get("element", ""))}
     if out["expires_ns"] <= time.time_ns():
@@ -267,7 +275,8 @@ class Steering:
             full = max((len(h) for _, h in found if h is not None), default=0)
             paths = [frozenset(h) if h is not None and len(h) == full else frozenset({"?"}) for _, h in found]
             unknown = {"?"}  # a trace with a silent router could cross anything
-            keep = choose(paths, parsed["avoid_hops"] | unknown, n=self.settings.ports_per_dst)
+            # least loaded first, by the busiest hop (hop_loads: the planner's view of the links)
+            keep = choose(paths, parsed["avoid_hops"] | unknown, load=parsed["hop_loads"], n=self.settings.ports_per_dst)
             ports = sorted(found[i][0] for i in keep)
             entry = result.setdefault(host, {"ports": [], "candidates": 0, "kept": 0})
             entry["ports"] += ports

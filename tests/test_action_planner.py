@@ -44,6 +44,15 @@ def test_a_flapping_link_caught_down_is_still_drained():
     assert [x.kind for x in p.proposals] == ["drain_link", "host_reroute"], p.notes
 
 
+def test_a_reroute_carries_the_loads_of_the_links_it_may_move_onto():
+    loads = {("spine2", "leaf2"): 0.8, ("spine3", "leaf2"): 0.1, ("leaf2", "up2"): 0.3, ("leaf9", "up1"): 0.5}
+    p = plan(incident("congestion"), topology(4), addresses(4), port_loads=loads)
+    [reroute] = p.proposals
+    # each hop address stands for the link into it: spine2's port to leaf2 is 10.2.2.0 (_act_fabric)
+    assert reroute.params["hop_loads"] == {"10.2.2.0": 0.8, "10.2.3.0": 0.1, "10.2.2.1": 0.3}
+    assert plan(incident("congestion"), topology(4), addresses(4)).proposals[0].params["hop_loads"] == {}
+
+
 def test_link_down_needs_evidence_that_traffic_still_goes_there():
     down = plan(incident("link_down", evidence={"paths_down": 4, "oper": "down"}), topology(4), addresses(4))
     assert down.proposals == [] and "routing already avoids it" in down.notes[0]

@@ -72,16 +72,17 @@ def test_steering_settings_are_checked():
 class MappedSteering(Steering):
     """Real Steering with canned traces: port p crosses spine1's address when p is odd."""
 
-    def __init__(self, tmp_path, **settings):
+    def __init__(self, tmp_path, spines: int = 2, **settings):
         super().__init__(SteeringSettings(candidates=8, ports_per_dst=2, **settings), tmp_path / "steering.json",
                          b"k" * 16, 1, 8, 100.0, lambda: 1)
         self.traced: list[tuple[str, int]] = []
         self.silent: set[int] = set()
+        self.spines = spines  # port p crosses spine address 10.<p % spines + 1>.0.1
 
     def _trace(self, pairs, dport):
         self.traced += [(p.addr, dport) for _, p in pairs]
         return {(p.local, p.addr): [(port, None if port in self.silent else
-                                     ["10.0.0.1", "10.1.0.1" if port % 2 else "10.2.0.1", "10.3.0.1"])
+                                     ["10.0.0.1", f"10.{(port - 1) % self.spines + 1}.0.1", "10.9.0.1"])
                                     for port in range(49152, 49160)] for _, p in pairs}
 
 
@@ -131,3 +132,22 @@ def test_the_port_map_goes_stale_after_warm_every(tmp_path):
     assert s.fresh(peer, 4791) is None
     off = MappedSteering(tmp_path, warm_every=0)
     assert off.warm({"host3": [peer]}) == 0 and off.traced == []
+
+
+def test_a_steer_keeps_the_least_loaded_of_the_ports_that_avoid(tmp_path):
+    from hostprobe.steer import Peer
+    s = MappedSteering(tmp_path, spines=4)  # spine addresses 10.1-10.4.0.1; 10.1 is avoided
+    peer = Peer("198.19.1.1", "198.19.2.1", routers=3)
+    done = []
+    args = {**GOOD, "avoid_hops": ["10.1.0.1"], "expires_ns": time.time_ns() + 10**10,
+            "hop_loads": {"10.2.0.1": 0.9, "10.3.0.1": 0.2, "10.4.0.1": 0.5}}
+    s.start_steer(args, {"host3": [peer]}, lambda *a: done.append(a))
+    deadline = time.monotonic() + 5
+    while not done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ports = done[0][2]["dsts"]["host3"]["ports"]
+    assert ports == [49155, 49159]  # both via 10.3.0.1, the least loaded spine that avoids
+    with pytest.raises(SteerError, match="hop_loads"):
+        parse_steer({**args, "hop_loads": {"10.2.0.1": -1}})
+    without = parse_steer({**GOOD, "expires_ns": time.time_ns() + 10**10})
+    assert without["hop_loads"] == {}  # older services send none: avoid-only, as before

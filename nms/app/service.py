@@ -61,7 +61,7 @@ class Service:
         # incidents -> actions (nms/app/actions): planned, decided by policy, applied, rolled back
         self.actions = ActionManager(config.actions, config.fabric, self.state, build_actuators(self),
                                      self._action_context, self.store, self.metrics.registry,
-                                     window_ns=int(config.correlator.interval * 1e9))
+                                     window_ns=int(config.correlator.interval * 1e9), port_loads=self._port_loads)
         self.incidents.add_listener(self.actions.on_incident)
         # jobs, collective bandwidth and slowdowns from the NCCL plugin's records (nms/app/jobs_nccl.py)
         self.nccl_jobs = NcclJobs(self.state, lambda perfs: self.store.write([p.to_point() for p in perfs]))
@@ -75,6 +75,10 @@ class Service:
         """The planner's view: the topology and the switches' interface addresses (for avoid_hops)."""
         addresses = [a for found in self.poller.recent.addresses.values() for a in found]
         return self.poller.topology(), addresses
+
+    def _port_loads(self) -> dict[tuple[str, str], float]:
+        """(device, port) -> inbound utilization from the poller's latest rates (host_reroute's hop loads)."""
+        return {key: r.in_utilization for key, r in self.poller.recent.rates.items() if r.in_utilization is not None}
 
     def on_ingest(self, kind: str, records: list) -> list:
         """Validated records of POST /ingest/<kind>, before they are stored: the records to store

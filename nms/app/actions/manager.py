@@ -62,11 +62,12 @@ class ActionManager:
     def __init__(self, config: ActionsConfig, fabric: FabricConfig, state: StateStore,
                  actuators: dict[str, Actuator], context: Context, store: TimeSeriesStore | None = None,
                  registry: CollectorRegistry | None = None, clock: Callable[[], int] = time.time_ns,
-                 window_ns: int = 10**9):
+                 window_ns: int = 10**9, port_loads: Callable[[], dict[tuple[str, str], float]] | None = None):
         self.config = config
         self.state = state
         self.actuators = actuators
         self.context = context
+        self.port_loads = port_loads or dict  # (device, port) -> inbound utilization now, for host_reroute
         self.store = store
         self.clock = clock
         self.window_ns = window_ns
@@ -131,7 +132,8 @@ class ActionManager:
         topology, addresses = self.context()
         await self._withdraw(inc.id, planner.fitting_kinds(inc)[0],
                              f"incident {inc.id} is now {inc.kind}, for which the planner does not propose it")
-        result = planner.plan(inc, topology, addresses, self.limits, self._avoided(), self.config.dport)
+        result = planner.plan(inc, topology, addresses, self.limits, self._avoided(), self.config.dport,
+                                  self.port_loads())
         for note in result.notes:
             log.info("incident %d (%s on %s): %s", inc.id, inc.kind, inc.element, note)
         for element, reason in result.refused.items():
@@ -406,7 +408,8 @@ class ActionManager:
                 raise ActionRefused(refusal)
             proposals = [proposal]
         else:
-            result = planner.plan(incident, topology, addresses, self.limits, self._avoided(), self.config.dport)
+            result = planner.plan(incident, topology, addresses, self.limits, self._avoided(), self.config.dport,
+                                  self.port_loads())
             proposals = [p for p in result.proposals if kind is None or p.kind == kind]
             if not proposals:
                 raise ActionRefused("; ".join(result.notes) or f"nothing to do for {kind}")
