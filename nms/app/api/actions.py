@@ -30,7 +30,7 @@ class Strict(BaseModel):
 
 
 class ActionRequest(Strict):
-    incident_id: int | None = Field(None, ge=1, description="plan for this incident (kind: only that kind)")
+    incident_id: int | None = Field(None, ge=1, le=2**63 - 1, description="plan for this incident (kind: only that kind)")
     element: str | None = Field(None, min_length=1, max_length=512, description="a link `dev:port--dev:port`")
     kind: ActionKind | None = Field(None, description="required with element")
     dry_run: bool = Field(False, description="record the proposal, send nothing")
@@ -61,7 +61,7 @@ def _action(request: Request, action_id: int) -> Action:
 
 @router.get("", response_model=list[Action], dependencies=[Depends(require("read"))], summary="Actions, newest first")
 def list_actions(request: Request, state: ActionState | None = None, kind: ActionKind | None = None,
-                 incident_id: int | None = Query(None, ge=1), element: str | None = Query(None, max_length=512),
+                 incident_id: int | None = Query(None, ge=1, le=2**63 - 1), element: str | None = Query(None, max_length=512),
                  limit: int = Query(1000, ge=1, le=100_000)) -> list[Action]:
     return _manager(request).state.list_actions(state=state, kind=kind, incident_id=incident_id, element=element,
                                                 limit=limit)
