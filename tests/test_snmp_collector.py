@@ -200,7 +200,10 @@ def test_scheduled_polling_isolates_a_failing_device_and_backs_off(snmpd, tmp_pa
     rates = [p for p in service.store.points if p.measurement == "port_rates"]
     # snmpd refreshes IF-MIB every few seconds: polls in between are held, not rates of 0 (nms/counters.py)
     assert len(rates) >= 1 and all(p.tags == {"device": "good", "port": "lo"} for p in rates)
-    assert all(p.fields["in_bps"] > 0 and p.fields["interval_s"] > 1.5 for p in rates)  # lo carries the polls
+    # lo carries the polls: a rate over a refresh is > 0; a 0 only once the hold (5 s) ran out (a
+    # loaded machine's snmpd once went that long without refreshing: the full suite saw it)
+    seen = [(p.fields["in_bps"], p.fields["interval_s"]) for p in rates]
+    assert any(bps > 0 for bps, _ in seen) and all(bps > 0 or interval >= 5.0 for bps, interval in seen), seen
 
 
 def test_extra_objects_numeric_and_by_mib_name(snmpd, tmp_path):
