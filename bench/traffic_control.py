@@ -146,7 +146,7 @@ def trial(mesh: MeshLab, job: JobTraffic, flows: list[Flow], mode: str, observe:
         per_flow = job.goodput(end - int(window * 1e9), end)
     finally:
         faults.heal(mesh.dir, fault["id"])
-    opened = [i for i in incidents(mesh, since=start) if i["element"] == element]
+    opened = [i for i in incidents(mesh, since=start) if i["element"] == element and i["opened_ns"] >= start]
     inc = min(opened, key=lambda i: i["opened_ns"]) if opened else None
     moved: dict[int, float] = {}
     cut = via_cut(mesh.topo, flows)

@@ -179,6 +179,34 @@ def test_no_data_keeps_standing_findings_and_levels_filter(tmp_path):
     history.close()
 
 
+def test_probe_loss_is_reported_but_left_to_the_correlators_own_incident(tmp_path):
+    """A fault's first window can look like silent loss (the probes see it before the counters do);
+    a run at that moment must not hold a corrupting_link incident open until the next run (an hour)."""
+    state = StateStore(tmp_path / "state.sqlite")
+    history = AuditHistory(tmp_path / "audits.sqlite")
+    runner = AuditRunner(AuditsConfig(), history)
+    feed = IncidentFeed(IncidentManager(state, resolve_after=2), runner.standing)
+    link = "leaf1:swp2--spine1:swp1"
+    live = to_finding(AuditFinding(audit="errors", severity="major", element=link, element_kind="link",
+                                   message="m", remediation="r"), T0)  # stands in for the correlator's finding
+    [opened] = feed.apply([live], T0)
+    snap = clean_snapshot()
+    snap.lossy_links = {link: {"loss_pct": 25.0, "sent": 800, "lost": 200}}
+    report = runner.run(snap, ["errors"])
+    [finding] = report.results[0].findings
+    assert finding.element == link and not finding.escalates and not can_escalate(finding)
+    assert runner.standing(T0 + W) == []
+    assert feed.apply([], T0 + W) == []  # the loss is gone: the correlator stops reporting it
+    [resolved] = feed.apply([], T0 + 2 * W)
+    assert (resolved.event, resolved.incident.id) == ("resolved", opened.incident.id)
+    # errored frames counted by the switch still stand between runs
+    snap.rates[("spine1", "swp1")] = snap.rates[("spine1", "swp1")].model_copy(update={"in_errors_ps": 10.0})
+    runner.run(snap, ["errors"])
+    assert [(f.kind, f.element) for f in runner.standing(T0 + 3 * W)] == [("corrupting_link", link)]
+    state.close()
+    history.close()
+
+
 def test_history_keeps_the_newest(tmp_path):
     history = AuditHistory(tmp_path / "audits.sqlite", keep=2)
     runner = AuditRunner(AuditsConfig(), history)

@@ -116,7 +116,10 @@ def check_errors(snap: Snapshot, settings: ErrorsAudit) -> AuditResult:
             continue
         pct = loss.get("loss_pct")
         findings[element] = AuditFinding(
+            # the correlator's own incident tracks this loss; standing until the next run (an hour), a copy
+            # would hold the incident open long after a transient loss (a fault's first window) is gone
             audit=name, severity="major", element=element, element_kind="link", evidence={"probe": loss},
+            escalates=False,
             message=f"probes lose {pct:.2g}% across this link while its error counters stay clean: silent "
                     f"corruption or a filtering device" if pct is not None else
                     "probes lose frames across this link while its error counters stay clean",
