@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections import Counter
 import sys
 import tempfile
 import time
@@ -238,6 +239,9 @@ def report(results: dict[str, list[Trial]]) -> None:
     detected = [t.detected_s for ts in results.values() for t in ts if t.detected_s is not None]
     if detected:
         print(f"  fault -> incident: p50 {pct(detected, 0.5):.2f} s, max {max(detected):.2f} s")
+    for m, ts in results.items():
+        kinds = Counter(t.incident["kind"] if t.incident else "none" for t in ts)
+        print(f"  {m:8} incident kinds at the end of the trial: {dict(kinds)}")
 
 
 if __name__ == "__main__":
