@@ -59,8 +59,12 @@ def test_with_actions_the_job_leaves_the_congested_link_and_recovers_without_it_
     assert tc.settle(mesh, job, flows), "the lab is not quiet"
     ecmp = tc.trial(mesh, job, flows, "ecmp")
     assert ecmp.incident is not None and ecmp.incident["kind"] in ("congestion", "corrupting_link"), ecmp.incident
-    proposed = [a for a in ecmp.actions if a["kind"] == "host_reroute"]
-    assert proposed and all(a["dry_run"] and a["state"] == "proposed" for a in proposed), ecmp.actions
+    element = tc.link_element(mesh.topo.find_link(tc.LINK))
+    # (a proposal of a short-lived second incident, e.g. the cut's downstream link in the fault's
+    # first window, is withdrawn when it resolves: dry run and rejected; nothing is ever sent)
+    proposed = [a for a in ecmp.actions if a["kind"] == "host_reroute" and a["element"] == element]
+    assert proposed and all(a["state"] == "proposed" for a in proposed), ecmp.actions
+    assert all(a["dry_run"] and a["state"] in ("proposed", "rejected") for a in ecmp.actions), ecmp.actions
     assert ecmp.moved_s == {}
     assert not any((agents_dir(mesh.dir) / h / "steering.json").exists() for h in tc.SOURCES)
     assert sum(ecmp.per_flow[i] for i in via) < 0.3 * len(via) * tc.RATE, ecmp.per_flow  # 32 Mbit/s into 6
@@ -73,7 +77,7 @@ def test_with_actions_the_job_leaves_the_congested_link_and_recovers_without_it_
     control = tc.trial(mesh, job, flows, "control")
     assert set(control.moved_s) == via, (control.moved_s, [(a["kind"], a["state"], a.get("result"), a.get("after"))
                                                            for a in control.actions], job.moves()[-12:])
-    [reroute] = [a for a in control.actions if a["kind"] == "host_reroute"]
+    [reroute] = [a for a in control.actions if a["kind"] == "host_reroute" and a["element"] == element]
     assert reroute["state"] == "applied" and not reroute["dry_run"], reroute
     assert set(tc.SOURCES) <= set(reroute["targets"])
     topo = mesh.topo
