@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from collections import Counter
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
