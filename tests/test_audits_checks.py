@@ -76,6 +76,22 @@ def test_cabling_miscabled_missing_unexpected():
     assert by["spine1:swp9--spine2:swp9"].evidence["check"] == "unexpected"
 
 
+def test_cabling_missing_on_a_down_or_flapping_link_is_reported_but_left_to_the_link_state():
+    snap = clean_snapshot()
+    seen = lldp_as_cabled(snap.fabric)
+    seen["leaf1"] = [n for n in seen["leaf1"] if n.port != "swp2"]
+    seen["spine1"] = [n for n in seen["spine1"] if n.port != "swp1"]
+    element = "leaf1:swp2--spine1:swp1"
+    for oper, flapping, escalates in (({("leaf1", "swp2"): "down"}, (), False),
+                                      ({("leaf1", "swp2"): "up", ("spine1", "swp1"): "up"}, [("leaf1", "swp2")], False),
+                                      ({("leaf1", "swp2"): "up", ("spine1", "swp1"): "up"}, (), True),
+                                      ({}, (), True)):  # state unknown: a cabling question
+        snap.topology = build_topology(snap.fabric, seen, oper=oper, flapping=flapping)
+        [finding] = run("cabling", snap).findings
+        assert (finding.element, finding.evidence["check"], finding.escalates) == (element, "missing", escalates), \
+            (oper, flapping, finding)
+
+
 def test_cabling_without_polled_switches_is_not_enough_data():
     snap = clean_snapshot()
     snap.polled = set()

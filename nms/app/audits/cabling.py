@@ -35,6 +35,10 @@ def check(snap: Snapshot, settings: CablingAudit) -> AuditResult:
         findings.append(AuditFinding(
             audit=NAME, severity=severity, element=f"{link.a}--{link.b}", element_kind="link",
             message=message.format(expected=link.expected, state=link.state), remediation=remediation,
-            evidence={"check": link.check, "state": link.state, "seen_by": link.seen_by, "expected": link.expected}))
+            evidence={"check": link.check, "state": link.state, "seen_by": link.seen_by, "expected": link.expected},
+            # LLDP cannot see across a link that is down or flapping: the correlator's link_down /
+            # link_flapping incident is the live one; standing, a run during a flap held a
+            # miscabling incident open for the hour until the next run
+            escalates=not (link.check == "missing" and link.state in ("down", "degraded"))))
     return result(NAME, findings, len(judged), notes,
                   no_data=None if judged else "no configured cable could be verified by a polled switch")
