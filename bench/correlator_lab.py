@@ -23,6 +23,7 @@ tests/lab/test_correlator_lab.py runs one trial of each kind with the same harne
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import threading
@@ -157,10 +158,12 @@ def trial(mesh: MeshLab, kind: str, rng: random.Random) -> dict:
             time.sleep(0.5)
     wait_quiet(mesh)
     opened = [i for i in incidents(mesh, since=start) if i["opened_ns"] >= start]
-    wrong = [f"{i['kind']} {i['element']}" for i in opened if flagged_ns is None or i["id"] != found["id"]]
+    others = [i for i in opened if flagged_ns is None or i["id"] != found["id"]]
     return {"kind": kind, "target": target, "opts": opts, "element": element, "detected": flagged_ns is not None,
             "latency_s": (flagged_ns - start) / 1e9 if flagged_ns is not None else None,
-            "resolved_s": resolved_s, "wrong": wrong}
+            "resolved_s": resolved_s, "wrong": [f"{i['kind']} {i['element']}" for i in others],
+            "wrong_why": [f"{(i['opened_ns'] - start) / 1e9:.1f} s: {i['summary']} {json.dumps(i['evidence'])[:600]}"
+                          for i in others]}
 
 
 def first_as(mesh: MeshLab, incident_id: int, kind: str) -> int | None:

@@ -69,9 +69,10 @@ def element(link) -> str:
 
 def test_a_clean_lab_gives_no_finding_and_every_audit_has_data(mesh):
     # every audit has what it needs once the polls, LLDP, clock solves and probe windows are in
+    # (a fresh lab's first clock solutions can still be converging: clean within 30 s is the claim)
     for name in sorted(AUDITS - {"ecmp_balance"}):
-        result = run_until(mesh, name, lambda r: r["status"] != "no_data", 30)
-        assert result["status"] == "clean", result
+        result = run_until(mesh, name, lambda r: r["status"] == "clean", 30)
+        assert result["status"] == "clean", (result["status"], result.get("reason"), result["findings"])
     report = run(mesh)
     assert findings(report) == {}, report
     statuses = {r["audit"]: r["status"] for r in report["results"]}

@@ -45,7 +45,7 @@ def test_a_clean_lab_raises_no_incident(mesh):
 def test_each_fault_opens_the_right_incident_and_resolves_after_heal(mesh, kind):
     r = trial(mesh, kind, random.Random(kind))
     assert r["detected"], f"no {kind} incident on {r['element']} within {DEADLINE_S[kind]} s: {r}"
-    assert r["wrong"] == [], f"other incidents opened during the {kind} fault: {r['wrong']}"
+    assert r["wrong"] == [], f"other incidents opened during the {kind} fault: {r['wrong_why']}"
     assert r["resolved_s"] is not None, f"the incident did not resolve after the heal: {r}"
 
 
