@@ -7,8 +7,9 @@ in every window: `IncidentFeed` sits between the correlator and the manager and 
 standing findings (the latest run of each audit) to each window's. Without a correlator, the
 service applies the standing findings alone once per window (`apply_standing`).
 
-A finding copied from the correlator's live window (`escalates` false: the errors audit's probe
-loss) does not stand: the correlator's own finding keeps or resolves that incident.
+A finding on what the correlator tracks live (`escalates` false: the errors audit's probe loss,
+cabling's `missing` on a down or flapping link) does not stand: the correlator's own finding keeps
+or resolves that incident.
 
 Every audit has its fault kind; an audit's element kinds beyond the correlator's (a host, a host
 pair, a role) are element kinds of their own, so their incidents never merge with a link's."""

@@ -53,8 +53,8 @@ class AuditFinding(BaseModel):
     message: str
     remediation: str
     evidence: dict[str, Any] = Field(default_factory=dict)
-    escalates: bool = Field(True, description="false for a copy of the correlator's live finding: the correlator "
-                                              "opens and resolves that incident itself, window by window")
+    escalates: bool = Field(True, description="false where the correlator tracks the same fault live (probe loss, "
+                                              "a link down): it opens and resolves that incident itself")
 
     @property
     def key(self) -> str:
