@@ -19,12 +19,9 @@ from typing import Any
 from pysnmp.hlapi.v3arch.asyncio import (
     CommunityData,
     ContextData,
-    ObjectIdentity,
-    ObjectType,
     SnmpEngine,
     UdpTransportTarget,
     UsmUserData,
-    get_cmd,
     USM_AUTH_HMAC96_MD5,
     USM_AUTH_HMAC96_SHA,
     USM_AUTH_HMAC192_SHA256,
@@ -35,7 +32,7 @@ from pysnmp.hlapi.v3arch.asyncio import (
     USM_PRIV_CFB256_AES_BLUMENTHAL,
     USM_PRIV_NONE,
 )
-from pysnmp.entity.rfc3413.cmdgen import BulkCommandGeneratorSingleRun
+from pysnmp.entity.rfc3413.cmdgen import BulkCommandGeneratorSingleRun, GetCommandGenerator
 from pysnmp.hlapi.v3arch.asyncio.cmdgen import LCD
 from pysnmp.proto import errind
 from pysnmp.proto.rfc1902 import Null, ObjectName
@@ -177,8 +174,7 @@ class SnmpTarget:
             return {}
         transport = await self.transport()
         try:
-            ei, es, ix, vbs = await get_cmd(self.engine, self.auth, transport, self.context,
-                                            *(ObjectType(ObjectIdentity(dotted(o))) for o in oids), lookupMib=False)
+            ei, es, ix, vbs = await self._send(GetCommandGenerator(), transport, [(ObjectName(o), _NULL) for o in oids])
         except CollectorError:
             raise
         except Exception as e:
@@ -188,9 +184,10 @@ class SnmpTarget:
         self.values += len(found)
         return found
 
-    async def _bulk(self, transport: UdpTransportTarget, oids: list[Oid], max_repetitions: int):
-        """One GETBULK, like pysnmp's `bulk_cmd` but with the request OIDs given as numbers: bulk_cmd
-        passes every request OID through the MIB view (~15% of the CPU of a large walk)."""
+    async def _send(self, generator, transport: UdpTransportTarget, var_binds: list, *bulk: int):
+        """One request with the OIDs given as numbers, like pysnmp's `get_cmd`/`bulk_cmd` without their
+        MIB view: those pass every request OID through it (~15% of the CPU of a large walk), and where
+        pysmi is installed the first lookup builds a MIB compiler (~3 s of CPU on the event loop)."""
         addr_name, _ = LCD.configure(self.engine, self.auth, transport, self.context.contextName)
         future = asyncio.get_running_loop().create_future()
 
@@ -198,10 +195,14 @@ class SnmpTarget:
             if not future.done():
                 future.set_result((error_indication, error_status, error_index, var_binds))
 
-        BulkCommandGeneratorSingleRun().send_varbinds(
-            self.engine, addr_name, self.context.contextEngineId, self.context.contextName, 0, max_repetitions,
-            [(ObjectName(o), _NULL) for o in oids], done)
+        generator.send_varbinds(self.engine, addr_name, self.context.contextEngineId, self.context.contextName,
+                                *bulk, var_binds, done)
         return await future
+
+    async def _bulk(self, transport: UdpTransportTarget, oids: list[Oid], max_repetitions: int):
+        """One GETBULK (non-repeaters 0) of the OIDs."""
+        return await self._send(BulkCommandGeneratorSingleRun(), transport, [(ObjectName(o), _NULL) for o in oids],
+                                0, max_repetitions)
 
     async def walk(self, columns: Sequence[Oid], max_repetitions: int) -> dict[Oid, dict[Oid, Any]]:
         """Walk several table columns (or subtrees) at once with GETBULK.

@@ -7,6 +7,12 @@ its summary names the job. A slowdown that no fabric finding explains becomes a 
 own, kind `job_slowdown` on the element `job:<id>`, saying so: it is not blamed on the network.
 That finding waits until the slowdown is NO_CAUSE_AFTER_NS old, so that a fabric fault still
 being localized is not first reported as a host-side slowdown.
+
+A fault's finding can miss a window while its incident stays open (the incident resolves only after
+N clean windows), and a job's collectives take a few more to recover after the fault heals. So an
+open fabric incident on the job's paths explains a slowdown too, and a slowdown the fabric has
+explained once stays explained until it clears (`SlowdownJoin` remembers it): the recovery tail of
+a fabric fault is never reported as a host-side slowdown.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from correlator.impact import on_job_paths
-from nms.records import Finding, JobSlowdown
+from nms.records import Finding, Incident, JobSlowdown
 
 
 def slowdown_evidence(s: JobSlowdown) -> dict:
@@ -30,13 +36,24 @@ def describe(s: JobSlowdown) -> str:
 NO_CAUSE_AFTER_NS = 5 * 10**9  # the fabric's own detection takes a few windows: wait this long before "no cause"
 
 
+SlowdownKey = tuple[str, str, str, str, int]  # job, comm, op, size bucket, since
+
+
+def _key(s: JobSlowdown) -> SlowdownKey:
+    return s.job_id, s.comm_id, s.op, s.size_bucket, s.since_ns
+
+
 def join(findings: Sequence[Finding], slowdowns: Sequence[JobSlowdown], now_ns: int,
-         no_cause_after_ns: int = NO_CAUSE_AFTER_NS) -> list[Finding]:
+         no_cause_after_ns: int = NO_CAUSE_AFTER_NS, open_incidents: Sequence[Incident] = (),
+         explained: set[SlowdownKey] | None = None) -> list[Finding]:
     """The window's findings with the slowdowns they explain attached, plus one `job_slowdown`
     finding per job whose slowdowns none explains (once the slowdown is `no_cause_after_ns` old:
-    a fabric fault that slows a job is usually localized within a few windows, not at once)."""
+    a fabric fault that slows a job is usually localized within a few windows, not at once).
+    A slowdown is also explained by an open fabric incident on the job's paths, and by being in
+    `explained` (the keys of slowdowns explained before; this call adds the ones it explains)."""
     out = list(findings)
     unexplained: dict[str, list[JobSlowdown]] = {}
+    explained = set() if explained is None else explained
     for s in slowdowns:
         causes = [i for i, f in enumerate(out) if f.element_kind != "job" and on_job_paths(f, s.job_id, s.host_pairs)]
         for i in causes:
@@ -44,7 +61,9 @@ def join(findings: Sequence[Finding], slowdowns: Sequence[JobSlowdown], now_ns: 
             evidence = {**f.evidence, "job_slowdowns": [*f.evidence.get("job_slowdowns", []), slowdown_evidence(s)]}
             summary = f"{f.summary}; slows job {s.job_id}: {describe(s)}"[:1024]
             out[i] = f.model_copy(update={"evidence": evidence, "summary": summary})
-        if not causes and now_ns - s.since_ns >= no_cause_after_ns:
+        if causes or any(i.element_kind != "job" and on_job_paths(i, s.job_id, s.host_pairs) for i in open_incidents):
+            explained.add(_key(s))
+        elif _key(s) not in explained and now_ns - s.since_ns >= no_cause_after_ns:
             unexplained.setdefault(s.job_id, []).append(s)
     for job_id, found in sorted(unexplained.items()):
         worst = min(found, key=lambda s: s.ratio)
@@ -58,3 +77,16 @@ def join(findings: Sequence[Finding], slowdowns: Sequence[JobSlowdown], now_ns: 
                       "host_pairs": sorted({p for s in found for p in s.host_pairs})[:1000]},
             jobs=[job_id]))
     return out
+
+
+class SlowdownJoin:
+    """`join` with its memory: the slowdowns the fabric explained, kept while they are active."""
+
+    def __init__(self, no_cause_after_ns: int = NO_CAUSE_AFTER_NS) -> None:
+        self.no_cause_after_ns = no_cause_after_ns
+        self.explained: set[SlowdownKey] = set()
+
+    def __call__(self, findings: Sequence[Finding], slowdowns: Sequence[JobSlowdown], now_ns: int,
+                 open_incidents: Sequence[Incident] = ()) -> list[Finding]:
+        self.explained &= {_key(s) for s in slowdowns}  # a cleared slowdown is forgotten
+        return join(findings, slowdowns, now_ns, self.no_cause_after_ns, open_incidents, self.explained)

@@ -126,13 +126,14 @@ def _poll_snmp(service: Service, peer: str) -> None:
     async def run():
         poller = Poller(service.config, service.store, registry=None)
         try:
-            await poller.poll_all()
-            subprocess.run(["ip", "link", "set", peer, "up"], check=True)
-            await asyncio.sleep(3.5)  # snmpd's interface cache
-            await poller.poll_all()
+            for i in range(2):  # both polls must give samples, or there is no rate to downsample
+                if i:
+                    subprocess.run(["ip", "link", "set", peer, "up"], check=True)
+                    await asyncio.sleep(3.5)  # snmpd's interface cache
+                devices = await poller.poll_all()
+                assert all(d.state == "ok" and d.consecutive_failures == 0 for d in devices), (i, devices)
         finally:
             await poller.close()
-        assert all(d.state == "ok" for d in poller.devices()), poller.devices()
     asyncio.run(run())
 
 
@@ -191,13 +192,15 @@ def pipeline(influxd_cq, veth, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dash")
     db = f"dash_{uuid.uuid4().hex[:8]}"
     config = make_config(
-        # unchanged_hold 0: two polls 3.5 s apart give a rate even when snmpd has not refreshed in between
+        # unchanged_hold 0: two polls 3.5 s apart give a rate even when snmpd has not refreshed in between;
+        # polling is driven by the fixture, so the interval only sets the poll's deadline (0.8 x): a
+        # first poll slowed by a busy machine must not cost the second sample
         tmp, polling={"enabled": False, "unchanged_hold": 0}, correlator={"enabled": False},
         thresholds={"resolve_after_clean_windows": 1},
         store={"backend": "influxdb", "influxdb": {"url": influxd_cq.url, "database": db, "flush_interval": "0.05s",
                                                    "timeout": "2s", "downsampling": {"enabled": True, "tiers": TIERS}}},
         fabric={"switches": [{"name": "leaf-d1", "mgmt_address": "127.0.0.1",
-                              "collectors": {"snmp": snmpd.settings(interfaces=["lo", port], interval=1.0)}}]})
+                              "collectors": {"snmp": snmpd.settings(interfaces=["lo", port], interval=10.0)}}]})
     service = Service(config)
     try:
         with TestClient(create_app(service)) as client:

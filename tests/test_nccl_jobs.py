@@ -8,12 +8,12 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from correlator.jobs import join
+from correlator.jobs import SlowdownJoin, join
 from correlator.slowdown import DetectorConfig, SlowdownDetector, bandwidths, op_bytes, size_bucket
 from nms.app.api import create_app
 from nms.app.jobs_nccl import NcclJobs, merge_jobs
 from nms.app.service import Service
-from nms.records import Finding, Job, JobSlowdown, NcclCollective, NcclCollectivePerf, NcclComm, NcclProxyOp, \
+from nms.records import Finding, Incident, Job, JobSlowdown, NcclCollective, NcclCollectivePerf, NcclComm, NcclProxyOp, \
     NcclProxyStep, RankPlacement
 from nms.state import StateStore
 from tests.helpers import auth, make_config
@@ -262,6 +262,29 @@ def test_a_finding_at_a_jobs_host_explains_it():
                   summary="down", jobs=["job-7"])
     [out] = join([nic], [slowdown()], T0)
     assert out.evidence["job_slowdowns"][0]["job"] == "job-7"
+
+
+def test_an_open_fabric_incident_explains_a_slowdown_in_a_window_without_its_finding():
+    f = link_finding(["h1:eth1>h2:eth1/3"])
+    inc = Incident(id=1, dedup_key=f"link:{f.element}", kind=f.kind, element=f.element, element_kind="link",
+                   severity="major", summary=f.summary, confidence=0.9, paths=f.paths, jobs=f.jobs,
+                   opened_ns=T0, updated_ns=T0, last_seen_ns=T0, clean_windows=1)
+    later = T0 + 6 * 10**9
+    assert join([], [slowdown()], later, open_incidents=[inc]) == []
+    assert join([], [slowdown()], later, open_incidents=[inc.model_copy(update={"jobs": ["job-8"]})])[0].kind == \
+        "job_slowdown"  # an incident of another job explains nothing
+
+
+def test_a_slowdown_the_fabric_explained_stays_explained_until_it_clears():
+    joined = SlowdownJoin()
+    f = link_finding(["h1:eth1>h2:eth1/3"])
+    assert joined([f], [slowdown()], T0)[0].evidence["job_slowdowns"]
+    # the fault healed and its incident resolved; the collectives are still recovering
+    assert joined([], [slowdown()], T0 + 20 * 10**9) == []
+    # the slowdown cleared; a new one (a new start) with no fabric cause is the host's
+    assert joined([], [], T0 + 21 * 10**9) == []
+    again = slowdown().model_copy(update={"since_ns": T0 + 22 * 10**9})
+    assert [x.kind for x in joined([], [again], T0 + 28 * 10**9)] == ["job_slowdown"]
 
 
 # --- service and API ----------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel
 
 from correlator import Correlator
-from correlator.jobs import join as join_job_slowdowns
+from correlator.jobs import SlowdownJoin
 from nms.app.incidents import IncidentManager
 from nms.config import NmsConfig
 from nms.records import FabricTopology, IncidentEvent
@@ -54,6 +54,7 @@ class CorrelationService:
         self.correlator = Correlator(config.fabric, config.thresholds, config.correlator)
         self.last: StepStats | None = None
         self.job_slowdowns: Callable[[], list] | None = None  # active NCCL job slowdowns (nms/app/jobs_nccl.py)
+        self._join_slowdowns = SlowdownJoin()
         self._topology_ns = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._arrival: asyncio.Event | None = None
@@ -116,7 +117,8 @@ class CorrelationService:
             jobs = self.state.list_jobs(active_at=now_ns)
             findings = self.correlator.step(now_ns, jobs)
             if self.job_slowdowns is not None:
-                findings = join_job_slowdowns(findings, self.job_slowdowns(), now_ns)
+                findings = self._join_slowdowns(findings, self.job_slowdowns(), now_ns,
+                                                self.incidents.open_incidents())
             events = self.incidents.apply(findings, now_ns)
             duration = time.perf_counter() - started
         self._duration.observe(duration)
