@@ -145,6 +145,9 @@ def trial(mesh: MeshLab, job: JobTraffic, flows: list[Flow], mode: str, observe:
         time.sleep(observe)
         end = time.time_ns()
         per_flow = job.goodput(end - int(window * 1e9), end)
+        # the actions as they stood during the fault (after the heal, the incident resolves and a
+        # dry run's proposals are withdrawn, at a time that depends on the machine's speed)
+        acts = [a for a in mesh.api("GET", "/actions").json() if a["id"] > first_action]
     finally:
         faults.heal(mesh.dir, fault["id"])
     opened = [i for i in incidents(mesh, since=start) if i["element"] == element and i["opened_ns"] >= start]
@@ -154,7 +157,6 @@ def trial(mesh: MeshLab, job: JobTraffic, flows: list[Flow], mode: str, observe:
     for m in job.moves():
         if m["t_ns"] > start and m["sport"] != home[m["flow"]] and m["flow"] in cut and m["flow"] not in moved:
             moved[m["flow"]] = (m["t_ns"] - start) / 1e9
-    acts = [a for a in mesh.api("GET", "/actions").json() if a["id"] > first_action]
     return Trial(mode, sum(per_flow.values()), min(per_flow.values()), per_flow, inc,
                  (inc["opened_ns"] - start) / 1e9 if inc else None, start, moved, acts)
 
