@@ -97,6 +97,17 @@ def config_check(file: Path = typer.Argument(..., help="YAML configuration file"
                   f"{len(cfg.api.tokens)} API tokens")
 
 
+QUIET_LOGGERS = ("apscheduler",)  # two INFO lines per job run (every 2 s): only at log_level debug
+
+
+def configure_logging(level: str) -> None:
+    """`nms serve`'s log: `level` (config log_level) for everything but the scheduler's per-run chatter,
+    which shows its warnings and errors (a missed or failed job) unless level is debug."""
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if level.lower() == "debug" else logging.WARNING)
+
+
 @app.command()
 def serve(config: Path = typer.Option(..., "--config", "-c", help="YAML configuration file")) -> None:
     """Run the service: REST API and scheduler in one process (Ctrl-C stops it cleanly)."""
@@ -106,7 +117,7 @@ def serve(config: Path = typer.Option(..., "--config", "-c", help="YAML configur
     from nms.app.service import Service
 
     cfg = _load(config)
-    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(cfg.log_level)
     if not cfg.api.tokens:
         err_console.print("[yellow]warning:[/] no API tokens configured: every authenticated endpoint "
                           "will answer 401 (see `nms token create`)")

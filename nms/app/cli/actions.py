@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Optional
 
 import typer
@@ -11,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from nms.app.cli.client import ApiClient, TokenOpt, UrlOpt, err_console, fmt_time
+from nms.app.cli.tables import Col, ListTable, WideOpt, ago
 
 actions_app = typer.Typer(help="Actions: what the controller did (or proposes) about incidents.", no_args_is_help=True)
 console = Console(soft_wrap=True)
@@ -35,8 +37,8 @@ def list_actions(state: Optional[str] = typer.Option(None, help="e.g. awaiting_a
                  incident: Optional[int] = typer.Option(None, help="only actions for this incident"),
                  limit: int = typer.Option(1000, min=1),
                  as_json: bool = typer.Option(False, "--json", help="print JSON"),
-                 url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
-    """List actions, newest first."""
+                 wide: bool = WideOpt, url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+    """List actions, newest first (--wide: every column, exact times)."""
     params: dict = {"limit": limit}
     for name, value in (("state", state), ("kind", kind), ("incident_id", incident)):
         if value is not None:
@@ -45,12 +47,15 @@ def list_actions(state: Optional[str] = typer.Option(None, help="e.g. awaiting_a
     if as_json:
         print(json.dumps(actions, indent=2))
         return
-    table = Table("id", "state", "kind", "element", "targets", "incident", "by", "created", "expires")
+    table = ListTable("id", Col("state", wrap=not wide), "kind", "element", Col("targets", wrap=not wide, drop=3),
+                      Col("incident", drop=2), Col("by", drop=5), Col("created", drop=1), Col("expires", drop=4))
+    now = time.time_ns()
+    when = (lambda ns: fmt_time(ns)) if wide else (lambda ns: ago(ns, now))  # noqa: E731
     for a in actions:
-        table.add_row(str(a["id"]), _state(a), a["kind"], a["element"], ",".join(a["targets"]),
-                      str(a["incident_id"] or ""), a["approved_by"] or a["requested_by"], fmt_time(a["created_ns"]),
-                      fmt_time(a["expires_ns"]) if a["expires_ns"] else "")
-    console.print(table)
+        table.add_row(str(a["id"]), _state(a), a["kind"], a["element"], ("," if wide else ", ").join(a["targets"]),
+                      str(a["incident_id"] or ""), escape(a["approved_by"] or a["requested_by"]),
+                      when(a["created_ns"]), when(a["expires_ns"]) if a["expires_ns"] else "")
+    table.print(console, wide, err_console)
     err_console.print(f"{len(actions)} action(s)")
 
 

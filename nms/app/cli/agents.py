@@ -8,9 +8,10 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
 from nms.app.cli.client import ApiClient, TokenOpt, UrlOpt, err_console, fmt_time
+from nms.app.cli.tables import Col, ListTable, WideOpt, ago
 
 agents_app = typer.Typer(help="Host probe agents (nms-agent): who is registered, commands and their results.",
                          no_args_is_help=True)
@@ -23,28 +24,35 @@ def _status(value: str) -> str:
     return f"[{STATUS_STYLE[value]}]{value}[/]" if value in STATUS_STYLE else value
 
 
-def _print_commands(commands: list[dict]) -> None:
-    table = Table("id", "host", "kind", "args", "status", "issued", "by", "result")
+def _print_commands(commands: list[dict], wide: bool = False) -> None:
+    table = ListTable("id", "host", "kind", Col("args", wrap=True, drop=2), "status", Col("issued", drop=1),
+                      Col("by", drop=3), Col("result", wrap=True))
+    now = time.time_ns()
     for c in commands:
-        table.add_row(str(c["id"]), c["host"], c["kind"], json.dumps(c["args"]) if c["args"] else "",
-                      _status(c["status"]), fmt_time(c["issued_ns"]), c["by"], c["message"])
-    console.print(table)
+        table.add_row(str(c["id"]), c["host"], c["kind"], escape(json.dumps(c["args"])) if c["args"] else "",
+                      _status(c["status"]), fmt_time(c["issued_ns"]) if wide else ago(c["issued_ns"], now),
+                      escape(c["by"]), escape(c["message"]))
+    table.print(console, wide, err_console)
 
 
 @agents_app.command("list")
-def list_agents(as_json: bool = typer.Option(False, "--json"), url: str = UrlOpt,
+def list_agents(as_json: bool = typer.Option(False, "--json"), wide: bool = WideOpt, url: str = UrlOpt,
                 token: Optional[str] = TokenOpt) -> None:
-    """Agents registered with this run of the service."""
+    """Agents registered with this run of the service (--wide: every column, exact times)."""
     agents = ApiClient(url, token).call("GET", "/agents")
     if as_json:
         print(json.dumps(agents, indent=2))
         return
-    table = Table("host", "version", "transport", "NICs", "peers", "registered", "last seen", "token")
+    table = ListTable("host", Col("version", drop=2), Col("transport", drop=3), Col("NICs", wrap=True, drop=4),
+                      Col("peers", drop=5, justify="right"), Col("registered", drop=6), "last seen",
+                      Col("token", drop=1))
+    now = time.time_ns()
+    when = (lambda ns: fmt_time(ns)) if wide else (lambda ns: ago(ns, now))  # noqa: E731
     for a in sorted(agents, key=lambda a: a["host"]):
         nics = ", ".join(f"{n['name']}={n['address']}" for n in a["nics"])
-        table.add_row(a["host"], a["version"], a["transport"], nics, str(a["peers"]), fmt_time(a["registered_ns"]),
-                      fmt_time(a["last_seen_ns"]), a["token"])
-    console.print(table)
+        table.add_row(a["host"], a["version"], a["transport"], nics, str(a["peers"]), when(a["registered_ns"]),
+                      when(a["last_seen_ns"]), a["token"])
+    table.print(console, wide, err_console)
     console.print(f"{len(agents)} agents")
 
 
@@ -52,15 +60,15 @@ def list_agents(as_json: bool = typer.Option(False, "--json"), url: str = UrlOpt
 def list_commands(host: Optional[str] = typer.Option(None, help="only this host's commands"),
                   status: Optional[str] = typer.Option(None, help="pending, delivered, done, failed or expired"),
                   limit: int = typer.Option(100, min=1, max=10_000, help="newest this many"),
-                  as_json: bool = typer.Option(False, "--json"), url: str = UrlOpt,
+                  as_json: bool = typer.Option(False, "--json"), wide: bool = WideOpt, url: str = UrlOpt,
                   token: Optional[str] = TokenOpt) -> None:
-    """Commands sent to agents, newest first, with their status and result."""
+    """Commands sent to agents, newest first, with their status and result (--wide: every column)."""
     params = {k: v for k, v in {"host": host, "status": status, "limit": limit}.items() if v is not None}
     commands = ApiClient(url, token).call("GET", "/agents/commands", params=params)
     if as_json:
         print(json.dumps(commands, indent=2))
         return
-    _print_commands(commands)
+    _print_commands(commands, wide)
 
 
 @agents_app.command("show")

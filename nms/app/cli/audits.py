@@ -7,9 +7,10 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
 from nms.app.cli.client import ApiClient, TokenOpt, UrlOpt, err_console, fmt_time
+from nms.app.cli.tables import Col, ListTable, WideOpt, ago, severity
 
 audit_app = typer.Typer(help="Fabric audits: cabling, MTU, speed, errors, ECMP balance, clock, drift, probe coverage.",
                         no_args_is_help=True)
@@ -27,46 +28,48 @@ def _result_text(result: dict | None) -> str:
     return "[green]clean[/]" if result["status"] == "clean" else f"[red]error: {result['reason']}[/]"
 
 
-def print_report(report: dict) -> None:
-    table = Table("audit", "result", "checked")
+def print_report(report: dict, wide: bool = False) -> None:
+    table = ListTable("audit", Col("result", wrap=True), Col("checked", justify="right"))
     for r in report["results"]:
         table.add_row(r["audit"], _result_text(r), str(r["checked"]))
-    console.print(table)
+    table.print(console, wide)
     findings = [f for r in report["results"] for f in r["findings"]]
     if findings:
-        t = Table("audit", "severity", "element", "finding", "remediation")
+        t = ListTable("audit", "severity" if wide else "sev", "element", Col("finding", wrap=True),
+                      Col("remediation", wrap=True, drop=1))
         for f in findings:
-            t.add_row(f["audit"], f"[{SEVERITY_STYLE[f['severity']]}]{f['severity']}[/]", f["element"], f["message"],
-                      f["remediation"])
-        console.print(t)
+            t.add_row(f["audit"], severity(f["severity"], SEVERITY_STYLE, wide), f["element"], escape(f["message"]),
+                      escape(f["remediation"]))
+        t.print(console, wide, err_console)
     err_console.print(f"report {report['id']}: {len(findings)} finding(s)")
 
 
 @audit_app.command("list")
 def list_audits(as_json: bool = typer.Option(False, "--json", help="print JSON"),
-                url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
-    """The audits, their schedule and last result."""
+                wide: bool = WideOpt, url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+    """The audits, their schedule and last result (--wide: every column)."""
     audits = ApiClient(url, token).call("GET", "/audits")
     if as_json:
         print(json.dumps(audits, indent=2))
         return
-    table = Table("audit", "enabled", "schedule", "incidents at", "last report", "last result")
+    table = ListTable("audit", Col("enabled", drop=2), Col("schedule", wrap=True), Col("incidents at", drop=3),
+                      Col("last report", drop=1), Col("last result", wrap=True))
     for a in audits:
         table.add_row(a["name"], "yes" if a["enabled"] else "no", a["schedule"], a["open_incidents"],
                       str(a["last_report_id"] or ""), _result_text(a["last"]))
-    console.print(table)
+    table.print(console, wide, err_console)
 
 
 @audit_app.command("run")
 def run(name: Optional[str] = typer.Argument(None, help="one audit (default: every enabled one)"),
         as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
-        url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+        wide: bool = WideOpt, url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
     """Run audits now; exit status 3 when something was found."""
     report = ApiClient(url, token, timeout=120).call("POST", "/audits/run", json={"name": name} if name else {})
     if as_json:
         print(json.dumps(report, indent=2))
     else:
-        print_report(report)
+        print_report(report, wide)
     if any(r["findings"] for r in report["results"]):
         raise typer.Exit(3)
 
@@ -76,7 +79,7 @@ def report(report_id: Optional[int] = typer.Argument(None, help="report id (defa
            fmt: str = typer.Option("md", "--format", help="md, json or html"),
            audit: Optional[str] = typer.Option(None, help="without an id: the newest report that ran this audit"),
            list_: bool = typer.Option(False, "--list", help="list the report history instead"),
-           url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+           wide: bool = WideOpt, url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
     """Print one report as Markdown, JSON or HTML (or the history with --list)."""
     if fmt not in ("md", "json", "html"):
         err_console.print(f"[red]error:[/] --format must be md, json or html, not {fmt!r}")
@@ -86,11 +89,12 @@ def report(report_id: Optional[int] = typer.Argument(None, help="report id (defa
         params = {"limit": 1000 if list_ else 1, **({"audit": audit} if audit else {})}
         reports = client.call("GET", "/audits/reports", params=params)
         if list_:
-            table = Table("id", "trigger", "started", "audits", "findings")
+            table = ListTable("id", "trigger", "started", Col("audits", wrap=not wide),
+                              Col("findings", justify="right"))
             for r in reports:
-                table.add_row(str(r["id"]), r["trigger"], fmt_time(r["started_ns"]), ",".join(r["audits"]),
-                              str(r["findings"]))
-            console.print(table)
+                table.add_row(str(r["id"]), r["trigger"], fmt_time(r["started_ns"]) if wide else ago(r["started_ns"]),
+                              ("," if wide else ", ").join(r["audits"]), str(r["findings"]))
+            table.print(console, wide, err_console)
             return
         if not reports:
             err_console.print("no audit report yet: run one with `nms audit run`")

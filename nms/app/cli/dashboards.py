@@ -9,9 +9,9 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from nms.app.cli.client import ApiClient, TokenOpt, UrlOpt, err_console
+from nms.app.cli.tables import Col, ListTable, WideOpt
 from nms.app.dashboards import catalog
 
 dashboards_app = typer.Typer(help="Chronograf dashboards for the InfluxDB store, and the stored schema.",
@@ -24,14 +24,14 @@ class SchemaFormat(str, Enum):
 
 
 @dashboards_app.command("list")
-def list_dashboards() -> None:
+def list_dashboards(wide: bool = WideOpt) -> None:
     """The shipped dashboards: name, title, what they show."""
-    table = Table("name", "title", "cells", "about")
+    table = ListTable("name", Col("title", wrap=True), Col("cells", justify="right"), Col("about", wrap=True))
     for name in catalog.names():
         doc = catalog.load(name)
         table.add_row(name, doc["dashboard"]["name"], str(len(doc["dashboard"]["cells"])),
                       doc["meta"].get("nms", {}).get("description", ""))
-    Console(soft_wrap=True).print(table)
+    table.print(Console(soft_wrap=True), wide)
 
 
 @dashboards_app.command("export")

@@ -24,6 +24,7 @@ from rich.table import Table
 
 from nms.app.auth import new_token
 from nms.app.cli.client import ApiClient, err_console
+from nms.app.cli.interrupt import signals_as_ctrl_c
 
 console = Console()
 
@@ -97,6 +98,11 @@ def run_demo(minutes: int = 5, keep_running: bool = False) -> None:
     url = f"http://127.0.0.1:{port}"
     console.rule("[bold]fabric-nms demo (embedded store)")
     console.print(f"config {config}\nservice {url}  (token in env NMS_TOKEN of the server only)")
+    with signals_as_ctrl_c():  # SIGTERM, SIGHUP: the Ctrl-C teardown, no orphaned `nms serve`
+        _run(minutes, keep_running, workdir, config, url, token)
+
+
+def _run(minutes: int, keep_running: bool, workdir: Path, config: Path, url: str, token: str) -> None:
     env = dict(os.environ, NMS_TOKEN=token)
     server = subprocess.Popen([sys.executable, "-m", "nms", "serve", "--config", str(config)], env=env,
                               stdout=open(workdir / "server.log", "w"), stderr=subprocess.STDOUT)

@@ -16,6 +16,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from nms.app.cli.client import err_console
+from nms.app.cli.interrupt import signals_as_ctrl_c
 from nms.lab import faults
 from nms.lab.stack import LabStack
 
@@ -55,6 +56,12 @@ def _show(incident: dict) -> None:
 def run_lab_demo(keep_lab: bool = False) -> None:
     stack = LabStack(PREFIX, MGMT, snmp_interval="1s", service_config=SERVICE, leaves=3)
     console.rule("[bold]fabric-nms demo: the fabric lab, agents, SNMP and the correlator")
+    with signals_as_ctrl_c():  # SIGTERM, SIGHUP: the Ctrl-C teardown, the lab removed
+        _run(stack, keep_lab)
+    console.print("[green]demo done[/]: lab removed")
+
+
+def _run(stack: LabStack, keep_lab: bool) -> None:
     try:
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("lab up: 2 spines, 3 leaves, 6 hosts; service; agents", total=None)
@@ -102,4 +109,3 @@ def run_lab_demo(keep_lab: bool = False) -> None:
     finally:
         with console.status("tearing the lab down"):
             stack.down()
-    console.print("[green]demo done[/]: lab removed")

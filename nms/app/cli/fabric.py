@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from nms.app.cli.client import ApiClient, TokenOpt, UrlOpt, err_console, fmt_time
+from nms.app.cli.tables import Col, ListTable
 
 console = Console(soft_wrap=True)
 collect_app = typer.Typer(help="Run a switch collector from this process (no service needed).",
@@ -124,25 +125,28 @@ WideOpt = typer.Option(False, "--wide", "-w", help="every column (the default sh
 
 def topology(as_json: bool = typer.Option(False, "--json"), problems: bool = typer.Option(
         False, "--problems", help="only missing, miscabled and unexpected cables"),
-        url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
-    """The fabric from LLDP, reconciled with the configured inventory."""
+        wide: bool = WideOpt, url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+    """The fabric from LLDP, reconciled with the configured inventory (--wide: every column)."""
+
     topo = ApiClient(url, token).call("GET", "/topology")
     if as_json:
         print(json.dumps(topo, indent=2))
         return
     links = [link for link in topo["links"] if not problems or link["check"] in ("missing", "miscabled", "unexpected")]
-    table = Table("a", "b", "check", "state", "rates at", "in", "out", "seen by", "note", title="cables",
-                  title_justify="left")
+    table = ListTable("a", "b", "check", "state", Col("rates at", drop=2), Col("in", justify="right"),
+                      Col("out", justify="right"), Col("seen by", wrap=not wide, drop=3), Col("note", wrap=True, drop=1),
+                      title="cables", title_justify="left")
     for link in links:
         table.add_row(link["a"], link["b"], _styled(link["check"], CHECK_STYLE), _styled(link["state"], STATE_STYLE),
-                      link["rate_port"] or "", _bps(link["in_bps"]), _bps(link["out_bps"]), ",".join(link["seen_by"]),
+                      link["rate_port"] or "", _bps(link["in_bps"]), _bps(link["out_bps"]),
+                      ("," if wide else ", ").join(link["seen_by"]),
                       link["expected"] or ("flapping" if link["flapping"] else ""))
-    console.print(table)
-    nodes = Table("node", "kind", "role", "configured", "reachable", title="nodes", title_justify="left")
+    table.print(console, wide, err_console)
+    nodes = ListTable("node", "kind", "role", "configured", "reachable", title="nodes", title_justify="left")
     for n in topo["nodes"]:
         nodes.add_row(n["name"], n["kind"], n["role"] or "", "yes" if n["configured"] else "[yellow]no[/]",
                       "" if n["reachable"] is None else ("yes" if n["reachable"] else "[red]no[/]"))
-    console.print(nodes)
+    nodes.print(console, wide, err_console)
     bad = [link for link in topo["links"] if link["check"] in ("missing", "miscabled", "unexpected")]
     console.print(f"{len(topo['links'])} cables, {len(bad)} with problems")
 

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from nms.app.cli.client import ApiClient, TokenOpt, UrlOpt, err_console, fmt_time
+from nms.app.cli.tables import Col, ListTable, WideOpt, ago, severity as short_severity
 from nms.config.models import parse_duration
 
 incidents_app = typer.Typer(help="Incidents: what the correlator found, open until N clean windows.",
@@ -57,8 +58,9 @@ def list_incidents(state: Optional[str] = typer.Option(None, help="open or resol
                    since: Optional[str] = typer.Option(None, help="active since: a duration ago (1h), ns or RFC 3339"),
                    limit: int = typer.Option(1000, min=1),
                    as_json: bool = typer.Option(False, "--json", help="print JSON"),
-                   url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
-    """List incidents, newest first."""
+                   wide: bool = WideOpt, url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+    """List incidents, newest first (at 80 columns: id, state, kind, element, severity, opened; --wide: every
+    column, exact times)."""
     params: dict = {"limit": limit}
     for name, value in (("state", state), ("kind", kind), ("job", job), ("element", element)):
         if value:
@@ -69,11 +71,15 @@ def list_incidents(state: Optional[str] = typer.Option(None, help="open or resol
     if as_json:
         print(json.dumps(incidents, indent=2))
         return
-    table = Table("id", "state", "kind", "element", "severity", "opened", "age", "jobs", "ack")
+    table = ListTable("id", "state", "kind", "element", "severity" if wide else "sev", Col("opened", drop=1),
+                      Col("age", drop=2), Col("jobs", wrap=not wide, drop=3), Col("ack", drop=4))
+    now = time.time_ns()
     for i in incidents:
-        table.add_row(str(i["id"]), i["state"], i["kind"], i["element"], _severity(i["severity"]),
-                      fmt_time(i["opened_ns"]), _age(i), ",".join(i["jobs"]), i["acknowledged_by"] or "")
-    console.print(table)
+        table.add_row(str(i["id"]), i["state"], i["kind"], i["element"],
+                      short_severity(i["severity"], SEVERITY_STYLE, wide),
+                      fmt_time(i["opened_ns"]) if wide else ago(i["opened_ns"], now), _age(i),
+                      ("," if wide else ", ").join(i["jobs"]), i["acknowledged_by"] or "")
+    table.print(console, wide, err_console)
     err_console.print(f"{len(incidents)} incident(s)")
 
 

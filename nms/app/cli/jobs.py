@@ -13,6 +13,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from nms.app.cli.client import ApiClient, TokenOpt, UrlOpt, err_console, fmt_time
+from nms.app.cli.tables import Col, ListTable, WideOpt, ago
 
 jobs_app = typer.Typer(help="Jobs (hosts, NICs, ranks, start/end) that the correlator joins.", no_args_is_help=True)
 console = Console()
@@ -22,8 +23,8 @@ console = Console()
 def list_jobs(active: bool = typer.Option(False, "--active", help="only jobs running now"),
               host: Optional[str] = typer.Option(None, help="only jobs on this host"),
               as_json: bool = typer.Option(False, "--json"),
-              url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
-    """List jobs."""
+              wide: bool = WideOpt, url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+    """List jobs (--wide: exact start and end times)."""
     params: dict = {}
     if active:
         params["active_at"] = time.time_ns()
@@ -33,11 +34,14 @@ def list_jobs(active: bool = typer.Option(False, "--active", help="only jobs run
     if as_json:
         print(json.dumps(jobs, indent=2))
         return
-    table = Table("id", "name", "hosts", "ranks", "start", "end")
+    table = ListTable("id", Col("name", wrap=True, drop=1), Col("hosts", drop=3, justify="right"),
+                      Col("ranks", drop=4, justify="right"), "start", "end")
+    now = time.time_ns()
+    when = (lambda ns: fmt_time(ns)) if wide else (lambda ns: ago(ns, now))  # noqa: E731
     for job in jobs:
         table.add_row(job["id"], job["name"], str(len(job["hosts"])), str(len(job["ranks"])),
-                      fmt_time(job["start"]), fmt_time(job["end"]) if job["end"] else "running")
-    console.print(table)
+                      when(job["start"]), when(job["end"]) if job["end"] else "running")
+    table.print(console, wide, err_console)
 
 
 @jobs_app.command("show")
