@@ -38,7 +38,11 @@ OTHER = "leaf2:swp3--spine1:swp2"
 def config(tmp_path):
     tokens = [{"name": f"t-{scope}", "scopes": [scope], "token": token} for scope, token in TOKENS.items()]
     tokens.append({"name": "ops-h1-1", "scopes": ["admin"], "host": "h1-1", "token": BOUND})
+    # the tests drive the incident manager with their own windows: the service's correlator loop (or,
+    # without it, the audits' incident job) would resolve their incidents on its clock, mid-test on a
+    # slow machine
     return make_config(tmp_path, fabric=fabric(1, 1), api={"tokens": tokens}, polling={"enabled": False},
+                       correlator={"enabled": False}, audits={"enabled": False},
                        thresholds={"resolve_after_clean_windows": 2})
 
 
