@@ -438,8 +438,9 @@ class GenericPoint(Record):
     """A raw point for telemetry that has no record type of its own (scripts, other tools)."""
 
     measurement: str = Field(min_length=1, max_length=256)
-    tags: dict[str, str] = Field(default_factory=dict, max_length=64)
-    fields: dict[str, bool | int | float | str] = Field(min_length=1, max_length=256)
+    tags: dict[Annotated[str, Field(min_length=1, max_length=256)], str] = Field(default_factory=dict, max_length=64)
+    fields: dict[Annotated[str, Field(min_length=1, max_length=256)], bool | Int64 | float | str] = Field(
+        min_length=1, max_length=256)
     ts: TimestampNs
 
     def to_point(self) -> Point:
