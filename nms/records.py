@@ -15,7 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from nms.store.base import INT64_MAX, MAX_TIMESTAMP_NS, UINT64_MAX, FieldType, Point, declare_fields
+from nms.store.base import INT64_MAX, INT64_MIN, MAX_TIMESTAMP_NS, UINT64_MAX, FieldType, Point, declare_fields
 
 U64_MAX = UINT64_MAX
 
@@ -25,6 +25,8 @@ def _to_ns(value: Any) -> Any:
     if isinstance(value, bool):
         raise ValueError("expected integer nanoseconds or an RFC 3339 timestamp, not a boolean")
     if isinstance(value, str) and value.isdigit():
+        return int(value)
+    if isinstance(value, float) and value.is_integer():  # JSON's 3.0 is 3 (see Record)
         return int(value)
     if isinstance(value, str):
         try:
@@ -39,8 +41,10 @@ def _to_ns(value: Any) -> Any:
     return value
 
 
-TimestampNs = Annotated[int, BeforeValidator(_to_ns), Field(ge=0, le=MAX_TIMESTAMP_NS)]
+# the bounds before the validator: so they appear in the JSON schema as minimum/maximum
+TimestampNs = Annotated[int, Field(ge=0, le=MAX_TIMESTAMP_NS), BeforeValidator(_to_ns)]
 Counter = Annotated[int, Field(ge=0, le=U64_MAX)]
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]  # what the stores keep of an integer
 Ident = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\\]+$")]
 OperStatus = Literal["up", "down", "testing", "unknown", "dormant", "notPresent", "lowerLayerDown"]
 
@@ -48,6 +52,41 @@ OperStatus = Literal["up", "down", "testing", "unknown", "dormant", "notPresent"
 class Record(BaseModel):
     # strict: no silent coercions (a boolean is not a counter, "5" is not a number)
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    # JSON does not tell 3 from 3.0, nor does JSON Schema (whose "integer" is any number without a
+    # fraction): an integer attribute takes an integral float as that integer. Set per subclass.
+    _int_attrs: ClassVar[frozenset[str]] = frozenset()
+    _int_list_attrs: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        scalars, lists = set(), set()
+        for name, prop in cls.model_json_schema()["properties"].items():
+            for option in prop.get("anyOf", [prop]):
+                if option.get("type") == "integer":
+                    scalars.add(name)
+                elif option.get("type") == "array" and option.get("items", {}).get("type") == "integer":
+                    lists.add(name)
+        cls._int_attrs, cls._int_list_attrs = frozenset(scalars), frozenset(lists)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _integral_floats(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not (cls._int_attrs or cls._int_list_attrs):
+            return data
+        changed = None
+        for name in cls._int_attrs.intersection(data):
+            value = data[name]
+            if value.__class__ is float and value.is_integer():
+                changed = changed or dict(data)
+                changed[name] = int(value)
+        for name in cls._int_list_attrs.intersection(data):
+            values = data[name]
+            if isinstance(values, list) and any(v.__class__ is float for v in values):
+                changed = changed or dict(data)
+                changed[name] = [int(v) if v.__class__ is float and v.is_integer() else v for v in values]
+        return data if changed is None else changed
 
 
 def _stored_type(prop: dict[str, Any]) -> FieldType:
@@ -207,7 +246,8 @@ class HostNicSample(TelemetryRecord):
     cnp_received: Counter | None = None
     oper_status: OperStatus | None = None
     mtu: int | None = Field(None, ge=0, le=1_000_000, description="the NIC's MTU (the audits' end-to-end MTU check)")
-    speed_bps: int | None = Field(None, ge=0, description="negotiated speed; absent when the NIC does not say")
+    speed_bps: int | None = Field(None, ge=0, le=INT64_MAX,
+                                  description="negotiated speed; absent when the NIC does not say")
 
 
 class ProbeWindow(TelemetryRecord):
@@ -225,30 +265,31 @@ class ProbeWindow(TelemetryRecord):
     window_start: TimestampNs
     window_s: float = Field(1.0, gt=0)
     sport: int | None = Field(None, ge=0, le=65535)
-    sent: int = Field(ge=0)
-    received: int = Field(ge=0)
-    owd_fwd_min_ns: int | None = None
-    owd_fwd_p50_ns: int | None = None
-    owd_fwd_p99_ns: int | None = None
-    owd_rev_min_ns: int | None = None
-    owd_rev_p50_ns: int | None = None
-    owd_rev_p99_ns: int | None = None
-    rtt_min_ns: int | None = Field(None, ge=0)
-    rtt_p50_ns: int | None = Field(None, ge=0)
-    rtt_p99_ns: int | None = Field(None, ge=0)
-    pairs: int | None = Field(None, ge=0, description="coded probe pairs sent in this window")
-    pure_pairs: int | None = Field(None, ge=0, description="pairs whose receive spacing matched their send "
-                                                          "spacing within the guard, both ways (clock sync)")
+    sent: int = Field(ge=0, le=INT64_MAX)
+    received: int = Field(ge=0, le=INT64_MAX)
+    owd_fwd_min_ns: Int64 | None = None
+    owd_fwd_p50_ns: Int64 | None = None
+    owd_fwd_p99_ns: Int64 | None = None
+    owd_rev_min_ns: Int64 | None = None
+    owd_rev_p50_ns: Int64 | None = None
+    owd_rev_p99_ns: Int64 | None = None
+    rtt_min_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    rtt_p50_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    rtt_p99_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    pairs: int | None = Field(None, ge=0, le=INT64_MAX, description="coded probe pairs sent in this window")
+    pure_pairs: int | None = Field(None, ge=0, le=INT64_MAX,
+                                   description="pairs whose receive spacing matched their send "
+                                               "spacing within the guard, both ways (clock sync)")
     # Filled by the service at ingest from its latest clock solve (nms.app.clock), when fresh:
     # fwd corrected = fwd - offset, rev corrected = rev + offset; absent when no fresh solution.
     clock_offset_ns: float | None = Field(None, description="clock_dst - clock_src applied to the *_corr_ns "
                                                             "delays (service-side clock sync)")
-    owd_fwd_min_corr_ns: int | None = None
-    owd_fwd_p50_corr_ns: int | None = None
-    owd_fwd_p99_corr_ns: int | None = None
-    owd_rev_min_corr_ns: int | None = None
-    owd_rev_p50_corr_ns: int | None = None
-    owd_rev_p99_corr_ns: int | None = None
+    owd_fwd_min_corr_ns: Int64 | None = None
+    owd_fwd_p50_corr_ns: Int64 | None = None
+    owd_fwd_p99_corr_ns: Int64 | None = None
+    owd_rev_min_corr_ns: Int64 | None = None
+    owd_rev_p50_corr_ns: Int64 | None = None
+    owd_rev_p99_corr_ns: Int64 | None = None
 
     @model_validator(mode="after")
     def _received_le_sent(self) -> ProbeWindow:
@@ -335,7 +376,7 @@ class ClockEdge(TelemetryRecord):
     offset_ns: float
     drift_ppb: float
     bound_ns: float = Field(ge=0)
-    pure_pairs: int = Field(ge=0)
+    pure_pairs: int = Field(ge=0, le=INT64_MAX)
 
 
 class ClockSolution(TelemetryRecord):
@@ -355,14 +396,14 @@ class ClockSolution(TelemetryRecord):
 
 
 class RankPlacement(Record):
-    rank: int = Field(ge=0)
+    rank: int = Field(ge=0, le=INT64_MAX)
     host: Ident
     nic: Ident | None = None
     # filled by the NCCL plugin's data (nms/app/jobs_nccl.py); a rank is a rank of one communicator
     comm_id: Ident | None = Field(None, description="the communicator this rank belongs to (16 hex digits)")
-    peers: list[int] = Field(default_factory=list, max_length=4096, description="ranks it sent to / received from")
-    qps: list[int] = Field(default_factory=list, max_length=4096, description="IB QP numbers (socket: fds) it used")
-    net_devices: list[int] = Field(default_factory=list, max_length=64, description="NCCL's network device indexes")
+    peers: list[Int64] = Field(default_factory=list, max_length=4096, description="ranks it sent to / received from")
+    qps: list[Int64] = Field(default_factory=list, max_length=4096, description="IB QP numbers (socket: fds) it used")
+    net_devices: list[Int64] = Field(default_factory=list, max_length=64, description="NCCL's network device indexes")
 
 
 class Job(Record):
@@ -397,8 +438,9 @@ class GenericPoint(Record):
     """A raw point for telemetry that has no record type of its own (scripts, other tools)."""
 
     measurement: str = Field(min_length=1, max_length=256)
-    tags: dict[str, str] = Field(default_factory=dict, max_length=64)
-    fields: dict[str, bool | int | float | str] = Field(min_length=1, max_length=256)
+    tags: dict[Annotated[str, Field(min_length=1, max_length=256)], str] = Field(default_factory=dict, max_length=64)
+    fields: dict[Annotated[str, Field(min_length=1, max_length=256)], bool | Int64 | float | str] = Field(
+        min_length=1, max_length=256)
     ts: TimestampNs
 
     def to_point(self) -> Point:
@@ -434,8 +476,8 @@ class NcclComm(_NcclEvent):
 
     measurement: ClassVar[str] = "nccl_comm"
 
-    nranks: int = Field(ge=1)
-    nnodes: int = Field(ge=0)
+    nranks: int = Field(ge=1, le=INT64_MAX)
+    nnodes: int = Field(ge=0, le=INT64_MAX)
     comm_name: str | None = Field(None, max_length=64)
     abi_version: int = Field(ge=1, le=6, description="the ncclProfiler_vN NCCL loaded")
 
@@ -457,8 +499,8 @@ class NcclCollective(_NcclEvent):
     channels: int | None = Field(None, ge=0, le=255)
     warps: int | None = Field(None, ge=0, le=255)
     seq: Counter | None = Field(None, description="NCCL's per-communicator sequence number of this collective")
-    root: int | None = None
-    peer: int | None = Field(None, description="p2p: the remote rank")
+    root: Int64 | None = None
+    peer: Int64 | None = Field(None, description="p2p: the remote rank")
 
 
 class NcclProxyOp(_NcclEvent):
@@ -468,11 +510,11 @@ class NcclProxyOp(_NcclEvent):
 
     parent_id: Counter | None = Field(None, description="the collective's / p2p's event_id, when known")
     channel: int = Field(ge=0, le=255)
-    peer: int
+    peer: Int64
     is_send: bool
-    n_steps: int
-    chunk_size: int
-    steps: int = Field(ge=0, description="proxy steps that stopped under this op")
+    n_steps: Int64
+    chunk_size: Int64
+    steps: int = Field(ge=0, le=INT64_MAX, description="proxy steps that stopped under this op")
     trans_bytes: Counter = Field(description="bytes its steps transferred")
 
 
@@ -483,22 +525,23 @@ class NcclProxyStep(_NcclEvent):
     measurement: ClassVar[str] = "nccl_proxy_step"
 
     parent_id: Counter | None = Field(None, description="the proxy op's event_id, when known")
-    step: int
-    peer: int | None = Field(None, description="the remote rank (from the proxy op)")
+    step: Int64
+    peer: Int64 | None = Field(None, description="the remote rank (from the proxy op)")
     channel: int | None = Field(None, ge=0, le=255)
     is_send: bool | None = None
     trans_size: Counter
     net: Literal["ib", "socket"] | None = Field(None, description="the network plugin that reported the transfer")
-    connection: int | None = Field(None, description="IB: the QP number; sockets: the file descriptor")
-    net_device: int | None = Field(None, description="IB: the network device index")
-    net_events: int = Field(ge=0, description="network requests (work requests / socket ops) in this step")
+    connection: Int64 | None = Field(None, description="IB: the QP number; sockets: the file descriptor")
+    net_device: Int64 | None = Field(None, description="IB: the network device index")
+    net_events: int = Field(ge=0, le=INT64_MAX,
+                            description="network requests (work requests / socket ops) in this step")
     net_bytes: Counter
-    send_gpu_wait_ns: int | None = Field(None, ge=0)
-    send_peer_wait_ns: int | None = Field(None, ge=0)
-    send_wait_ns: int | None = Field(None, ge=0)
-    recv_wait_ns: int | None = Field(None, ge=0)
-    recv_flush_wait_ns: int | None = Field(None, ge=0)
-    recv_gpu_wait_ns: int | None = Field(None, ge=0)
+    send_gpu_wait_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    send_peer_wait_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    send_wait_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    recv_wait_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    recv_flush_wait_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    recv_gpu_wait_ns: int | None = Field(None, ge=0, le=INT64_MAX)
 
 
 class NcclCollectivePerf(TelemetryRecord):
@@ -516,11 +559,11 @@ class NcclCollectivePerf(TelemetryRecord):
     op: str = Field(max_length=16)
     size_bucket: str = Field(max_length=16, description="message size rounded down to a power of two, e.g. 1MiB")
     start_ns: TimestampNs
-    seq: int = Field(ge=-1, description="NCCL's sequence number (-1: unknown)")
-    bytes: int = Field(ge=0)
-    nranks: int = Field(ge=1)
-    ranks_seen: int = Field(ge=1)
-    duration_ns: int = Field(ge=1)
+    seq: int = Field(ge=-1, le=INT64_MAX, description="NCCL's sequence number (-1: unknown)")
+    bytes: int = Field(ge=0, le=INT64_MAX)
+    nranks: int = Field(ge=1, le=INT64_MAX)
+    ranks_seen: int = Field(ge=1, le=INT64_MAX)
+    duration_ns: int = Field(ge=1, le=INT64_MAX)
     algbw_gbps: float = Field(ge=0)
     busbw_gbps: float = Field(ge=0)
     baseline_busbw_gbps: float | None = Field(None, ge=0)

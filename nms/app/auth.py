@@ -63,6 +63,10 @@ class ErrorDetail(BaseModel):
 # Documented on every route that needs a token.
 AUTH_RESPONSES = {401: {"model": ErrorDetail, "description": "missing or invalid token"},
                   403: {"model": ErrorDetail, "description": "token lacks the required scope"}}
+# The same for a route whose own answer is not JSON (an event stream): its errors are JSON all the same.
+_JSON_ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorDetail"}}}
+STREAM_AUTH_RESPONSES = {status: {"description": answer["description"], "content": _JSON_ERROR}
+                         for status, answer in AUTH_RESPONSES.items()}
 BAD_BODY_RESPONSE = {400: {"model": ErrorDetail, "description": "body is not valid JSON"}}
 
 _bearer = HTTPBearer(auto_error=False, description="API token (see `nms token create`)")

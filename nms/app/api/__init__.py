@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from nms import __version__
@@ -118,6 +122,31 @@ def _all_query_params(dependant):
         yield from _all_query_params(sub)
 
 
+def _route_methods(routes) -> Iterator[tuple[str, set[str]]]:
+    """(path template, methods) of every route, routers included with include_router flattened
+    (FastAPI keeps those as lazily resolved `effective_route_contexts`)."""
+    for route in routes:
+        contexts = getattr(route, "effective_route_contexts", None)
+        if contexts is not None:
+            for context in contexts():
+                yield context.path, set(getattr(context.original_route, "methods", None) or ())
+        elif getattr(route, "methods", None):
+            yield route.path, set(route.methods)
+
+
+def allowed_methods(app: FastAPI, path: str) -> list[str]:
+    """Every method some route of the app answers on `path` (the path without the root path)."""
+    table = getattr(app.state, "route_methods", None)
+    if table is None:  # built on the first 405: every route is in place by then
+        table = app.state.route_methods = [(compile_path(template)[0], methods)
+                                           for template, methods in _route_methods(app.router.routes)]
+    methods: set[str] = set()
+    for regex, route_methods in table:
+        if regex.match(path):
+            methods |= route_methods
+    return sorted(methods)
+
+
 def create_app(service: Service, manage_lifecycle: bool = True) -> FastAPI:
     """Build the API around a service. With manage_lifecycle, app startup/shutdown start and stop
     the service (scheduler, store flush)."""
@@ -144,6 +173,16 @@ def create_app(service: Service, manage_lifecycle: bool = True) -> FastAPI:
     app.state.tokens = TokenRegistry(service.config.api.tokens)
     app.state.sessions = SessionStore(service.config.api.session_ttl)  # the live view's logins (/ui)
     app.state.metrics = service.metrics
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        # Starlette's 405 names the methods of the first route matching the path only; a path served
+        # by several routes (GET /jobs and POST /jobs) must list them all (RFC 9110 15.5.6)
+        if exc.status_code == 405:
+            path, root = request.scope["path"], request.scope.get("root_path", "")
+            path = path[len(root):] if root and path.startswith(root) else path
+            exc.headers = {**(exc.headers or {}), "Allow": ", ".join(allowed_methods(app, path))}
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(StoreUnavailable)
     async def store_unavailable(request: Request, exc: StoreUnavailable):

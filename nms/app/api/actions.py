@@ -30,6 +30,13 @@ class Strict(BaseModel):
 
 
 class ActionRequest(Strict):
+    """Either an incident to plan for, or an element with the kind of action."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
+        {"required": ["incident_id"], "properties": {"incident_id": {"type": "integer"}, "element": {"type": "null"}}},
+        {"required": ["element", "kind"], "properties": {"element": {"type": "string"}, "kind": {"type": "string"},
+                                                         "incident_id": {"type": "null"}}}]})
+
     incident_id: int | None = Field(None, ge=1, le=2**63 - 1, description="plan for this incident (kind: only that kind)")
     element: str | None = Field(None, min_length=1, max_length=512, description="a link `dev:port--dev:port`")
     kind: ActionKind | None = Field(None, description="required with element")

@@ -91,7 +91,16 @@ class Commands(BaseModel):
     commands: list[AgentCommand]
 
 
+_KINDS = ("reprobe_paths", "set_rate", "refresh_peers", "steer", "unsteer")
+
+
 class CommandIn(Strict):
+    # set_rate's args.rate, stated in the schema; args' size as JSON (DETAILS_MAX) is not expressible there
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
+        {"properties": {"kind": {"enum": [k for k in _KINDS if k != "set_rate"]}}},
+        {"required": ["args"], "properties": {"args": {"required": ["rate"], "properties": {
+            "rate": {"type": "number", "exclusiveMinimum": 0, "maximum": 10_000}}}}}]})
+
     kind: Literal["reprobe_paths", "set_rate", "refresh_peers", "steer", "unsteer"] = Field(
         description="; ".join(f"{k}: {v}" for k, v in COMMANDS.items()))
     args: dict = Field(default_factory=dict, max_length=16)

@@ -8,12 +8,14 @@ and counters is in the store: `GET /telemetry/latest?measurement=port_rates` or
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Depends, Header, HTTPException, Query as Param, Request
 from pydantic import BaseModel
 
 from nms.app.api.fabric_view import LINK_STREAM_DOC, FabricViews, link_stream
 from nms.app.api.sse import HEADERS, EventStream
-from nms.app.auth import AUTH_RESPONSES, ErrorDetail, require, require_ui
+from nms.app.auth import AUTH_RESPONSES, STREAM_AUTH_RESPONSES, ErrorDetail, require, require_ui
 from nms.records import DeviceStatus, FabricPath, FabricTopology, LinkEvent, PortRates, PortSample
 from nms.topology import ecmp_paths
 
@@ -88,14 +90,15 @@ router.include_router(reads)
 
 @router.get("/fabric/stream", response_class=EventStream, dependencies=[Depends(require_ui("read"))],
             summary="Live link states and utilization (Server-Sent Events)",
-            responses={200: {"description": LINK_STREAM_DOC, "content": {"text/event-stream": {"schema": {
+            responses={**STREAM_AUTH_RESPONSES, 200: {"description": LINK_STREAM_DOC, "content": {"text/event-stream": {"schema": {
                 "type": "object", "description": "one event",
                 "properties": {"event": {"enum": ["topology", "jobs", "links", "link_event"]},
                                "data": {"type": "string", "description": "JSON"}, "id": {"type": "string"}}}}}}})
 async def fabric_stream(request: Request,
-                        last_event_id: int | None = Header(None, ge=0, le=2**63 - 1,
-                                                           description="resume: the link state changes after "
-                                                                       "this id (ns) come first")):
+                        # int, not int | None: a header has no null (a schema saying so gets "null" sent)
+                        last_event_id: Annotated[int, Header(ge=0, le=2**63 - 1,
+                                                             description="resume: the link state changes after "
+                                                                         "this id (ns) come first")] = None):
     views = getattr(request.app.state, "fabric_views", None)
     if views is None:
         views = request.app.state.fabric_views = FabricViews(request.app.state.service)

@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from nms.app.api.sse import HEADERS, KEEPALIVE_S, EventStream, should_end
 from nms.app.api.sse import sse as _sse
-from nms.app.auth import AUTH_RESPONSES, BAD_BODY_RESPONSE, ErrorDetail, Principal, require, require_ui
+from nms.app.auth import (AUTH_RESPONSES, BAD_BODY_RESPONSE, STREAM_AUTH_RESPONSES, ErrorDetail, Principal, require,
+                          require_ui)
 from nms.app.binding import require_unbound
 from nms.app.incidents import StreamEvent, Subscription
 from nms.records import FaultKind, Incident, IncidentState, TimestampNs
@@ -76,7 +77,8 @@ async def _stream(request: Request, sub: Subscription, snapshot: bool) -> AsyncI
 
 @router.get("/stream", response_class=EventStream, dependencies=[Depends(require_ui("read"))],
             summary="Live incident events (Server-Sent Events)",
-            responses={200: {"description": "`text/event-stream`: `event: opened|updated|resolved|acknowledged`, "
+            responses={**STREAM_AUTH_RESPONSES,
+                       200: {"description": "`text/event-stream`: `event: opened|updated|resolved|acknowledged`, "
                                             "`id:` the event's rising id, `data:` the IncidentEvent as JSON; with "
                                             "?state=open first `event: snapshot` lines, `data:` an open Incident; "
                                             f"a comment line every {KEEPALIVE_S:g} s when idle. It ends when the "
@@ -85,8 +87,9 @@ async def _stream(request: Request, sub: Subscription, snapshot: bool) -> AsyncI
                              "content": {"text/event-stream": {"schema": {"type": "string"}}}}})
 async def stream(request: Request,
                  state: Literal["open"] | None = Query(None, description="open: first the incidents open now"),
-                 last_event_id: int | None = Header(None, ge=0, le=2**63 - 1,
-                                                    description="resume: the events after this id come first")):
+                 # int, not int | None: a header has no null (a schema saying so gets "null" sent)
+                 last_event_id: Annotated[int, Header(ge=0, le=2**63 - 1, description="resume: the events "
+                                                                                      "after this id come first")] = None):
     sub = _manager(request).subscribe(after=last_event_id)
     return EventStream(_stream(request, sub, snapshot=state == "open"), headers=HEADERS)
 
