@@ -20,8 +20,8 @@ import logging
 from dataclasses import dataclass, field
 
 import numpy as np
-from numpy.typing import NDArray
 import scipy.sparse as sp
+from numpy.typing import NDArray
 from scipy.sparse.csgraph import connected_components
 from scipy.sparse.linalg import cg
 
