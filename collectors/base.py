@@ -119,6 +119,8 @@ class Collector(ABC):
 
     def schedule(self, device: SwitchConfig) -> Schedule:
         s = self.settings(device)
+        if s is None:
+            raise ValueError(f"{device.name} is not polled by the {self.name} collector")
         interval = float(s.interval)
         deadline = getattr(s, "deadline", None) or interval * 0.8
         return Schedule(interval, min(float(deadline), interval))

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
+from numpy.typing import NDArray
 from scipy.sparse.csgraph import connected_components
 from scipy.sparse.linalg import cg
 
@@ -94,9 +95,10 @@ def solve(edges: list[ClockEdge], slot_start_ns: int, window_s: float, method: s
         return out
     # one list per attribute, then filters in numpy: 256k edges at 16k hosts (per-edge tuples
     # would wake the garbage collector over and over)
-    host_a, host_b, methods, starts, off, drift, bound = ([getattr(e, k) for e in edges] for k in _COLUMNS)
-    starts = np.array(starts, dtype=np.int64)
-    off, drift, bound = (np.array(v, dtype=np.float64) for v in (off, drift, bound))
+    host_a, host_b, methods, raw_starts, raw_off, raw_drift, raw_bound = (
+        [getattr(e, k) for e in edges] for k in _COLUMNS)
+    starts = np.array(raw_starts, dtype=np.int64)
+    off, drift, bound = (np.array(v, dtype=np.float64) for v in (raw_off, raw_drift, raw_bound))
     ok = ((np.array(methods) == method) & np.array([p != q for p, q in zip(host_a, host_b)])
           & ((starts - slot_start_ns + wns // 2) // wns == 0)  # slot_of(window_start) is this slot
           & (np.abs(off) <= MAX_ABS_OFFSET_NS) & (np.abs(drift) <= MAX_ABS_DRIFT_PPB))
@@ -173,31 +175,36 @@ def solve(edges: list[ClockEdge], slot_start_ns: int, window_s: float, method: s
 class _Gauge:
     """Connected components of the kept edges; `demean` makes each component's mean 0."""
 
-    def __init__(self, a, b, has, n):
+    def __init__(self, a: NDArray[np.int64], b: NDArray[np.int64], has: NDArray[np.bool_], n: int) -> None:
         adj = sp.coo_matrix((np.ones(len(a)), (a, b)), shape=(n, n))
         _, self.label = connected_components(adj, directed=False)
         self.has = has  # hosts with at least one kept edge (the others are singletons, not solved)
         self.size = np.bincount(self.label, has.astype(float))
         self.ncomp = int((self.size > 0).sum())
 
-    def demean(self, v):
+    def demean(self, v: NDArray[np.float64]) -> NDArray[np.float64]:
         mean = np.bincount(self.label, np.where(self.has, v, 0.0), minlength=len(self.size)) / np.maximum(self.size, 1)
         return np.where(self.has, v - mean[self.label], 0.0)
 
 
-def _laplacian(a, b, w, n):
+# scipy has no type information here: its sparse matrices are Any to mypy
+def _laplacian(a: NDArray[np.int64], b: NDArray[np.int64], w: NDArray[np.float64], n: int
+               ) -> tuple[sp.csr_matrix, sp.dia_matrix]:
     lap = sp.coo_matrix((np.concatenate([w, w, -w, -w]),
                          (np.concatenate([a, b, a, b]), np.concatenate([a, b, b, a]))), shape=(n, n)).tocsr()
     deg = lap.diagonal()
     return lap, sp.diags(np.where(deg > 0, 1.0 / np.where(deg > 0, deg, 1.0), 1.0))
 
 
-def _rhs(a, b, w, y, n):
+def _rhs(a: NDArray[np.int64], b: NDArray[np.int64], w: NDArray[np.float64], y: NDArray[np.float64],
+         n: int) -> NDArray[np.float64]:
     # normal equations of the rows x_b - x_a = y (weights w)
-    return np.bincount(b, w * y, minlength=n) - np.bincount(a, w * y, minlength=n)
+    # numpy's stubs type bincount as intp whatever the weights; with float weights it returns float64
+    return np.bincount(b, w * y, minlength=n) - np.bincount(a, w * y, minlength=n)  # type: ignore[return-value]
 
 
-def _solve(lap, inv_deg, rhs, x0):
+def _solve(lap: sp.csr_matrix, inv_deg: sp.dia_matrix, rhs: NDArray[np.float64], x0: NDArray[np.float64]
+           ) -> tuple[NDArray[np.float64], bool]:
     """Conjugate gradients on the (singular, consistent) Laplacian system: each component's
     solution is determined up to a constant, removed afterwards by the gauge."""
     if not np.any(rhs):

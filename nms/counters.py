@@ -47,6 +47,7 @@ DEFAULT_MAX_UTILIZATION = 1.5  # samples are timed on our side: allow jitter, no
 DEFAULT_UNCHANGED_HOLD_S = 5.0  # longer than agents' counter caches (net-snmp: a few seconds)
 FIRST = "first sample"
 HELD = "counters unchanged since the previous sample (not refreshed yet): held"
+NOT_NEWER = "sample is not newer than the previous one"
 
 # PortSample counter -> (PortRates field, multiplier, kind)
 RATE_FIELDS: dict[str, tuple[str, int, str]] = {
@@ -227,32 +228,40 @@ class RateTracker:
         self.bits = dict(bits or {})
         self.max_utilization = max_utilization
         self.unchanged_hold_ns = int(unchanged_hold_s * NS)
-        self._last: dict[tuple[str, ...], PortSample | QueueSample] = {}
+        self._last_port: dict[tuple[str, str], PortSample] = {}
+        self._last_queue: dict[tuple[str, str, str], QueueSample] = {}
         self.dropped = 0
 
     def update(self, sample: PortSample | QueueSample, bits: Mapping[str, int] | None = None,
                speed_bps: int | None = None) -> RateResult:
         """`speed_bps`: the port's speed, for a QueueSample (a PortSample carries its own)."""
-        is_queue = isinstance(sample, QueueSample)
-        key = (sample.device, sample.port, sample.queue) if is_queue else (sample.device, sample.port)
-        prev = self._last.get(key)
-        if prev is not None and sample.ts <= prev.ts:
-            return RateResult(None, "sample is not newer than the previous one")
-        if (prev is not None and not is_queue and sample.ts - prev.ts < self.unchanged_hold_ns
-                and not_refreshed(prev, sample)):
-            return RateResult(None, HELD)
-        self._last[key] = sample
-        if prev is None:
-            return RateResult(None, FIRST)
         widths = bits if bits is not None else self.bits
-        if is_queue:
-            result = queue_rates(prev, sample, widths, speed_bps, self.max_utilization)
+        if isinstance(sample, QueueSample):
+            queue_key = (sample.device, sample.port, sample.queue)
+            prev_queue = self._last_queue.get(queue_key)
+            if prev_queue is not None and sample.ts <= prev_queue.ts:
+                return RateResult(None, NOT_NEWER)
+            self._last_queue[queue_key] = sample
+            if prev_queue is None:
+                return RateResult(None, FIRST)
+            result = queue_rates(prev_queue, sample, widths, speed_bps, self.max_utilization)
         else:
+            key = (sample.device, sample.port)
+            prev = self._last_port.get(key)
+            if prev is not None and sample.ts <= prev.ts:
+                return RateResult(None, NOT_NEWER)
+            if prev is not None and sample.ts - prev.ts < self.unchanged_hold_ns and not_refreshed(prev, sample):
+                return RateResult(None, HELD)
+            self._last_port[key] = sample
+            if prev is None:
+                return RateResult(None, FIRST)
             result = port_rates(prev, sample, widths, self.max_utilization)
         if result.rates is None:
             self.dropped += 1
         return result
 
     def forget(self, device: str) -> None:
-        for key in [k for k in self._last if k[0] == device]:
-            del self._last[key]
+        for key in [k for k in self._last_port if k[0] == device]:
+            del self._last_port[key]
+        for queue_key in [k for k in self._last_queue if k[0] == device]:
+            del self._last_queue[queue_key]

@@ -46,7 +46,7 @@ def queues(items: Any, notes: list[str], dev: str | None = None) -> dict[tuple[s
     (`dev`: the output of `tc ... show dev DEV`, whose items name no device)."""
     if not isinstance(items, list):
         raise QdiscError(f"expected a JSON list of qdiscs, got {type(items).__name__}")
-    egress: list[tuple[str, dict]] = []
+    egress: list[tuple[str, dict[str, Any]]] = []
     for i, item in enumerate(items):
         port = item.get("dev", dev) if isinstance(item, dict) else None
         if not isinstance(port, str) or not port or not isinstance(item.get("kind"), str):

@@ -97,7 +97,8 @@ def _stored_type(prop: dict[str, Any]) -> FieldType:
     kind = option.get("type", "string" if "enum" in option or "const" in option else None)
     if kind == "integer":
         return "unsigned" if option.get("maximum", 0) > INT64_MAX else "integer"
-    return {"number": "float", "boolean": "boolean", "string": "string"}[kind]
+    by_kind: dict[str, FieldType] = {"number": "float", "boolean": "boolean", "string": "string"}
+    return by_kind[kind]
 
 
 class TelemetryRecord(Record):

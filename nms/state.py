@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -33,7 +33,7 @@ class AgentCommand(BaseModel):
     id: int = Field(description="rises with every command; never reused, also across service restarts")
     host: str
     kind: str
-    args: dict = Field(default_factory=dict)
+    args: dict[str, Any] = Field(default_factory=dict)
     issued_ns: int
     by: str = Field(description="name of the token that issued it")
     status: CommandStatus = Field("pending",
@@ -41,12 +41,12 @@ class AgentCommand(BaseModel):
     delivered_ns: int | None = Field(None, description="when an agent's long-poll first received it")
     result_ns: int | None = Field(None, description="when it was done or failed (agent's report), or expired")
     message: str = Field("", description="the agent's result message, or why it expired")
-    details: dict | None = Field(None, description="what the agent added to its result")
-    envelope: dict | None = Field(None, description="the service's signature (nms.app.actions.signing), added "
+    details: dict[str, Any] | None = Field(None, description="what the agent added to its result")
+    envelope: dict[str, Any] | None = Field(None, description="the service's signature (nms.app.actions.signing), added "
                                                     "when an agent receives it; agents verify it before acting")
 
     @classmethod
-    def from_row(cls, row: tuple) -> AgentCommand:
+    def from_row(cls, row: tuple[Any, ...]) -> AgentCommand:
         cid, host, kind, args, issued, by, status, delivered, result, message, details = row
         return cls(id=cid, host=host, kind=kind, args=json.loads(args), issued_ns=issued, by=by, status=status,
                    delivered_ns=delivered, result_ns=result, message=message,
@@ -87,7 +87,7 @@ class ActionEventEntry(ActionEvent):
     note: str = Field("", description="why: the decision's reason in words")
 
     @classmethod
-    def from_row(cls, row: tuple) -> ActionEventEntry:
+    def from_row(cls, row: tuple[Any, ...]) -> ActionEventEntry:
         eid, note, body = row
         return cls.model_validate({**json.loads(body), "id": eid, "note": note})
 
@@ -99,7 +99,7 @@ class IncidentEventEntry(IncidentEvent):
     comment: str | None = Field(None, description="the acknowledger's comment")
 
     @classmethod
-    def from_row(cls, row: tuple) -> IncidentEventEntry:
+    def from_row(cls, row: tuple[Any, ...]) -> IncidentEventEntry:
         eid, comment, body = row
         return cls.model_validate({**json.loads(body), "id": eid, "comment": comment})
 
@@ -129,7 +129,14 @@ class IncidentWriter:
         cur = self._db.execute("INSERT INTO incident_events (incident_id, event, ts, comment, body) "
                                "VALUES (?, ?, ?, ?, ?)",
                                (event.incident.id, event.event, event.ts, comment, event.model_dump_json()))
-        return cur.lastrowid
+        return _inserted_id(cur)
+
+
+def _inserted_id(cur: sqlite3.Cursor) -> int:
+    """The row id an INSERT just gave (sqlite3 types lastrowid as optional: None before any INSERT)."""
+    if cur.lastrowid is None:
+        raise RuntimeError("the INSERT gave no row id")
+    return cur.lastrowid
 
 
 def open_sqlite(path: Path) -> sqlite3.Connection:
@@ -200,7 +207,7 @@ class StateStore:
 
     # --- host agent commands --------------------------------------------------------------------
 
-    def add_commands(self, hosts: list[str], kind: str, args: dict, by: str, now_ns: int,
+    def add_commands(self, hosts: list[str], kind: str, args: dict[str, Any], by: str, now_ns: int,
                      pending_max: int = 100, keep: int = 1000) -> list[AgentCommand]:
         """One pending command per host. Per host, pending commands beyond the newest `pending_max`
         expire at once (an agent that never polls does not grow the service), and only the newest
@@ -210,7 +217,7 @@ class StateStore:
             for host in hosts:
                 cur = db.execute("INSERT INTO agent_commands (host, kind, args, issued_ns, by, status) "
                                  "VALUES (?, ?, ?, ?, ?, 'pending')", (host, kind, json.dumps(args), now_ns, by))
-                out.append(AgentCommand(id=cur.lastrowid, host=host, kind=kind, args=args, issued_ns=now_ns, by=by))
+                out.append(AgentCommand(id=_inserted_id(cur), host=host, kind=kind, args=args, issued_ns=now_ns, by=by))
                 db.execute("UPDATE agent_commands SET status = 'expired', result_ns = ?, message = ? "
                            "WHERE host = ? AND status = 'pending' AND id NOT IN (SELECT id FROM agent_commands "
                            "WHERE host = ? AND status = 'pending' ORDER BY id DESC LIMIT ?)",
@@ -248,7 +255,7 @@ class StateStore:
                 for c in out]
 
     def finish_command(self, command_id: int, status: Literal["done", "failed"], message: str,
-                       details: dict | None, now_ns: int) -> tuple[AgentCommand | None, bool]:
+                       details: dict[str, Any] | None, now_ns: int) -> tuple[AgentCommand | None, bool]:
         """Record an agent's result. Returns (the command or None if unknown, whether it changed):
         a command already done, failed or expired keeps its first outcome."""
         with self._transaction() as db:
@@ -311,7 +318,8 @@ class StateStore:
         """Newest first. `element` matches the element itself, a link with that end, and whatever
         belongs to that device (`leaf1` matches `leaf1:swp1--spine1:swp2`); since/until keep the
         incidents whose active span (opened .. resolved, or now while open) overlaps the range."""
-        where, params = [], []
+        where: list[str] = []
+        params: list[str | int] = []
         for column, value in (("state", state), ("kind", kind)):
             if value is not None:
                 where.append(f"{column} = ?")

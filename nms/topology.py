@@ -21,8 +21,8 @@ from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
 
 from nms.config.models import FabricConfig
-from nms.records import (FabricPath, FabricTopology, LldpNeighbor, PathHop, PortRates, TopologyLink,
-                         TopologyNode)
+from nms.records import (FabricPath, FabricTopology, LinkCheck, LinkState, LldpNeighbor, PathHop, PortRates,
+                         TopologyLink, TopologyNode)
 
 End = tuple[str, str]  # (device, port)
 
@@ -80,12 +80,12 @@ def build_topology(fabric: FabricConfig, neighbors: Mapping[str, Iterable[LldpNe
 
     links: list[TopologyLink] = []
 
-    def add(key: tuple[End, End], check: str, expected_text: str | None = None) -> None:
+    def add(key: tuple[End, End], check: LinkCheck, expected_text: str | None = None) -> None:
         a, b = key
         ends = [e for e in key if oper.get(e) is not None]
         states = [oper[e] for e in ends]
         if not states:
-            state = "unknown"
+            state: LinkState = "unknown"
         elif any(s != "up" for s in states):
             state = "down"
         else:

@@ -19,6 +19,8 @@ from nms.config.models import NmsConfig
 
 _REF_RE = re.compile(r"\$\{([^}]*)\}")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Where a value sits in the config: mapping keys and list indices, from the root down.
+ConfigPath = tuple[object, ...]
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,8 @@ class ConfigError(Exception):
         super().__init__(f"{source}: {len(issues)} configuration error(s)\n{lines}")
 
 
-def _line_index(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
+def _line_index(node: yaml.Node, path: ConfigPath = (), out: dict[ConfigPath, int] | None = None
+                ) -> dict[ConfigPath, int]:
     """Map each path (tuple of keys / list indices) to its 1-based YAML line."""
     out = {} if out is None else out
     out.setdefault(path, node.start_mark.line + 1)
@@ -55,7 +58,7 @@ def _line_index(node: yaml.Node, path: tuple = (), out: dict | None = None) -> d
     return out
 
 
-def _resolve_refs(value: Any, path: tuple, issues: list[tuple[tuple, str]], base_dir: Path) -> Any:
+def _resolve_refs(value: Any, path: ConfigPath, issues: list[tuple[ConfigPath, str]], base_dir: Path) -> Any:
     if isinstance(value, dict):
         return {k: _resolve_refs(v, path + (k,), issues, base_dir) for k, v in value.items()}
     if isinstance(value, list):
@@ -63,7 +66,7 @@ def _resolve_refs(value: Any, path: tuple, issues: list[tuple[tuple, str]], base
     if not isinstance(value, str) or "${" not in value:
         return value
 
-    def substitute(match: re.Match) -> str:
+    def substitute(match: re.Match[str]) -> str:
         ref = match.group(1)
         if ref.startswith("file:"):
             file_path = Path(ref[5:]).expanduser()
@@ -88,14 +91,14 @@ def _resolve_refs(value: Any, path: tuple, issues: list[tuple[tuple, str]], base
     return _REF_RE.sub(substitute, value)
 
 
-def _dotted(path: tuple) -> str:
+def _dotted(path: ConfigPath) -> str:
     out = ""
     for part in path:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 
 
-def _nearest_line(lines: dict[tuple, int], path: tuple) -> int | None:
+def _nearest_line(lines: dict[ConfigPath, int], path: ConfigPath) -> int | None:
     while True:
         if path in lines:
             return lines[path]
@@ -123,7 +126,7 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         raise ConfigError(source, [ConfigIssue("", 1, "the top level must be a mapping")])
     lines = _line_index(root) if root is not None else {}
 
-    ref_issues: list[tuple[tuple, str]] = []
+    ref_issues: list[tuple[ConfigPath, str]] = []
     data = _resolve_refs(data, (), ref_issues, base_dir)
     issues = [ConfigIssue(_dotted(p), _nearest_line(lines, p), m) for p, m in ref_issues]
     unresolved = {p for p, _ in ref_issues}

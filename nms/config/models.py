@@ -365,7 +365,8 @@ def _yaml_off(v: object) -> object:
 
 
 ActionPolicy = Annotated[Literal["auto", "approval", "off"], BeforeValidator(_yaml_off)]
-ACTION_KINDS = ("host_reroute", "drain_link", "isolate_port")
+ActionKindName = Literal["host_reroute", "drain_link", "isolate_port"]
+ACTION_KINDS: tuple[ActionKindName, ...] = ("host_reroute", "drain_link", "isolate_port")
 
 
 class ActionScope(Strict):
@@ -410,7 +411,7 @@ class ActionsConfig(Strict):
 
     enabled: bool = False
     dry_run: bool = False  # record every proposal, send nothing to agents or switches
-    policies: dict[Literal["host_reroute", "drain_link", "isolate_port"], ActionKindPolicy] = Field(
+    policies: dict[ActionKindName, ActionKindPolicy] = Field(
         default_factory=lambda: {k: ActionKindPolicy() for k in ACTION_KINDS})
     limits: ActionLimits = ActionLimits()
     rate: ActionRate = ActionRate()
@@ -426,7 +427,7 @@ class ActionsConfig(Strict):
 
     @field_validator("policies")
     @classmethod
-    def _every_kind(cls, v: dict) -> dict:
+    def _every_kind(cls, v: dict[ActionKindName, ActionKindPolicy]) -> dict[ActionKindName, ActionKindPolicy]:
         return {k: v.get(k, ActionKindPolicy()) for k in ACTION_KINDS}
 
 
@@ -762,7 +763,8 @@ class AuditsConfig(Strict):
     probe_coverage: ProbeCoverageAudit = ProbeCoverageAudit()
 
     def settings(self, name: str) -> AuditSettings:
-        return getattr(self, name)
+        settings: AuditSettings = getattr(self, name)  # name: one of the audits above
+        return settings
 
 
 class NmsConfig(Strict):

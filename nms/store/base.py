@@ -18,8 +18,8 @@ import math
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from collections.abc import Mapping
-from typing import Literal, Union
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -167,7 +167,7 @@ def _check_int(key: str, value: object, low: int, high: int, declared: str) -> s
     return None
 
 
-_CHECKS = {
+_CHECKS: dict[str, Callable[[str, object], str | None]] = {
     "float": _check_float,
     "integer": lambda k, v: _check_int(k, v, INT64_MIN, INT64_MAX, "integer"),
     "unsigned": lambda k, v: _check_int(k, v, 0, UINT64_MAX, "unsigned"),
@@ -199,14 +199,14 @@ def validate_point(p: Point) -> str | None:
         return f"measurement {p.measurement!r} has a backslash before '\"' (not storable in InfluxDB)"
     if not isinstance(p.ts, int) or isinstance(p.ts, bool) or not (0 <= p.ts <= MAX_TIMESTAMP_NS):
         return f"timestamp must be an integer number of nanoseconds since the epoch, 0 to {MAX_TIMESTAMP_NS}"
-    for key, value in p.tags.items():
+    for key, tag_value in p.tags.items():
         if (err := _check_name("tag key", key)) is not None:
             return err
         if key in ("time", "_field", "_measurement"):
             return f"tag key {key!r} is reserved"
-        if not isinstance(value, str):
+        if not isinstance(tag_value, str):
             return f"tag {key!r} must be a string"
-        if (err := _check_name(f"tag {key!r} value", value)) is not None:
+        if (err := _check_name(f"tag {key!r} value", tag_value)) is not None:
             return err
     if not p.fields:
         return "a point needs at least one field"
@@ -244,7 +244,7 @@ def validate_point(p: Point) -> str | None:
     return None
 
 
-_TYPE_NAMES = {bool: "boolean", int: "integer", float: "float", str: "string"}
+_TYPE_NAMES: dict[type, FieldType] = {bool: "boolean", int: "integer", float: "float", str: "string"}
 
 
 def type_conflict(measurement: str, key: str, got: str, stored: str, store: str = "the store") -> str:
@@ -297,7 +297,7 @@ class TimeSeriesStore(ABC):
         """Delete data older than the given time; return rows deleted (backends with own retention: 0)."""
         return 0
 
-    def quarantined(self, limit: int = 100) -> list[dict]:
+    def quarantined(self, limit: int = 100) -> list[dict[str, Any]]:
         """The newest points the backend refused for good after accepting them ({ts, reason, line}).
         Backends that judge every point at write() (the embedded store) have none."""
         return []

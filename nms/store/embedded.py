@@ -25,12 +25,14 @@ import logging
 import threading
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pyarrow as pa
 
 from nms.store.base import (
+    FieldType,
+    FieldValue,
     Point,
     Query,
     Series,
@@ -77,7 +79,7 @@ class _Table:
         self.table = table
         self.tag_cols: dict[str, str] = {}  # tag key -> column
         self.field_cols: dict[str, str] = {}  # field key -> column
-        self.field_types: dict[str, str] = {}  # field key -> float/integer/unsigned/boolean/string
+        self.field_types: dict[str, FieldType] = {}  # field key -> float/integer/unsigned/boolean/string
         self.reconciled = False  # columns checked against the declared types
 
 
@@ -103,6 +105,7 @@ class EmbeddedStore(TimeSeriesStore):
         self._queue_lock = threading.Lock()
         self._queue: list[_Pending] = []  # batches waiting for the next group write
         self._con = duckdb.connect(str(path))
+        self._closed = False  # close() ran
         self._con.execute("CREATE TABLE IF NOT EXISTS _measurements (name VARCHAR PRIMARY KEY, tbl VARCHAR)")
         self._con.execute(
             "CREATE TABLE IF NOT EXISTS _columns (tbl VARCHAR, kind VARCHAR, key VARCHAR, col VARCHAR, type VARCHAR)")
@@ -158,9 +161,10 @@ class EmbeddedStore(TimeSeriesStore):
                           "column is dropped", key, measurement, stored, declared)
                 continue
             col = entry.field_cols[key]
-            lost = self._con.execute(
+            counted = self._con.execute(
                 f"SELECT count(*) FROM {entry.table} WHERE {col} IS NOT NULL AND ({conversion.format(c=col)}) IS NULL"
-            ).fetchone()[0]
+            ).fetchone()
+            lost = counted[0] if counted is not None else 0  # count(*) gives one row
             self._con.execute(f"ALTER TABLE {entry.table} ALTER {col} TYPE {_SQL_TYPES[declared]} "
                               f"USING ({conversion.format(c=col)})")
             self._con.execute("UPDATE _columns SET type = ? WHERE tbl = ? AND kind = 'f' AND key = ?",
@@ -169,7 +173,7 @@ class EmbeddedStore(TimeSeriesStore):
             log.warning("field %r of %r converted from %s to its declared type %s%s", key, measurement, stored,
                         declared, f" ({lost} values out of range became null)" if lost else "")
 
-    def _add_column(self, entry: _Table, kind: str, key: str, typ: str) -> str:
+    def _add_column(self, entry: _Table, kind: str, key: str, typ: FieldType) -> str:
         col = f"c{len(entry.tag_cols) + len(entry.field_cols)}"
         self._con.execute(f"ALTER TABLE {entry.table} ADD COLUMN {col} {_SQL_TYPES[typ]}")
         self._con.execute("INSERT INTO _columns VALUES (?, ?, ?, ?, ?)", [entry.table, kind, key, col, typ])
@@ -213,8 +217,8 @@ class EmbeddedStore(TimeSeriesStore):
             for measurement, items in pending.by_measurement.items():
                 merged[measurement] += [(pending.result, i, p) for i, p in items]
         try:
-            for measurement, items in merged.items():
-                self._write_measurement(measurement, items)
+            for measurement, merged_items in merged.items():
+                self._write_measurement(measurement, merged_items)
         except Exception as e:
             for pending in group:
                 pending.error = e
@@ -227,8 +231,8 @@ class EmbeddedStore(TimeSeriesStore):
         result of the batch it came in."""
         entry = self._table_for(measurement)
         # Type check against the catalog and the rest of the batch; first type seen wins.
-        batch_types: dict[str, str] = {}
-        rows: dict[tuple[int, int], tuple[dict[str, str], dict]] = {}
+        batch_types: dict[str, FieldType] = {}
+        rows: dict[tuple[int, int], tuple[dict[str, str], dict[str, FieldValue]]] = {}
         known_types = entry.field_types
         for result, i, p in items:
             conflict = None
@@ -282,8 +286,9 @@ class EmbeddedStore(TimeSeriesStore):
 
     # --- read ----------------------------------------------------------------------------------
 
-    def _where(self, entry: _Table, tags: dict[str, list[str]]) -> tuple[list[str], list] | None:
-        clauses, params = [], []
+    def _where(self, entry: _Table, tags: dict[str, list[str]]) -> tuple[list[str], list[object]] | None:
+        clauses: list[str] = []
+        params: list[object] = []
         for key, values in tags.items():
             col = entry.tag_cols.get(key)
             if col is None:
@@ -292,7 +297,7 @@ class EmbeddedStore(TimeSeriesStore):
             params.extend(values)
         return clauses, params
 
-    def _series(self, measurement: str, entry: _Table, fields: list[str], rows: list[tuple]) -> list[Series]:
+    def _series(self, measurement: str, entry: _Table, fields: list[str], rows: list[tuple[Any, ...]]) -> list[Series]:
         """rows: (sk, time, *tag columns, *field values), ordered by sk then time."""
         tag_keys = list(entry.tag_cols)
         out: list[Series] = []
@@ -396,13 +401,13 @@ class EmbeddedStore(TimeSeriesStore):
 
     def close(self) -> None:
         with self._lock:
-            if self._con is None:
+            if self._closed:
                 return
             try:
                 self._con.execute("CHECKPOINT")
             finally:
                 self._con.close()
-                self._con = None
+                self._closed = True
 
     def stats(self) -> dict[str, float]:
         return dict(self._stats, measurements=float(len(self._tables)))

@@ -31,14 +31,16 @@ import re
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from nms.store.base import (
     INT64_MAX,
     INT64_MIN,
+    FieldType,
     Point,
     Query,
     Series,
@@ -177,7 +179,7 @@ class InfluxStore(TimeSeriesStore):
         self._db_ready = not config.create_database
         # Retention policies and continuous queries (nms.store.influx_downsampling), once per start.
         self._downsampling_due = config.downsampling.enabled
-        self._downsampling: dict | None = None
+        self._downsampling: dict[str, Any] | None = None
         self._next_retry = 0.0
         self._backoff = _RETRY_MIN
         self._last_error: str | None = None
@@ -258,15 +260,17 @@ class InfluxStore(TimeSeriesStore):
         result.rejected.sort()
         return result
 
-    def _unsigned_fields(self, measurement: str, known: dict[str, str], declared) -> frozenset[str]:
+    def _unsigned_fields(self, measurement: str, known: dict[str, str], declared: Mapping[str, FieldType]
+                         ) -> frozenset[str]:
         """Declared unsigned fields to write as `u`: where the server has them unsigned, or has
         not got them yet and takes unsigned integers. The others keep the signed encoding."""
         return frozenset(k for k, t in declared.items() if t == "unsigned"
                          and (known.get(k) == "unsigned" or (k not in known and self._unsigned)))
 
-    def _load_capabilities(self) -> dict:
+    def _load_capabilities(self) -> dict[str, Any]:
         try:
-            return json.loads(self._capabilities_file.read_text())
+            capabilities: dict[str, Any] = json.loads(self._capabilities_file.read_text())
+            return capabilities
         except (OSError, ValueError):
             return {}
 
@@ -496,7 +500,7 @@ class InfluxStore(TimeSeriesStore):
 
     def _post(self, body: bytes, points: int) -> str:
         status, message = self._send(body)
-        if self._must_retry(status):
+        if status is None or self._must_retry(status):  # None: no answer (_must_retry says retry too)
             return _RETRY
         if status < 300:
             self._counts["points_written"] += points
@@ -534,7 +538,7 @@ class InfluxStore(TimeSeriesStore):
             for part in parts:  # a re-sent point overwrites itself: re-sending stored ones is harmless
                 budget -= 1
                 status, answer = self._send(b"\n".join(part) + b"\n")
-                if self._must_retry(status):
+                if status is None or self._must_retry(status):
                     raise _Retry
                 if status >= 300:
                     work.append((part, answer))
@@ -580,7 +584,7 @@ class InfluxStore(TimeSeriesStore):
             self._cond.notify_all()
         return n
 
-    def quarantined(self, limit: int = 100) -> list[dict]:
+    def quarantined(self, limit: int = 100) -> list[dict[str, Any]]:
         return self._quarantine.entries(limit)
 
     def _count_dropped(self, reason: str, n: int) -> None:
@@ -685,7 +689,7 @@ class InfluxStore(TimeSeriesStore):
         return result
 
     @staticmethod
-    def _caster(ftype: str | None, agg: str | None):
+    def _caster(ftype: str | None, agg: str | None) -> Callable[[Any], Any]:
         """Turn a JSON value back into its field's type: the declared one where there is one, so a
         counter comes back exact whether the server holds it unsigned or signed-encoded (or as the
         float an earlier version wrote after a value past 2^63)."""
@@ -696,7 +700,8 @@ class InfluxStore(TimeSeriesStore):
         if ftype == "unsigned":
             # A sum of signed-encoded counters is a plain sum: only single values are turned back.
             return int if agg == "sum" else _to_unsigned
-        return {"float": float, "integer": _to_int}.get(ftype or "", lambda v: v)
+        by_type: dict[str, Callable[[Any], Any]] = {"float": float, "integer": _to_int}
+        return by_type.get(ftype or "", lambda v: v)
 
     def _ensure_database_once(self) -> None:
         try:
@@ -704,7 +709,7 @@ class InfluxStore(TimeSeriesStore):
         except StoreError:
             pass  # the query below reports the real problem
 
-    def _run_query(self, text: str, client: httpx.Client | None = None) -> list[dict]:
+    def _run_query(self, text: str, client: httpx.Client | None = None) -> list[dict[str, Any]]:
         """Run one InfluxQL statement; return its series (merged across chunks)."""
         client = client or self._http
         params = {"db": self.cfg.database, "epoch": "ns", "chunked": "true", "chunk_size": "10000"}
@@ -716,7 +721,7 @@ class InfluxStore(TimeSeriesStore):
             raise StoreUnavailable(f"InfluxDB error (HTTP {r.status_code}): {_error_text(r)}")
         if not r.is_success:
             raise StoreError(f"InfluxDB refused the query (HTTP {r.status_code}): {_error_text(r)}")
-        merged: dict[tuple, dict] = {}
+        merged: dict[tuple[object, ...], dict[str, Any]] = {}
         for chunk in r.text.split("\n"):  # not splitlines(): U+0085 stands unescaped inside JSON strings
             if not chunk.strip():
                 continue

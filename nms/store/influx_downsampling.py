@@ -20,7 +20,7 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from nms.config.models import InfluxStoreConfig
@@ -114,12 +114,12 @@ class Outcome:
     continuous_queries: list[str] = field(default_factory=list)
     error: str | None = None
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"created": self.created, "altered": self.altered, "dropped": self.dropped,
                 "continuous_queries": self.continuous_queries, "error": self.error}
 
 
-Run = Callable[[str], list[dict]]  # one InfluxQL statement -> its series (raises StoreError)
+Run = Callable[[str], list[dict[str, Any]]]  # one InfluxQL statement -> its series (raises StoreError)
 
 
 def _retention_policies(run: Run, db: str) -> dict[str, tuple[float, bool]]:
@@ -128,7 +128,7 @@ def _retention_policies(run: Run, db: str) -> dict[str, tuple[float, bool]]:
     return {r["name"]: (parse_go_duration(r["duration"]), bool(r["default"])) for r in rows}
 
 
-def _ensure_policy(run: Run, db: str, name: str, seconds: float, existing: dict, outcome: Outcome) -> None:
+def _ensure_policy(run: Run, db: str, name: str, seconds: float, existing: dict[str, tuple[float, bool]], outcome: Outcome) -> None:
     duration = influx_duration(seconds)
     if name not in existing:
         run(f"CREATE RETENTION POLICY {_q(name)} ON {_q(db)} DURATION {duration} REPLICATION 1")

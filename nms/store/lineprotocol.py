@@ -16,6 +16,7 @@ Points are assumed valid (nms.store.base.validate_point).
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import cast
 
 from nms.store.base import INT64_MAX, FieldValue, Point, declared_fields
 
@@ -56,7 +57,8 @@ def encode_point(p: Point, u_fields: Collection[str] = ()) -> str:
     fields = []
     for k, v in p.fields.items():
         if declared.get(k) == "unsigned":
-            value = f"{v}u" if k in u_fields else f"{signed_from_unsigned(v)}i"
+            # a valid point's declared unsigned field holds an int (validate_point)
+            value = f"{v}u" if k in u_fields else f"{signed_from_unsigned(cast(int, v))}i"
         else:
             value = format_value(v)
         fields.append(f"{k.translate(_FIELD_KEY)}={value}")

@@ -9,12 +9,15 @@ operator fixed the cause, e.g. dropped a shard holding the wrong type) and remov
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +43,8 @@ class Quarantine:
         except FileNotFoundError:
             return 0
 
-    def add(self, lines: list[bytes], reason: str) -> None:
+    # builtins.bytes: in the class body `bytes` is the property above
+    def add(self, lines: list[builtins.bytes], reason: str) -> None:
         now = time.time_ns()
         data = "".join(json.dumps({"ts": now, "reason": reason, "line": line.decode()}, ensure_ascii=False) + "\n"
                        for line in lines).encode()
@@ -68,12 +72,12 @@ class Quarantine:
         self.dropped += dropped
         log.error("quarantine over %d bytes: its %d oldest points were deleted", self.max_bytes, dropped)
 
-    def _read(self) -> list[dict]:
+    def _read(self) -> list[dict[str, Any]]:
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return []
-        entries = []
+        entries: list[dict[str, Any]] = []
         for line in text.split("\n"):  # not splitlines(): U+2028 and U+0085 stand unescaped in entries
             if not line:
                 continue
@@ -83,18 +87,18 @@ class Quarantine:
                 log.warning("unreadable quarantine entry skipped: %.80r", line)
         return entries
 
-    def _rewrite(self, entries: list[dict]) -> None:
+    def _rewrite(self, entries: list[dict[str, Any]]) -> None:
         tmp = self.path.with_name(self.path.name + ".new")
         tmp.write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in entries), encoding="utf-8")
         os.replace(tmp, self.path)
         self.points = len(entries)
 
-    def entries(self, limit: int = 100) -> list[dict]:
+    def entries(self, limit: int = 100) -> list[dict[str, Any]]:
         """The newest entries, newest first."""
         with self._lock:
             return self._read()[::-1][:limit]
 
-    def drain(self, into) -> int:
+    def drain(self, into: Callable[[list[builtins.bytes]], object]) -> int:
         """Hand every entry's line, oldest first, to `into(lines)`; remove them once it returned
         (an exception keeps them all). Returns the number of points handed over."""
         with self._lock:

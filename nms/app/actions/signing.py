@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 from pathlib import Path
+from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -23,7 +24,8 @@ ENVELOPE_VERSION = 1
 KEY_FILE = "command_signing.key"
 
 
-def canonical_bytes(host: str, command_id: int, kind: str, args: dict, expires_ns: int, nonce: str) -> bytes:
+def canonical_bytes(host: str, command_id: int, kind: str, args: dict[str, Any], expires_ns: int,
+                    nonce: str) -> bytes:
     body = {"v": ENVELOPE_VERSION, "host": host, "id": command_id, "kind": kind, "args": args,
             "expires_ns": expires_ns, "nonce": nonce}
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
@@ -77,7 +79,8 @@ class CommandSigner:
     def __repr__(self) -> str:  # never the private key
         return f"CommandSigner(key_id={self.key_id})"
 
-    def envelope(self, host: str, command_id: int, kind: str, args: dict, expires_ns: int) -> dict:
+    def envelope(self, host: str, command_id: int, kind: str, args: dict[str, Any], expires_ns: int
+                 ) -> dict[str, Any]:
         nonce = secrets.token_hex(12)
         sig = self._key.sign(canonical_bytes(host, command_id, kind, args, expires_ns, nonce))
         return {"v": ENVELOPE_VERSION, "key_id": self.key_id, "expires_ns": expires_ns, "nonce": nonce,
