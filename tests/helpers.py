@@ -40,3 +40,16 @@ def serve_in_thread(app, timeout: float = 15.0):
         assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
         time.sleep(0.02)
     return f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}", server, thread
+
+
+def wait_until(cond, timeout: float, step: float = 0.2):
+    """Poll `cond` until it returns something truthy (returned) or `timeout` seconds pass (then its
+    last value). For what a test waits on, never a fixed sleep: a loaded machine is slower."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got or time.monotonic() >= deadline:
+            return got
+        time.sleep(step)

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.helpers import wait_until
 from tests.test_cli_service import _free_port
 
 ADMIN = "agent-test-admin-token-0123456789"
@@ -154,14 +155,16 @@ def test_no_window_is_lost_across_a_service_restart(bed):
     time.sleep(3.0)
     bed.serve()
     restarted = time.time_ns()
-    time.sleep(4.5)
+    # every agent registers again: at its next try, up to ~5 s away (its backoff doubled from 1 s
+    # while the service was down), then windows keep coming
+    registered = wait_until(lambda: {a["host"] for a in bed.api("GET", "/agents").json()} == set(HOSTS), 20)
+    time.sleep(2.5)
     rows = bed.rows("probe_window", stopped - 3 * 10**9, src_host="h2", dst_host="h1")
     starts = sorted(w["time"] for w in rows)
     assert starts == list(range(starts[0], starts[-1] + 1, 10**9))  # every second, no gap
     assert starts[0] < stopped - 10**9 and starts[-1] > restarted
     assert bed.status("h2")["stats"]["batches_replayed"] > 0
-    agents = bed.api("GET", "/agents").json()
-    assert {a["host"] for a in agents} == set(HOSTS)  # every agent registered again
+    assert registered, bed.api("GET", "/agents").json()
     # ... and told the new service its paths again (its correlator needs their hops)
     again = bed.rows("probe_path", restarted - 10**9, src_host="h2")
     assert {p["dst_host"] for p in again} >= {"h1", "h3"}, again
