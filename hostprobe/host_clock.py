@@ -5,7 +5,7 @@ agent applies them to every timestamp it takes, kernel stamps included:
 
     t_host = t_real + offset_ns + drift_ppm * 1e-6 * (t_real - ref_ns)
 
-(the same formula as nms.lab.faults.clock_error_ns, which scores clock sync against it).
+(the same formula as lab.faults.clock_error_ns, which scores clock sync against it).
 
 Clock steps: chrony/ntpd may step CLOCK_REALTIME. CLOCK_MONOTONIC is slewed with it but never
 stepped, so a change in realtime - monotonic is a step. `check_step` watches that difference
@@ -82,7 +82,7 @@ class Clock:
         return bool(self.offset_ns or self.drift_ppm)
 
     def error_ns(self, real_ns: int) -> int:
-        # the lab's own expression (nms.lab.faults.clock_error_ns), so scoring agrees to the ns
+        # the lab's own expression (lab.faults.clock_error_ns), so scoring agrees to the ns
         return int(self.offset_ns + self.drift_ppm * 1e-6 * (real_ns - self.ref_ns))
 
     def host(self, real_ns: int) -> int:

@@ -22,10 +22,10 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from nms.lab import services, sh
-from nms.lab.inventory import API_PORT, agent_token_file, probe_key_file
-from nms.lab.state import DEFAULT_LAB_DIR, LabDir, now, topology_of
-from nms.lab.topology import Topology
+from lab import services, sh
+from lab.inventory import API_PORT, agent_token_file, probe_key_file
+from lab.state import DEFAULT_LAB_DIR, LabDir, now, topology_of
+from lab.topology import Topology
 
 STOP_GRACE = 5.0  # an agent waits ~1 s for late replies and flushes its reports on SIGTERM
 
@@ -133,7 +133,7 @@ def status(lab: LabDir) -> dict:
     return out
 
 
-# --- `nms lab agents ...` (mounted by nms.lab.cli) ----------------------------------------------
+# --- `nms lab agents ...` (mounted by lab.cli) ----------------------------------------------
 
 cli_app = typer.Typer(help="Host probe agents (nms-agent), one per host namespace.", no_args_is_help=True)
 _console, _err = Console(), Console(stderr=True)

@@ -1,7 +1,7 @@
 """A synthetic ring all-reduce between lab hosts, instrumented through NCCL's profiler ABI.
 
 One process per rank (run inside its host's namespace: `ip netns exec <ns> python -m
-nms.lab.allreduce ...`). Ranks form a ring over TCP: rank r sends to r+1 from a fixed source port
+lab.allreduce ...`). Ranks form a ring over TCP: rank r sends to r+1 from a fixed source port
 (so the lab can predict which spine its flow hashes onto) and receives from r-1. Each all-reduce
 of a float32 buffer is NCCL's ring algorithm: n-1 reduce-scatter steps then n-1 all-gather steps,
 each sending one 1/n chunk while receiving another; the data is really summed and checked.

@@ -15,8 +15,8 @@ import ipaddress
 import json
 import time
 
-from nms.lab import netns, routing, sh
-from nms.lab.topology import Topology
+from lab import netns, routing, sh
+from lab.topology import Topology
 
 WIRE_MTU = 9600  # above any lab MTU: the wire must never be the MTU limit
 MGMT_MTU = 1500

@@ -13,9 +13,9 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nms.lab import services, sh
-from nms.lab.netns import NETNS_DIR
-from nms.lab.state import LabDir
+from lab import services, sh
+from lab.netns import NETNS_DIR
+from lab.state import LabDir
 
 
 @dataclass
@@ -56,7 +56,7 @@ def helper_pids(lab: LabDir) -> list[int]:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"nms.lab.flap" in argv and str(lab.root).encode() in argv:
+        if b"lab.flap" in argv and str(lab.root).encode() in argv:
             pids.append(int(proc.name))
     return pids
 

@@ -14,13 +14,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from nms.config import ConfigError
-from nms.lab import agents as agents_mod
-from nms.lab import faults as faults_mod
-from nms.lab import lab as lab_mod
-from nms.lab import paths, sh
-from nms.lab import traffic as traffic_mod
-from nms.lab.state import DEFAULT_LAB_DIR, LabDir, topology_of
-from nms.lab.topology import DEFAULT_MGMT, DEFAULT_PREFIX, DEFAULT_SOUTHBOUND, Spec, format_rate, parse_rate
+from lab import agent_procs as agents_mod
+from lab import faults as faults_mod
+from lab import lab as lab_mod
+from lab import paths, sh
+from lab import traffic as traffic_mod
+from lab.state import DEFAULT_LAB_DIR, LabDir, topology_of
+from lab.topology import DEFAULT_MGMT, DEFAULT_PREFIX, DEFAULT_SOUTHBOUND, Spec, format_rate, parse_rate
 
 app = typer.Typer(help="A leaf-spine AI fabric on this machine: namespaces as switches and hosts, "
                        "real snmpd/lldpd, real faults, iperf3 load. Needs root.", no_args_is_help=True)

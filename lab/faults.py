@@ -25,9 +25,9 @@ import json
 import subprocess
 import sys
 
-from nms.lab import builder, cleanup, netns, routing, services, sh
-from nms.lab.state import LabDir, now, topology_of
-from nms.lab.topology import Link, Topology, format_rate, parse_rate
+from lab import builder, cleanup, netns, routing, services, sh
+from lab.state import LabDir, now, topology_of
+from lab.topology import Link, Topology, format_rate, parse_rate
 
 KINDS = ("link-down", "flap", "congestion", "loss", "mtu", "nic-down", "clock")
 OPTIONS = {"link-down": {"mode"}, "flap": {"mode", "period", "down_for", "count"}, "congestion": {"rate", "from_node"},
@@ -169,7 +169,7 @@ def _apply(topo: Topology, lab: LabDir, state: dict, f: dict) -> None:
         link_down(topo, state, topo.link(p["link"]), p["mode"], down=True)
     elif kind == "flap":
         with open(lab.run_dir / f"flap-{f['id']}.log", "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "nms.lab.flap", str(lab.root), f["id"]],
+            proc = subprocess.Popen([sys.executable, "-m", "lab.flap", str(lab.root), f["id"]],
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         (lab.run_dir / f"flap-{f['id']}.pid").write_text(f"{proc.pid}\n")
         p["pid"] = proc.pid

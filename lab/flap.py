@@ -1,4 +1,4 @@
-"""Background link flapper: `python -m nms.lab.flap LAB_DIR FAULT_ID` (started by faults.inject).
+"""Background link flapper: `python -m lab.flap LAB_DIR FAULT_ID` (started by faults.inject).
 
 Runs in its own session so it outlives the CLI command; `nms lab heal` / `nms lab down` kill it
 by the pid file under <lab dir>/run and restore the link themselves, so dying at any point is safe.
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 import time
 
-from nms.lab.faults import link_down
-from nms.lab.state import LabDir, now, topology_of
+from lab.faults import link_down
+from lab.state import LabDir, now, topology_of
 
 
 def _transition(lab: LabDir, fault_id: str, created_ns: int, down: bool) -> bool:

@@ -1,4 +1,4 @@
-"""The openconfig-qos part of the lab's gNMI target (nms/lab/gnmi_target.py): egress queue counters of
+"""The openconfig-qos part of the lab's gNMI target (lab/gnmi_target.py): egress queue counters of
 the namespace's real qdiscs (`tc -s -j qdisc show`, read as nms/qdisc.py reads them) at
 
     /qos/interfaces/interface[interface-id=PORT]/output/queues/queue[name=Q]/state/<leaf>
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pygnmi.spec.v080 import gnmi_pb2
 
 from nms import qdisc
-from nms.lab.gnmi_tree import PathError, path_text
+from lab.gnmi_tree import PathError, path_text
 
 MODEL = "openconfig-qos"
 # QueueSample attribute -> leaf under .../queue[name=Q]/

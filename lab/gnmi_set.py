@@ -9,7 +9,7 @@
   every ECMP route (`ip route replace P nexthop via .. weight W ..`); 0 drains the uplink both
   ways, as a graceful shutdown of its BGP session: its nexthop leaves this leaf's groups, and the
   other leaves stop reaching this leaf through that spine (every leaf's routes are reprogrammed).
-  Kept in the lab state (`ecmp_weights`), so nms/lab/routing.py applies it on every recompute (a
+  Kept in the lab state (`ecmp_weights`), so lab/routing.py applies it on every recompute (a
   failover does not undo it). Served only with --lab-dir and --node.
 
 Values are accepted typed (bool_val, uint_val / int_val) or as JSON (json_val, json_ietf_val);
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from pygnmi.spec.v080 import gnmi_pb2
 
-from nms.lab.gnmi_tree import PathError, path_text
+from lab.gnmi_tree import PathError, path_text
 
 IFF_UP = 0x1
 MAX_WEIGHT = 256  # the kernel's nexthop weight range is 1..256
@@ -120,7 +120,7 @@ class LabSet:
         return {link.a.name: link.name for link in topo.links if link.kind == "fabric" and link.a.node == self.node}
 
     def _lab(self):
-        from nms.lab.state import LabDir, topology_of
+        from lab.state import LabDir, topology_of
         lab = LabDir(self.lab_dir)
         return lab, topology_of(lab.load())
 
@@ -176,7 +176,7 @@ class LabSet:
                                     response=[gnmi_pb2.UpdateResult(path=leaf.path, op=op) for op, leaf, _ in changes])
 
     def _set_weights(self, topo, state: dict, new: list[tuple[str, int]]) -> None:
-        from nms.lab import routing
+        from lab import routing
         weights = {k: dict(v) for k, v in state.get("ecmp_weights", {}).items()}
         mine = weights.setdefault(self.node, {})
         for port, w in new:
@@ -191,7 +191,7 @@ class LabSet:
                                                    f"{self.node} no uplink in service")
         if not mine:
             del weights[self.node]
-        # every leaf: a drained uplink is avoided both ways (nms/lab/routing.py, graceful shutdown)
+        # every leaf: a drained uplink is avoided both ways (lab/routing.py, graceful shutdown)
         routing.apply(topo, state.get("withdrawn", []), nodes=[n.name for n in topo.by_role("leaf")],
                       weights=weights)
         state["ecmp_weights"] = weights
@@ -200,7 +200,7 @@ class LabSet:
         subprocess.run(["ip", "link", "set", "dev", port, "up" if up else "down"], check=True,
                        capture_output=True, timeout=10)
         if up and self.lab_dir is not None and self.node is not None:
-            from nms.lab import routing
+            from lab import routing
             lab, topo = self._lab()
             with lab.update() as state:  # admin-down deleted the routes through the port
                 routing.apply(topo, state.get("withdrawn", []), nodes=[self.node],

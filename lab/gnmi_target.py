@@ -1,15 +1,15 @@
 """A gNMI target serving openconfig-interfaces state of the network namespace it runs in.
 
-    python -m nms.lab.gnmi_target --listen ADDR:PORT (--tls-cert F --tls-key F | --insecure)
+    python -m lab.gnmi_target --listen ADDR:PORT (--tls-cert F --tls-key F | --insecure)
         [--username U --password-file F] [--interfaces GLOB]... [--port-speed-bps N] [--hostname NAME]
         [--no-qos] [--poll-waits] [--log FILE]
 
-`nms lab up` runs one in every switch namespace (nms/lab/services.py); tests run it on loopback.
-The values are the kernel's (nms/lab/gnmi_tree.py). What a client gets (collectors/gnmi.py parses it):
+`nms lab up` runs one in every switch namespace (lab/services.py); tests run it on loopback.
+The values are the kernel's (lab/gnmi_tree.py). What a client gets (collectors/gnmi.py parses it):
 
 * Capabilities: openconfig-interfaces 3.0.0, openconfig-if-ethernet, openconfig-system, and (unless
   --no-qos) openconfig-qos; JSON_IETF, JSON, PROTO; 0.8.0.
-* openconfig-qos: the output queues' counters of the namespace's qdiscs (nms/lab/gnmi_qos.py) under
+* openconfig-qos: the output queues' counters of the namespace's qdiscs (lab/gnmi_qos.py) under
   /qos/interfaces/interface[interface-id=X]/output/queues/queue[name=Q]/state, one notification per
   queue (prefix = the queue), typed scalars whatever the encoding (Get too); counters only, so every
   subscription mode samples them. With --no-qos such paths are NOT_FOUND, like on a target without
@@ -21,13 +21,13 @@ The values are the kernel's (nms/lab/gnmi_tree.py). What a client gets (collecto
 * Get: per requested path one notification; JSON/JSON_IETF: one update at /interfaces whose value
   is {"openconfig-interfaces:interface": [...]} pruned to the path; PROTO: as Subscribe. Get of
   /system/state (or one of its leaves): hostname, software-version, boot-time, up-time,
-  current-datetime (nms/lab/gnmi_system.py).
+  current-datetime (lab/gnmi_system.py).
 * Subscribe: ONCE, POLL (the current values at once, or with --poll-waits only on the first Poll
   request), STREAM with SAMPLE (sample_interval, default 10 s), ON_CHANGE (rtnetlink
   link events, plus a rescan every second) and TARGET_DEFINED (counters SAMPLE, the rest ON_CHANGE);
   sync_response after the first complete set (also with updates_only, which skips that set).
 * Set (and Get) of /interfaces/interface[name=X]/config/enabled and, with --lab-dir/--node, the lab's
-  ECMP weights /ecmp/uplinks/uplink[name=X]/config/weight (nms/lab/gnmi_set.py); nothing else is settable.
+  ECMP weights /ecmp/uplinks/uplink[name=X]/config/weight (lab/gnmi_set.py); nothing else is settable.
 * With --username, every RPC must carry gRPC metadata username/password, else UNAUTHENTICATED.
 """
 
@@ -47,12 +47,12 @@ from pathlib import Path
 import grpc
 from pygnmi.spec.v080 import gnmi_pb2, gnmi_pb2_grpc
 
-from nms.lab.gnmi_tree import (COUNTERS, INTERFACES, STATUS, Kernel, PathError, Selection, json_doc, names_of,
+from lab.gnmi_tree import (COUNTERS, INTERFACES, STATUS, Kernel, PathError, Selection, json_doc, names_of,
                                path_text, responses, select, wanted_of)
-from nms.lab import gnmi_qos, gnmi_set, gnmi_system
-from nms.lab.gnmi_watch import LinkWatch, OnChange
+from lab import gnmi_qos, gnmi_set, gnmi_system
+from lab.gnmi_watch import LinkWatch, OnChange
 
-log = logging.getLogger("nms.lab.gnmi_target")
+log = logging.getLogger("lab.gnmi_target")
 
 GNMI_VERSION = "0.8.0"
 OC = "OpenConfig working group"
@@ -322,7 +322,7 @@ def _address(text: str) -> tuple[str, int]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m nms.lab.gnmi_target", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m lab.gnmi_target", description=__doc__.split("\n\n")[0])
     ap.add_argument("--listen", required=True, metavar="ADDR:PORT", help="address to serve on ([v6]:port for IPv6)")
     ap.add_argument("--tls-cert", metavar="FILE", help="server certificate (PEM)")
     ap.add_argument("--tls-key", metavar="FILE", help="its private key (PEM)")
@@ -338,7 +338,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--poll-waits", action="store_true", help="a POLL subscription answers only Poll requests "
                     "(nothing before the first)")
     ap.add_argument("--log", metavar="FILE", help="log here instead of stderr")
-    ap.add_argument("--lab-dir", help="the lab directory: serve Set of ECMP weights (nms/lab/gnmi_set.py)")
+    ap.add_argument("--lab-dir", help="the lab directory: serve Set of ECMP weights (lab/gnmi_set.py)")
     ap.add_argument("--node", help="this switch's node name in the lab (with --lab-dir)")
     args = ap.parse_args(argv)
     try:

@@ -1,4 +1,4 @@
-"""The openconfig-interfaces tree the lab's gNMI target serves (nms/lab/gnmi_target.py): its leaves,
+"""The openconfig-interfaces tree the lab's gNMI target serves (lab/gnmi_target.py): its leaves,
 how each is read from sysfs, which leaves a gNMI path selects, and the messages that carry them.
 
 Every leaf lives under /interfaces/interface[name=X] and is a scalar: counters, MTU and ifindex

@@ -1,4 +1,4 @@
-"""ON_CHANGE for the lab's gNMI target (nms/lab/gnmi_target.py): one `LinkWatch` per target keeps the
+"""ON_CHANGE for the lab's gNMI target (lab/gnmi_target.py): one `LinkWatch` per target keeps the
 status leaves of every interface current, woken by rtnetlink link messages (RTMGRP_LINK) and a
 rescan every RESCAN_S; each ON_CHANGE stream's `OnChange` sends its client what differs from what
 it holds (and deletes for interfaces that went away)."""
@@ -13,9 +13,9 @@ import struct
 
 from pygnmi.spec.v080 import gnmi_pb2
 
-from nms.lab.gnmi_tree import COUNTERS, Kernel, Selection, Snapshot, Values, deleted, fill, names_of, wanted_of
+from lab.gnmi_tree import COUNTERS, Kernel, Selection, Snapshot, Values, deleted, fill, names_of, wanted_of
 
-log = logging.getLogger("nms.lab.gnmi_target")
+log = logging.getLogger("lab.gnmi_target")
 
 RESCAN_S = 1.0
 RTMGRP_LINK, RTM_NEWLINK, RTM_DELLINK, IFLA_IFNAME = 1, 16, 17, 3

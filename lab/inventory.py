@@ -10,9 +10,9 @@ from pathlib import Path
 import yaml
 
 from nms.config import load_config
-from nms.lab import sh, tls
-from nms.lab.state import LabDir
-from nms.lab.topology import Topology
+from lab import sh, tls
+from lab.state import LabDir
+from lab.topology import Topology
 
 API_PORT = 8080
 GNMI_PORT = 9339  # IANA's gNMI port, on every switch's management address

@@ -1,7 +1,7 @@
 """The lab's job traffic: RoCE-like UDP flows to dport 4791 that follow the agent's steering table.
 
 A flow is (src host, dst host, source port, offered rate). One sender process per source host
-(`python -m nms.lab.jobtraffic send`, in the host's namespace) paces every flow of that host with a
+(`python -m lab.jobtraffic send`, in the host's namespace) paces every flow of that host with a
 token bucket and sends from a raw UDP socket, so it can use any source port without binding it (the
 agent's steer traces bind candidate ports in the same namespace). Every STEER_POLL s it re-reads the
 steering table (hostprobe/steer.py, docs/steering.md): a flow whose dst address has a live entry
@@ -13,7 +13,7 @@ One receiver per destination host (`recv`) counts payload bytes per flow and wri
 {"t_ns", "bytes": {flow: n}} every `interval` s: goodput per flow per interval. Datagrams without
 the generator's magic (e.g. the agents' trace probes to 4791) are skipped.
 
-`JobTraffic` runs the lot on a lab from Python (tests, bench/traffic_control.py).
+`JobTraffic` runs the lot on a lab from Python (tests, lab/control_trials.py).
 """
 
 from __future__ import annotations
@@ -145,13 +145,13 @@ class JobTraffic:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
         for dst in sorted({f.dst for f in self.flows}):
             addr = next(f.dst_addr for f in self.flows if f.dst == dst)
-            args = [sys.executable, "-m", "nms.lab.jobtraffic", "recv", "--bind", addr,
+            args = [sys.executable, "-m", "lab.jobtraffic", "recv", "--bind", addr,
                     "--interval", str(self.interval), "--duration", str(duration + 2)]
             self._spawn(dst, args, self.dir / f"recv-{dst}.jsonl", env)
         time.sleep(0.3)
         for src in sorted({f.src for f in self.flows}):
             mine = [asdict(f) for f in self.flows if f.src == src]
-            args = [sys.executable, "-m", "nms.lab.jobtraffic", "send", "--flows", json.dumps(mine),
+            args = [sys.executable, "-m", "lab.jobtraffic", "send", "--flows", json.dumps(mine),
                     "--duration", str(duration)]
             if src in self.steering:
                 args += ["--steering", str(self.steering[src])]
@@ -160,7 +160,7 @@ class JobTraffic:
         return self
 
     def _spawn(self, host: str, args: list[str], log: Path, env: dict) -> None:
-        from nms.lab import sh
+        from lab import sh
         with open(log, "wb") as f:
             self.procs.append(subprocess.Popen(sh.in_ns(self.topo.netns(host), args), stdout=f,
                                                stderr=subprocess.DEVNULL, env=env))
@@ -215,7 +215,7 @@ def _lines(path: Path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m nms.lab.jobtraffic", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lab.jobtraffic", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("send")
     s.add_argument("--flows", required=True, help="JSON list of flows (Flow fields), one source address")

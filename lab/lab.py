@@ -9,9 +9,9 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 
-from nms.lab import builder, cleanup, inventory, services, sh
-from nms.lab.state import LabDir, now, spec_of, topology_of
-from nms.lab.topology import FABRIC_NET, Spec, Topology, format_rate, plan
+from lab import builder, cleanup, inventory, services, sh
+from lab.state import LabDir, now, spec_of, topology_of
+from lab.topology import FABRIC_NET, Spec, Topology, format_rate, plan
 
 Step = Callable[[str], None]
 

@@ -1,4 +1,4 @@
-"""The lab stack (nms.lab.stack: fabric, `nms serve`, an agent per host) with query helpers: the
+"""The lab stack (lab.stack: fabric, `nms serve`, an agent per host) with query helpers: the
 harness of the agent and correlator benchmarks and of the lab tests (which import it from here).
 """
 
@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import time
 
-from nms.lab import paths
-from nms.lab.stack import LabStack
+from lab import paths
+from lab.stack import LabStack
 
 PROBE_PORT = 33434  # the agents' default probe port
 
 
 class MeshLab(LabStack):
-    """The lab stack (nms.lab.stack) with the query helpers the benchmarks and tests use."""
+    """The lab stack (lab.stack) with the query helpers the benchmarks and tests use."""
 
     # -- the service's API ---------------------------------------------------------------------------
     def query(self, measurement: str, start_ns: int, end_ns: int | None = None, **tags: str) -> list[dict]:

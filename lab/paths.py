@@ -12,8 +12,8 @@ import os
 import socket
 import time
 
-from nms.lab import netns, sh
-from nms.lab.topology import Topology
+from lab import netns, sh
+from lab.topology import Topology
 
 IP_MTU_DISCOVER, IP_PMTUDISC_DO = 10, 2  # linux/in.h: set DF, never fragment locally
 

@@ -6,7 +6,7 @@ see builder.SWITCH_SYSCTLS); a spine has one route per leaf. A "failover" link-d
 link here, as BGP would after the session drops, and the routes are reprogrammed at once.
 
 ECMP weights (the lab gNMI target's Set of /ecmp/uplinks/uplink[name=X]/config/weight,
-nms/lab/gnmi_set.py) live in the lab state as `ecmp_weights` {leaf: {port: weight}}: every
+lab/gnmi_set.py) live in the lab state as `ecmp_weights` {leaf: {port: weight}}: every
 recompute applies them, so failover never silently undoes a drain. Weight 0 drains the uplink
 both ways, as a BGP graceful shutdown of its session does: its nexthop leaves the leaf's ECMP
 groups, and the other leaves stop reaching that leaf through the uplink's spine (unless either
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from nms.lab import sh
-from nms.lab.topology import FABRIC_NET, Topology
+from lab import sh
+from lab.topology import FABRIC_NET, Topology
 
 Nexthop = tuple[str, str]             # (gateway address, device)
 Routes = dict[str, list[Nexthop]]     # prefix -> nexthops (empty: no route)

@@ -1,5 +1,5 @@
 """Per-node daemons: lldpd everywhere; on switches net-snmp snmpd and the gNMI target
-(nms/lab/gnmi_target.py) and OpenSSH sshd (the CLI collector's login), as the lab's southbound
+(lab/gnmi_target.py) and OpenSSH sshd (the CLI collector's login), as the lab's southbound
 protocols (`--southbound`) say.
 
 Each daemon runs inside its node's namespace with its files under <lab dir>/nodes/<node>/ (the
@@ -24,10 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import nms
-from nms.lab import inventory, netns, sh
-from nms.lab.inventory import NET_SNMP_AUTH, NET_SNMP_PRIV
-from nms.lab.state import LabDir
-from nms.lab.topology import Node, Spec, Topology
+from lab import inventory, netns, sh
+from lab.inventory import NET_SNMP_AUTH, NET_SNMP_PRIV
+from lab.state import LabDir
+from lab.topology import Node, Spec, Topology
 
 LLDP_TX_INTERVAL = 5  # seconds; real switches default to 30, the lab wants fast topology changes
 IF_HIGH_SPEED = "1.3.6.1.2.1.31.1.1.1.15"
@@ -112,7 +112,7 @@ def start_gnmi(topo: Topology, lab: LabDir, node: Node, state: dict, ifindex: di
     d = lab.node(node.name)
     d.mkdir(parents=True, exist_ok=True)
     cert, key = inventory.switch_cert(lab, node.name)
-    args = [sys.executable, "-m", "nms.lab.gnmi_target", "--listen", f"{node.mgmt_address}:{inventory.GNMI_PORT}",
+    args = [sys.executable, "-m", "lab.gnmi_target", "--listen", f"{node.mgmt_address}:{inventory.GNMI_PORT}",
             "--tls-cert", str(cert), "--tls-key", str(key), "--username", state["gnmi"]["username"],
             "--password-file", str(inventory.gnmi_password_file(lab)),
             "--port-speed-bps", str(topo.spec.link_rate_bps), "--hostname", node.name, "--log", str(d / "gnmi.log"),

@@ -1,6 +1,6 @@
-"""The whole stack on a lab: the fabric (`nms.lab.lab`), a real `nms serve` on a free port, and a
+"""The whole stack on a lab: the fabric (`lab.lab`), a real `nms serve` on a free port, and a
 probe agent in every host namespace. What `nms demo` runs, and the harness of the lab benchmarks
-and end-to-end tests (bench/agent_lab.py adds their API helpers).
+and end-to-end tests (lab/mesh.py adds their API helpers).
 
 The service listens on 127.0.0.1 and on the lab's management gateway (where the agents in the host
 namespaces reach it). SNMP polling is off unless `snmp_interval` is given, gNMI streaming unless
@@ -21,10 +21,10 @@ import time
 import httpx
 import yaml
 
-from nms.lab import agents, cleanup
-from nms.lab import lab as lab_mod
-from nms.lab.state import LabDir, topology_of
-from nms.lab.topology import Spec
+from lab import agent_procs, cleanup
+from lab import lab as lab_mod
+from lab.state import LabDir, topology_of
+from lab.topology import Spec
 
 
 def free_port() -> int:
@@ -110,18 +110,18 @@ class LabStack:
 
     def start_agents(self, rate: float | None = None, hosts: list[str] | None = None,
                      probe_options: dict | None = None) -> None:
-        agents.start(self.dir, self.agent_url, hosts, rate, probe_options)
+        agent_procs.start(self.dir, self.agent_url, hosts, rate, probe_options)
 
     def down(self) -> None:
         try:
-            agents.stop(self.dir)
+            agent_procs.stop(self.dir)
         except Exception:
             pass
         self.stop_service()
         lab_mod.down(self.dir, self.prefix)
 
     def agent_status(self) -> dict:
-        return agents.status(self.dir)
+        return agent_procs.status(self.dir)
 
     def wait_traced(self, timeout: float = 30.0) -> dict:
         """Until every agent probes its full set of paths (2 spines with symmetric ECMP hashing, every

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
-from nms.lab.sh import LabError
-from nms.lab.topology import Spec, Topology, plan
+from lab.sh import LabError
+from lab.topology import Spec, Topology, plan
 
 DEFAULT_LAB_DIR = "/run/nms-lab"
 MARKER = ".nms-lab"  # present in every directory the lab created; `down` removes only such dirs

@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from nms.lab import paths, services, sh
-from nms.lab.state import LabDir, now, topology_of
-from nms.lab.topology import Topology, parse_rate
+from lab import paths, services, sh
+from lab.state import LabDir, now, topology_of
+from lab.topology import Topology, parse_rate
 
 PATTERNS = ("pairs", "all-to-all", "incast")
 MAX_FLOWS = 256

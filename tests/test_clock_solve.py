@@ -1,4 +1,4 @@
-"""Network-effect clock sync: the solve against synthetic truth (nms/clocksync.py), the service's
+"""Network-effect clock sync: the solve against synthetic truth (nms/clock_solve.py), the service's
 clock job, GET /clock, corrected probe windows, `nms clock`."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from nms.app.api import create_app
 from nms.app.service import Service
-from nms.clocksync import clock_offset, correct_window, slot_of, solve, solve_window
+from nms.clock_solve import clock_offset, correct_window, slot_of, solve, solve_window
 from nms.records import ClockSolution, ProbeWindow
 from tests._clocktruth import W_NS, W_S, Fabric, ring_with_chords
 from tests.helpers import auth, make_config

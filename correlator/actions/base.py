@@ -2,8 +2,8 @@
 
 The ActionManager (manager.py) calls `read` (the state the action would change: its "before"),
 `apply` (do it; the "after") and `revert` (restore `action.before`). Actuators are built with the
-Service (`build_actuators` in service.py: a dict kind -> actuator); host_reroute is host.py
-(signed agent commands), drain_link / isolate_port are switch.py (the southbound).
+application and passed in (a dict kind -> actuator; docs/ARCHITECTURE.md names the modules):
+host_reroute by signed agent commands, drain_link / isolate_port through the southbound.
 """
 
 from __future__ import annotations

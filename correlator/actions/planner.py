@@ -7,7 +7,7 @@
   up (a gray failure no routing protocol notices).
 - anything else (NICs, devices, audits): nothing, with the reason.
 
-Blast radius: `correlator.steering.allowed_avoid` decides whether the element may be avoided at
+Blast radius: `correlator.actions.steering.allowed_avoid` decides whether the element may be avoided at
 all, together with what active actions avoid already. Its flow groups are host pairs with their
 ECMP paths (`nms.topology.ecmp_paths`): the affected pairs, and for drain_link every host pair the
 topology knows (a drained uplink moves everyone's traffic). A refusal proposes nothing and says why.
@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import permutations
 
-from correlator.steering import Limits, allowed_avoid
+from correlator.actions.steering import Limits, allowed_avoid
 from nms.records import ActionKind, FabricPath, FabricTopology, Incident, InterfaceAddress
 from nms.topology import ecmp_paths, parse_end
 
@@ -85,7 +85,7 @@ def hop_loads(links: Iterable[str], addresses: Iterable[InterfaceAddress],
               port_loads: Mapping[tuple[str, str], float]) -> dict[str, float]:
     """What a trace's hop address stands for in load: the utilization of the link into that
     interface (its port's inbound utilization, the poller's latest rates), for the switch ports of
-    `links`. The agent ranks the ports that avoid the element by it (`correlator.steering.choose`)."""
+    `links`. The agent ranks the ports that avoid the element by it (`correlator.actions.steering.choose`)."""
     ends = {parse_end(e) for link in links for e in link.split("--")}
     return {a.address: round(float(port_loads[(a.device, a.port)]), 4) for a in addresses
             if (a.device, a.port) in ends and (a.device, a.port) in port_loads}

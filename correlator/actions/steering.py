@@ -1,5 +1,5 @@
 """The controller's pure decision core: which bad elements traffic may be steered off, and which
-paths a flow group keeps. Used by the action planner (correlator/actions.py), the host agent's
+paths a flow group keeps. Used by the action planner (correlator/actions/planner.py), the host agent's
 steering (which source ports to use) and the flow-level simulator (bench/fabric_sim.py), so the
 lab, the simulator and production decide alike.
 

@@ -1,4 +1,4 @@
-"""The controller in the simulator: the product's decision core (correlator/steering.py) on a
+"""The controller in the simulator: the product's decision core (correlator/actions/steering.py) on a
 simulated fabric, round by round as the correlator's windows would drive it.
 
 A round: rates are max-min fair over the current paths; the correlator's view flags bad elements
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from correlator.steering import Limits, allowed_avoid, choose, rebalance
-from flowsim_fabric import PAD, FatTree
-from flowsim_maxmin import maxmin_rates
+from correlator.actions.steering import Limits, allowed_avoid, choose, rebalance
+from lab.flowsim.fabric import PAD, FatTree
+from lab.flowsim.maxmin import maxmin_rates
 
 PORT_BASE, PORT_SPAN = 0xC000, 0x4000  # RoCEv2 source ports from flow labels: 49152..65535
 

@@ -25,7 +25,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
-from flowsim_fabric import FatTree
+from lab.flowsim.fabric import FatTree
 
 METHOD = "highs-ipm"
 

@@ -107,7 +107,7 @@ class AgentRegistry:
         self.agents: dict[str, AgentInfo] = {}
         self._issued: defaultdict[str, int] = defaultdict(int)  # per host, bumped by every command: wakes its long-poll
         self._changed: asyncio.Condition | None = None
-        self.signer = None  # a CommandSigner (nms.app.actions.signing): delivered commands carry its envelope
+        self.signer = None  # a CommandSigner (nms.signing): delivered commands carry its envelope
 
     def _condition(self) -> asyncio.Condition:
         if self._changed is None:

@@ -1,5 +1,5 @@
 """The service's clock sync: ClockEdges are collected as they are ingested, each finished slot of
-fabric time is solved (nms.clocksync) by a scheduler job, the solutions are stored and kept, and
+fabric time is solved (nms.clock_solve) by a scheduler job, the solutions are stored and kept, and
 probe windows ingested afterwards get clock-corrected one-way delays.
 
 Timing: a slot [k W, (k+1) W) is solved once now >= its end + solve_lag (the agents report a
@@ -23,7 +23,7 @@ from typing import Callable
 
 from pydantic import BaseModel, Field
 
-from nms.clocksync import SlotSolve, clock_offset, correct_window, slot_of, solve, window_ns
+from nms.clock_solve import SlotSolve, clock_offset, correct_window, slot_of, solve, window_ns
 from nms.config.models import ClockConfig
 from nms.records import ClockEdge, ClockSolution, ProbeWindow
 

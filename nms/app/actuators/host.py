@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from nms.app.actions.base import Actuator, ActuatorError
-from nms.app.agents import AgentRegistry
+from correlator.actions.base import Actuator, ActuatorError
+from nms.app.agent_registry import AgentRegistry
 from nms.records import Action
 
 POLL_S = 0.2

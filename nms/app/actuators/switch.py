@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from collectors.base import CollectorError
-from nms.app.actions.base import Actuator, ActuatorError
+from correlator.actions.base import Actuator, ActuatorError
 
 
 def ports_of(element: str, targets: list[str]) -> list[tuple[str, str]]:
@@ -38,8 +38,8 @@ def ports_of(element: str, targets: list[str]) -> list[tuple[str, str]]:
 class SwitchActuator(Actuator):
     kinds: ClassVar[frozenset[str]] = frozenset({"drain_link", "isolate_port"})
 
-    def __init__(self, service) -> None:
-        self.poller = service.poller
+    def __init__(self, poller) -> None:
+        self.poller = poller  # the poller's collectors are the southbound (gNMI Set, UFM)
         self._setter = None
 
     # -- the southbound of a device ------------------------------------------------------------

@@ -16,8 +16,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from nms.app.cli.client import err_console
-from nms.lab import faults
-from nms.lab.stack import LabStack
+from lab import faults
+from lab.stack import LabStack
 
 console = Console()
 
