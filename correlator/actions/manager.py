@@ -29,8 +29,8 @@ from fnmatch import fnmatch
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from correlator.actions import planner
-from correlator.actions.steering import Limits
 from correlator.actions.base import Actuator, ActuatorError
+from correlator.actions.steering import Limits
 from nms.config.models import ActionsConfig, FabricConfig
 from nms.records import (Action, ActionEvent, ActionEventKind, ActionState, FabricTopology, Incident, IncidentEvent,
                          InterfaceAddress)

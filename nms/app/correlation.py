@@ -25,8 +25,8 @@ from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel
 
 from correlator import Correlator
-from correlator.job_impact import join as join_job_slowdowns
 from correlator.incidents import IncidentManager
+from correlator.job_impact import join as join_job_slowdowns
 from nms.config import NmsConfig
 from nms.records import FabricTopology, IncidentEvent
 from nms.state import StateStore
@@ -53,7 +53,7 @@ class CorrelationService:
         self.incidents = incidents
         self.correlator = Correlator(config.fabric, config.thresholds, config.correlator)
         self.last: StepStats | None = None
-        self.job_slowdowns: Callable[[], list] | None = None  # active NCCL job slowdowns (correlator/jobs_nccl.py)
+        self.job_slowdowns: Callable[[], list] | None = None  # active NCCL job slowdowns (nms/app/jobs_nccl.py)
         self._topology_ns = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._arrival: asyncio.Event | None = None

@@ -10,8 +10,9 @@ import time
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from correlator.actions.manager import ActionManager
+from correlator.incidents import IncidentManager
+from correlator.jobs_nccl import NcclJobs
 from nms.app.actuators.registry import build_actuators
-from nms.signing import CommandSigner
 from nms.app.agent_registry import AgentRegistry
 from nms.app.audits.escalation import IncidentFeed
 from nms.app.audits.history import AuditHistory
@@ -19,13 +20,12 @@ from nms.app.audits.runner import AuditRunner
 from nms.app.clock_service import ClockService
 from nms.app.correlation import MIN_GAP_S, CorrelationService
 from nms.app.dashboards.incident_points import IncidentPoints
-from correlator.incidents import IncidentManager
-from correlator.jobs_nccl import NcclJobs
 from nms.app.metrics import ServiceMetrics
 from nms.app.notify import Notifier
 from nms.app.plugins import open_store
 from nms.app.polling import Poller
 from nms.config import NmsConfig
+from nms.signing import CommandSigner
 from nms.state import StateStore
 from nms.store import TimeSeriesStore
 
@@ -58,7 +58,8 @@ class Service:
         # host agents (the API's /agents) and their commands, signed for the agents to verify (docs/actions.md)
         self.agents = AgentRegistry(config.fabric, config.agents, self.state)
         self.agents.signer = CommandSigner(config.data_dir)
-        # incidents -> actions (correlator/actions/, actuators in nms/app/actuators/): planned, decided by policy, applied, rolled back
+        # incidents -> actions (correlator/actions/; actuators: nms/app/actuators/): planned, decided by
+        # policy, applied, rolled back
         actuators = build_actuators(self.agents, self.poller, config.agents.command_ttl)
         self.actions = ActionManager(config.actions, config.fabric, self.state, actuators,
                                      self._action_context, self.store, self.metrics.registry,
