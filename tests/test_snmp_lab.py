@@ -31,7 +31,7 @@ def _skip_reason() -> str | None:
     try:
         from lab.sh import INSTALL_HINT, REQUIRED
     except ImportError:
-        return "the fabric lab (lab) is not available"
+        return "the fabric lab (the lab package) is not available"
     missing = [b for b in REQUIRED if shutil.which(b) is None]
     return f"SNMP lab tests need {', '.join(missing)}: {INSTALL_HINT}" if missing else None
 
