@@ -27,7 +27,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -116,9 +115,9 @@ def baseline_ping(addr: str, peers: list[str], port: int, rate: float, seconds: 
 # --- the run ---------------------------------------------------------------------------------------
 
 def run(rate: float, duration: float, repeat: int) -> None:
-    from agent_lab import MeshLab
+    from lab.mesh import MeshLab
 
-    from nms.lab import agents
+    from lab import agent_procs
 
     mesh = MeshLab("nmsb-", "198.18.247.0/24")
     try:
@@ -140,7 +139,7 @@ def run(rate: float, duration: float, repeat: int) -> None:
         sent = sum(w["sent"] for w in windows)
         achieved = sent / ((last - first) / 1e9)
         lost = 1 - sum(w["received"] for w in windows) / max(1, sent)
-        agents.stop(mesh.dir)
+        agent_procs.stop(mesh.dir)
 
         topo = mesh.topo
         peers = [topo.link_of_port(h, "eth0").b.ip for h in ("host2", "host3", "host4")]
@@ -186,7 +185,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per measurement")
     parser.add_argument("--repeat", type=int, default=3, help="measurements under load (the median is shown)")
     args = parser.parse_args()
-    from nms.lab.sh import require_root
+    from lab.sh import require_root
 
     require_root()
     run(args.rate, args.duration, args.repeat)

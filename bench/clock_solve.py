@@ -1,4 +1,4 @@
-"""Scale of the network-effect clock solve (nms.clocksync.solve_window): one 2 s slot of
+"""Scale of the network-effect clock solve (nms.clock_solve.solve_window): one 2 s slot of
 synthetic edges, hosts x 16 random peers each (each host is host_a of 16 edges), offsets +-10 ms,
 drifts +-50 ppm, 20 ns noise, 0.1 % of the edges poisoned by +50 us. Prints the solve time (best
 of --repeat) and the error against the truth.
@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO / "tests"))  # the synthetic clocks of the test suit
 
 from _clocktruth import W_NS, W_S, Fabric, random_peers  # noqa: E402
 
-from nms.clocksync import solve  # noqa: E402
+from nms.clock_solve import solve  # noqa: E402
 
 
 def run(n: int, peers: int, repeat: int, rng) -> None:

@@ -27,12 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 WINDOW_NS = 2_000_000_000
 
@@ -43,10 +41,10 @@ def pct(values: list[float], p: float) -> float:
 
 
 class Truth:
-    """The hidden clocks: e_h(t) = how far host h's clock is from real time t (nms.lab.faults)."""
+    """The hidden clocks: e_h(t) = how far host h's clock is from real time t (lab.faults)."""
 
     def __init__(self, state: dict, hosts: list[str]):
-        from nms.lab.faults import clock_error_ns
+        from lab.faults import clock_error_ns
 
         self.state, self.hosts, self._err = state, hosts, clock_error_ns
 
@@ -114,9 +112,9 @@ def report(name: str, errs: dict[str, list[float]]) -> dict:
 
 
 def run(idle_s: float, load_s: float, seed: int, dump: str | None) -> None:
-    from agent_lab import MeshLab
+    from lab.mesh import MeshLab
 
-    from nms.lab import faults, traffic
+    from lab import faults, traffic
 
     mesh = MeshLab("nmsc-", "198.18.245.0/24", leaves=3)
     rng = random.Random(seed)
@@ -199,7 +197,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1, help="seed of the hidden clock errors")
     parser.add_argument("--dump", help="write the edges, solutions and hidden clocks to this JSON file")
     args = parser.parse_args()
-    from nms.lab.sh import require_root
+    from lab.sh import require_root
 
     require_root()
     run(args.idle, args.load, args.seed, args.dump)

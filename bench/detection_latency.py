@@ -20,11 +20,8 @@ that do not cross the link are counted as false alarms.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 FABRIC_LINKS = ["leaf1-spine1", "leaf2-spine2", "leaf1-spine2", "leaf2-spine1"]
 
@@ -35,10 +32,10 @@ def pct(values: list[float], p: float) -> float:
 
 
 def run(trials: int, down_after: str | None) -> None:
-    from agent_lab import MeshLab, legs_through
+    from lab.mesh import MeshLab, legs_through
 
     from nms.config.models import parse_duration
-    from nms.lab import faults
+    from lab import faults
 
     from hostprobe.config import ProbeSettings
 
@@ -110,7 +107,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--down-after", default=None, help="the agents' probe.down_after (default: theirs, 900ms)")
     args = parser.parse_args()
-    from nms.lab.sh import require_root
+    from lab.sh import require_root
 
     require_root()
     run(args.trials, args.down_after)

@@ -3,11 +3,11 @@
 A collective (a ring among the job's GPUs in random placement, each neighbour pair over `--qps`
 RoCE QPs, each QP one subflow on its own source port) runs under a fault: fabric links down
 (`failures`) or hot spots (`hotspots`: background elephant traffic taking 75 % of some fabric
-links). Per scenario it prints, for plain ECMP and for the controller (correlator/steering.py
-driven by bench/flowsim_control.py; load-aware and avoid-only), the collective's throughput (the
+links). Per scenario it prints, for plain ECMP and for the controller (correlator/actions/steering.py
+driven by lab/flowsim/control.py; load-aware and avoid-only), the collective's throughput (the
 rate every subflow gets at once = the minimum max-min fair rate; S / it is the step time) and the
 aggregate, each as a ratio to the multipath max-min optimum's first level (lambda*, every host
-pair split over all its equal-cost paths: bench/flowsim_optimum.py; at this size its cut upper
+pair split over all its equal-cost paths: lab/flowsim/optimum.py; at this size its cut upper
 bound, so the ratios are lower bounds), controller / ECMP, and the run time.
 
     .venv/bin/python bench/fabric_sim.py [--k 36] [--qps 4] [--load 0.5,1.0] [--seed 1]
@@ -25,9 +25,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from flowsim_control import PORT_BASE, PORT_SPAN, Controller, Job, evaluate  # noqa: E402
-from flowsim_fabric import FatTree  # noqa: E402
-from flowsim_optimum import concurrent_upper_bound  # noqa: E402
+from lab.flowsim.control import PORT_BASE, PORT_SPAN, Controller, Job, evaluate  # noqa: E402
+from lab.flowsim.fabric import FatTree  # noqa: E402
+from lab.flowsim.optimum import concurrent_upper_bound  # noqa: E402
 
 
 def ring_job(ft: FatTree, load: float, qps: int, rng) -> Job:

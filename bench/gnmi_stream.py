@@ -3,7 +3,7 @@
     sudo .venv/bin/python bench/gnmi_stream.py [--interfaces 1000] [--seconds 20] [--polls 5]
 
 Builds the SNMP benchmark's namespace (bench/snmp_poll.py: N veth interfaces, snmpd on 127.0.0.1)
-and starts the lab's gNMI target (nms/lab/gnmi_target.py) in it on 127.0.0.1:9339, then, inside
+and starts the lab's gNMI target (lab/gnmi_target.py) in it on 127.0.0.1:9339, then, inside
 that namespace, measures this process's CPU time for the whole collection path (records, rates,
 link state, store points; not the store write) per value received:
 
@@ -109,7 +109,7 @@ def main() -> None:
     target = None
     try:
         setup(args.interfaces, workdir)
-        target = subprocess.Popen(["ip", "netns", "exec", NS, sys.executable, "-m", "nms.lab.gnmi_target", "--listen",
+        target = subprocess.Popen(["ip", "netns", "exec", NS, sys.executable, "-m", "lab.gnmi_target", "--listen",
                                    f"127.0.0.1:{GNMI_PORT}", "--insecure", "--interfaces", "v*"], cwd=REPO,
                                   stdout=subprocess.DEVNULL, stderr=open(workdir / "target.log", "wb"))
         print(f"target: namespace {NS}, {args.interfaces} veth interfaces; snmpd on 127.0.0.1:{PORT}, "

@@ -20,11 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from nms.lab import cleanup, paths, sh
-from nms.lab import lab as lab_mod
-from nms.lab.sh import LabError, require_root
-from nms.lab.state import LabDir, topology_of
-from nms.lab.topology import Spec
+from lab import cleanup, paths, sh
+from lab import lab as lab_mod
+from lab.sh import LabError, require_root
+from lab.state import LabDir, topology_of
+from lab.topology import Spec
 
 PREFIX = "nmsb-"
 MGMT = "198.18.253.0/24"

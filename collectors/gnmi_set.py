@@ -1,5 +1,5 @@
 """gNMI Set through the collector's sessions (same target, TLS and credentials as the streams):
-what the switch actuators (nms/app/actions/switch.py) read and change (docs/gnmi.md "Set").
+what the application's switch actuators (docs/actions.md) read and change (docs/gnmi.md "Set").
 
 * `enabled(device, port)` / `set_enabled(device, port, on)`: openconfig-interfaces
   /interfaces/interface[name=X]/config/enabled (isolate a port, bring it back).

@@ -41,7 +41,7 @@ async def set_port_isolated(collector, server: SwitchConfig, system: str, dname:
 
 
 class UfmIsolator:
-    """What nms/app/actions/switch.py calls for a UFM-managed device."""
+    """What the application's switch actuator calls for a UFM-managed device."""
 
     def __init__(self, collector) -> None:
         self.collector = collector

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from hostprobe import transport, verbs
 from hostprobe.client import Control, ServiceClient
-from hostprobe.clock import Clock
-from hostprobe.clocksync import ClockSync
+from hostprobe.host_clock import Clock
+from hostprobe.clock_edges import ClockSync
 from hostprobe.config import AgentConfig
 from hostprobe.counters import NicCounters
 from hostprobe.nccl import NcclListener

@@ -149,7 +149,7 @@ class SigningSettings(Strict):
     @classmethod
     def _key(cls, v: str | None) -> str | None:
         if v is not None:
-            from nms.app.actions.signing import public_from_b64
+            from nms.signing import public_from_b64
             public_from_b64(v)
         return v
 

@@ -113,7 +113,7 @@ class Prober:
         self._seq = random.getrandbits(31)
         self.tracer = Tracer(key, session, settings.max_hops, settings.trace_rate, self.next_seq)
         self.retired_targets: list[Target] = []  # peers no longer listed, until their windows close
-        self.clock_sync = None  # hostprobe.clocksync.ClockSync: gets each closed window's exchanges
+        self.clock_sync = None  # hostprobe.clock_edges.ClockSync: gets each closed window's exchanges
         self.closed_before = 0  # local clock ns: every window starting before it has closed
 
     def next_seq(self) -> int:

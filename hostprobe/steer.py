@@ -6,7 +6,7 @@ table that the job's traffic follows (docs/steering.md).
 Paris-traceroute (hostprobe.trace) each candidate source port with the flow's own 5-tuple (our
 address:port -> peer:dport), or take its path from the port map, keep the least loaded (by
 `hop_loads`, the busiest hop first) of the ports whose forward hops include none of `avoid_hops`
-(correlator.steering.choose: a trace with a silent router in it is unknown and never kept) and
+(correlator.actions.steering.choose: a trace with a silent router in it is unknown and never kept) and
 write them to the steering table. The result:
 {"dsts": {host: {"ports": [...], "candidates": n, "kept": k}}}. A dst where no port avoids the
 element gets no entry (its traffic keeps hashing as before) and says so in the result.
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from correlator.steering import choose
+from correlator.actions.steering import choose
 from hostprobe.trace import TraceJob, Tracer
 from hostprobe.tstamp import StampedSocket
 

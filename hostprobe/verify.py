@@ -1,5 +1,5 @@
 """The agent's check of every command before it acts: the service's Ed25519 signature over host,
-command id, kind, args, expiry and nonce (nms/app/actions/signing.py), for this host, not expired,
+command id, kind, args, expiry and nonce (nms/signing.py), for this host, not expired,
 not seen before.
 
 Key: `signing.public_key` from the config, else the one pinned in `<buffer_dir>/service_key.pub`,
@@ -25,7 +25,7 @@ from pathlib import Path
 from cryptography.exceptions import InvalidSignature
 
 from hostprobe.config import SigningSettings
-from nms.app.actions.signing import canonical_bytes, key_id, public_from_b64
+from nms.signing import canonical_bytes, key_id, public_from_b64
 
 log = logging.getLogger(__name__)
 PIN_FILE = "service_key.pub"

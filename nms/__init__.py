@@ -1,7 +1,7 @@
 """fabric-nms: open network management for AI GPU fabrics.
 
-`nms` holds the SDK every part builds on (records, config, store, state) and, under
-`nms.app`, the host application (service, API, CLI) that composes the parts.
+`nms` holds the SDK every part builds on (records, config, store, state, signing) and, in its
+`app` subpackage, the host application (service, API, CLI) that composes the parts.
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -281,7 +281,7 @@ class ProbeWindow(TelemetryRecord):
     pure_pairs: int | None = Field(None, ge=0, le=INT64_MAX,
                                    description="pairs whose receive spacing matched their send "
                                                "spacing within the guard, both ways (clock sync)")
-    # Filled by the service at ingest from its latest clock solve (nms.app.clock), when fresh:
+    # Filled by the service at ingest from its latest clock solve (the clock service's), when fresh:
     # fwd corrected = fwd - offset, rev corrected = rev + offset; absent when no fresh solution.
     clock_offset_ns: float | None = Field(None, description="clock_dst - clock_src applied to the *_corr_ns "
                                                             "delays (service-side clock sync)")
@@ -351,7 +351,7 @@ class ProbePath(TelemetryRecord):
 
 class ClockEdge(TelemetryRecord):
     """Pairwise clock estimate of one prober for one window (input of the network-effect solve,
-    nms.clocksync).
+    nms.clock_solve).
 
     host_a is the prober that computed it, host_b its peer; method "svm" is the max-margin (LP)
     estimate from pure pairs, "ntp" the min-RTT baseline. The window starts at window_start in
@@ -400,7 +400,7 @@ class RankPlacement(Record):
     rank: int = Field(ge=0, le=INT64_MAX)
     host: Ident
     nic: Ident | None = None
-    # filled by the NCCL plugin's data (nms/app/jobs_nccl.py); a rank is a rank of one communicator
+    # filled by the NCCL plugin's data (correlator/jobs_nccl.py); a rank is a rank of one communicator
     comm_id: Ident | None = Field(None, description="the communicator this rank belongs to (16 hex digits)")
     peers: list[Int64] = Field(default_factory=list, max_length=4096, description="ranks it sent to / received from")
     qps: list[Int64] = Field(default_factory=list, max_length=4096, description="IB QP numbers (socket: fds) it used")
@@ -547,7 +547,7 @@ class NcclProxyStep(_NcclEvent):
 
 class NcclCollectivePerf(TelemetryRecord):
     """One collective of one communicator, assembled by the service from its ranks' records
-    (nms/app/jobs_nccl.py): duration is the slowest rank's (start -> its last proxy op's stop, else
+    (correlator/jobs_nccl.py): duration is the slowest rank's (start -> its last proxy op's stop, else
     its enqueue stop); bandwidths as nccl-tests defines them (algbw = bytes / duration, busbw =
     algbw x the op's factor). `slow`: below the slowdown detector's baseline (correlator/slowdown.py)."""
 
@@ -768,9 +768,9 @@ class InterfaceAddress(TelemetryRecord):
 
 FaultKind = Literal["link_down", "link_flapping", "corrupting_link", "congestion", "path_imbalance",
                     "nic_down", "device_down", "mtu_mismatch", "miscabling",
-                    # from the fabric audits (nms/app/audits/escalation.py)
+                    # from the fabric audits (docs/audits.md, their escalation)
                     "speed_mismatch", "clock_unsynced", "config_drift", "probe_gap",
-                    # a job's collectives slowed and no fabric element explains it (correlator/jobs.py)
+                    # a job's collectives slowed and no fabric element explains it (correlator/job_impact.py)
                     "job_slowdown"]
 ElementKind = Literal["link", "nic", "device", "host", "host_pair", "role", "job"]
 Severity = Literal["critical", "major", "minor", "warning"]
@@ -846,7 +846,7 @@ DeliveryState = Literal["pending", "delivered", "failed"]
 
 
 class NotificationDelivery(Record):
-    """One incident event on its way to one notification sink (nms/app/notify/)."""
+    """One incident event on its way to one notification sink (docs/notifications.md)."""
 
     id: int = Field(description="rises with every delivery; never reused; webhook receivers see it as delivery_id")
     incident_id: int
@@ -864,7 +864,7 @@ class NotificationDelivery(Record):
     last_error: str | None = Field(None, max_length=512, description="why the last attempt did not deliver")
 
 
-# --- acting on incidents (nms/app/actions/, correlator/actions.py; docs/actions.md) ----------------
+# --- acting on incidents (correlator/actions/; docs/actions.md) -----------------------------------------
 
 ActionKind = Literal["host_reroute", "drain_link", "isolate_port"]
 ActionState = Literal["proposed", "awaiting_approval", "approved", "applying", "applied", "failed", "rejected",

@@ -3,9 +3,9 @@
 Kept in SQLite in the data directory so it survives restarts whichever telemetry backend is used.
 Agent commands: ids come from an AUTOINCREMENT key, so they rise and are never reused, also
 across restarts (an agent's `after` cursor stays meaningful); status pending -> delivered ->
-done | failed, or pending -> expired. Incidents (nms.app.incidents keeps their lifecycle): the
+done | failed, or pending -> expired. Incidents (correlator.incidents keeps their lifecycle): the
 JSON body plus indexed columns, ids from AUTOINCREMENT too, and every event in incident_events
-(the history, and the rising ids of the event stream). Actions (nms.app.actions keeps their
+(the history, and the rising ids of the event stream). Actions (correlator.actions keeps their
 lifecycle): the same shape, with action_events as the audit log (who, what, why, before/after).
 """
 
@@ -42,7 +42,7 @@ class AgentCommand(BaseModel):
     result_ns: int | None = Field(None, description="when it was done or failed (agent's report), or expired")
     message: str = Field("", description="the agent's result message, or why it expired")
     details: dict[str, Any] | None = Field(None, description="what the agent added to its result")
-    envelope: dict[str, Any] | None = Field(None, description="the service's signature (nms.app.actions.signing), added "
+    envelope: dict[str, Any] | None = Field(None, description="the service's signature (nms.signing), added "
                                                     "when an agent receives it; agents verify it before acting")
 
     @classmethod

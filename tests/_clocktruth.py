@@ -1,5 +1,5 @@
 """Synthetic host clocks and the ClockEdges a perfect estimator would report (plus noise): the
-ground truth of tests/test_clocksync.py and bench/clock_solve.py.
+ground truth of tests/test_clock_solve.py and bench/clock_solve.py.
 
 Host h's clock: clock_h(t) = t + o_h + r_h * (t - ref) / 1e9 (o in ns, r in ppb). All arithmetic
 is relative to `ref` (ns since the epoch are past float precision).

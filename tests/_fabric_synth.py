@@ -1,6 +1,6 @@
 """A synthetic leaf-spine fabric and its telemetry, independent of the correlator (tests + bench).
 
-Naming and addressing follow the lab (nms/lab/topology.py): spineS, leafL, hostH with eth0; a
+Naming and addressing follow the lab (lab/topology.py): spineS, leafL, hostH with eth0; a
 leaf's host ports are swp1..swpH, its uplinks swp(H+s); spine s's port to leaf L is swpL; routers
 answer traceroute from their ingress port. Every switch port has its own address (10.x.y.z).
 

@@ -9,9 +9,9 @@ import asyncio
 import pytest
 from _act_fabric import addresses, topology, uplink
 
-from nms.app.actions.base import Actuator, ActuatorError
-from nms.app.actions.manager import ActionManager, ActionRefused
-from nms.app.incidents import IncidentManager
+from correlator.actions.base import Actuator, ActuatorError
+from correlator.actions.manager import ActionManager, ActionRefused
+from correlator.incidents import IncidentManager
 from nms.config.models import ActionsConfig, FabricConfig, SwitchConfig
 from nms.records import Action, Finding
 from nms.state import StateStore

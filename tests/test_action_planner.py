@@ -1,11 +1,11 @@
-"""The action planner (correlator/actions.py): which actions each incident kind gets, and the
-blast-radius limits through correlator.steering."""
+"""The action planner (correlator/actions/planner.py): which actions each incident kind gets, and the
+blast-radius limits through correlator.actions.steering."""
 
 from __future__ import annotations
 
 from _act_fabric import addresses, incident, topology, uplink
-from correlator.actions import avoid_hops, host_pairs, plan
-from correlator.steering import Limits
+from correlator.actions.planner import avoid_hops, host_pairs, plan
+from correlator.actions.steering import Limits
 
 
 def test_congestion_reroutes_the_hosts_whose_paths_cross_the_link():
@@ -120,7 +120,7 @@ def test_helpers():
 
 
 def test_moved_to_and_worse():
-    from correlator.actions import evidence_level, worse
+    from correlator.actions.planner import evidence_level, worse
     p = plan(incident("congestion"), topology(2), addresses(2))
     # h1 <-> h3 avoiding leaf1-spine1 uses spine2's links; access links are common to every path
     assert p.proposals[0].params["moved_to"] == [uplink("leaf1", 2), uplink("leaf2", 2)]

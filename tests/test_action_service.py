@@ -15,7 +15,7 @@ import pytest
 import yaml
 from _act_fabric import addresses, topology, uplink
 
-from nms.app.actions.signing import CommandSigner
+from nms.signing import CommandSigner
 from nms.app.api import create_app
 from nms.app.service import Service
 from tests.helpers import TOKENS, auth, make_config, serve_in_thread

@@ -1,4 +1,4 @@
-"""Signed agent commands: the service's envelope (nms/app/actions/signing.py) and the agent's
+"""Signed agent commands: the service's envelope (nms/signing.py) and the agent's
 check before dispatch (hostprobe/verify.py)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from hostprobe.config import SigningSettings
 from hostprobe.verify import CommandVerifier
-from nms.app.actions.signing import CommandSigner
+from nms.signing import CommandSigner
 
 NOW = 1_700_000_000 * 10**9
 STEER = {"action_id": 3, "element": "leaf1:up1--spine1:leaf1", "avoid_hops": ["10.1.1.0", "10.1.1.1"],

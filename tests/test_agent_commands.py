@@ -419,10 +419,10 @@ def test_a_token_bound_to_a_host_outside_the_inventory_is_a_config_error(tmp_pat
 
 def test_the_lab_gives_each_agent_its_own_bound_token(tmp_path):
     from nms.config import load_config
-    from nms.lab import agents as lab_agents
-    from nms.lab.inventory import agent_token_file, new_snmp_credentials, write_config
-    from nms.lab.state import LabDir
-    from nms.lab.topology import Spec, plan
+    from lab import agent_procs as lab_agents
+    from lab.inventory import agent_token_file, new_snmp_credentials, write_config
+    from lab.state import LabDir
+    from lab.topology import Spec, plan
 
     topo, lab = plan(Spec()), LabDir(tmp_path / "lab")
     lab.run_dir.mkdir(parents=True)

@@ -20,7 +20,7 @@ from nms.app.audits.snapshot import host_nic_settings
 from nms.app.audits.history import AuditHistory
 from nms.app.audits.runner import AuditRunner
 from nms.app.cli import app as cli
-from nms.app.incidents import IncidentManager
+from correlator.incidents import IncidentManager
 from nms.app.service import Service
 from nms.config import ConfigError, parse_config
 from nms.config.models import AuditsConfig

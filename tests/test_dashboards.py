@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -29,9 +28,8 @@ from nms.records import Finding
 from nms.store.influx_downsampling import continuous_queries
 from tests.helpers import auth, make_config
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _influx import INFLUXD, InfluxServer  # noqa: E402
-from _snmpd import Snmpd, available as snmpd_available  # noqa: E402
+from _influx import INFLUXD, InfluxServer
+from _snmpd import Snmpd, available as snmpd_available
 
 REPO = Path(__file__).resolve().parents[1]
 S = 10**9

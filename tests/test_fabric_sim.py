@@ -1,22 +1,19 @@
-"""The flow-level fabric simulator (bench/flowsim_*.py): max-min fairness, the fat tree, ECMP,
-faults, the optimum and the controller built on correlator/steering.py."""
+"""The flow-level fabric simulator (lab/flowsim/): max-min fairness, the fat tree, ECMP,
+faults, the optimum and the controller built on correlator/actions/steering.py."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
-from flowsim_control import PORT_BASE, PORT_SPAN, Controller, Job, evaluate  # noqa: E402
-from flowsim_fabric import FatTree, five_tuple_hash  # noqa: E402
-from flowsim_maxmin import completion_time, maxmin_rates  # noqa: E402
-from flowsim_optimum import concurrent_upper_bound, optimum  # noqa: E402
+from lab.flowsim.control import PORT_BASE, PORT_SPAN, Controller, Job, evaluate
+from lab.flowsim.fabric import FatTree, five_tuple_hash
+from lab.flowsim.maxmin import completion_time, maxmin_rates
+from lab.flowsim.optimum import concurrent_upper_bound, optimum
 
-from correlator.steering import Limits  # noqa: E402
+from correlator.actions.steering import Limits
 
 # --- max-min fairness: textbook answers ------------------------------------------------------
 
@@ -191,7 +188,7 @@ def test_controller_respects_the_blast_radius(fraction, min_paths):
     ft, job, background, avail = _hotspot_case()
     ctl = Controller(ft, job, avail, background=background, limits=Limits(fraction, min_paths), max_rounds=1)
     bad = ctl.detect(evaluate(ft, job, avail))
-    from correlator.steering import allowed_avoid
+    from correlator.actions.steering import allowed_avoid
     accepted, refused = allowed_avoid(bad, ctl.groups, Limits(fraction, min_paths))
     assert accepted and refused  # the limits bite in this case
     avoid = set(accepted)

@@ -1,4 +1,4 @@
-"""The gNMI collector against the lab's real gNMI target (nms/lab/gnmi_target.py) on loopback,
+"""The gNMI collector against the lab's real gNMI target (lab/gnmi_target.py) on loopback,
 serving the kernel's counters of `lo` (and, as root, of a veth pair made for the test): one-shot
 ONCE polls, the service's STREAM through the poller (rates from moving counters, status changes at
 once), a stale stream, a restarted target, wrong credentials, TLS."""
@@ -35,7 +35,7 @@ def free_port() -> int:
 
 
 class Target:
-    """`python -m nms.lab.gnmi_target` as a process on 127.0.0.1."""
+    """`python -m lab.gnmi_target` as a process on 127.0.0.1."""
 
     def __init__(self, tmp: Path, *args: str, port: int | None = None):
         self.tmp, self.args, self.port = tmp, args, port or free_port()
@@ -43,7 +43,7 @@ class Target:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Target:
-        self.proc = subprocess.Popen([sys.executable, "-m", "nms.lab.gnmi_target", "--listen", f"127.0.0.1:{self.port}",
+        self.proc = subprocess.Popen([sys.executable, "-m", "lab.gnmi_target", "--listen", f"127.0.0.1:{self.port}",
                                       "--username", USER, "--password-file", str(self.tmp / "password"), *self.args],
                                      stdout=subprocess.DEVNULL, stderr=open(self.tmp / "target.log", "ab"))
         deadline = time.monotonic() + 15

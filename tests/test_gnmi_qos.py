@@ -1,6 +1,6 @@
 """openconfig-qos output queues over gNMI, end to end below the lab: the tc parser (nms/qdisc.py), the
 notification mapping (collectors/gnmi_qos.py), the lab target serving real qdisc counters
-(nms/lab/gnmi_qos.py), the collector's ONCE/POLL/STREAM with and without the model, a target that
+(lab/gnmi_qos.py), the collector's ONCE/POLL/STREAM with and without the model, a target that
 refuses the path, and a POLL target that waits for the first Poll."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from collectors import gnmi_qos
 from collectors.gnmi import GnmiCollector
 from nms import qdisc
 from nms.config.models import SwitchConfig
-from nms.lab.gnmi_qos import Queues
-from nms.lab.gnmi_target import Target as TargetServicer
-from nms.lab.gnmi_tree import Kernel
+from lab.gnmi_qos import Queues
+from lab.gnmi_target import Target as TargetServicer
+from lab.gnmi_tree import Kernel
 from nms.records import QueueRates, QueueSample
 from tests.test_gnmi_collector import Target, _NoScheduler, device, free_port, poller_for, until
 

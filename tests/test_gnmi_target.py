@@ -1,4 +1,4 @@
-"""The lab's gNMI target (nms/lab/gnmi_target.py) as a real process on 127.0.0.1, serving the kernel's
+"""The lab's gNMI target (lab/gnmi_target.py) as a real process on 127.0.0.1, serving the kernel's
 `lo` of this test's own namespace, driven over gRPC with pygnmi's gnmi.proto stubs: Capabilities,
 Get against /sys, Subscribe STREAM/ONCE/POLL, authentication, TLS, and the errors of bad requests.
 No root needed, except by the rtnetlink test (it makes a veth pair; skipped without root)."""
@@ -20,8 +20,8 @@ import pytest
 from pygnmi.spec.v080 import gnmi_pb2 as g
 from pygnmi.spec.v080 import gnmi_pb2_grpc
 
-from nms.lab import tls
-from nms.lab.gnmi_tree import LEAVES, PathError, Selection, select
+from lab import tls
+from lab.gnmi_tree import LEAVES, PathError, Selection, select
 
 REPO = Path(__file__).resolve().parents[1]
 USER, PASSWORD = "labuser", "pw-4Fz9q"
@@ -34,12 +34,12 @@ STATS = {"in-octets": "rx_bytes", "out-octets": "tx_bytes", "in-pkts": "rx_packe
 
 
 class Target:
-    """`python -m nms.lab.gnmi_target` on 127.0.0.1, on the port it picked (--listen :0)."""
+    """`python -m lab.gnmi_target` on 127.0.0.1, on the port it picked (--listen :0)."""
 
     def __init__(self, tmp: Path, *args: str):
         (tmp / "password").write_text(PASSWORD + "\n")
         self.log = tmp / "target.log"
-        self.proc = subprocess.Popen([sys.executable, "-m", "nms.lab.gnmi_target", "--listen", "127.0.0.1:0", *args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "lab.gnmi_target", "--listen", "127.0.0.1:0", *args],
                                      cwd=REPO, stdout=subprocess.PIPE, stderr=open(self.log, "ab"), text=True)
         line = self.proc.stdout.readline()
         assert line.startswith("listening on 127.0.0.1:"), f"{line!r}\n{self.log.read_text()}"
@@ -408,7 +408,7 @@ def test_default_interfaces_leave_out_lo_and_sigterm_stops_a_busy_target(tmp_pat
 
 
 def test_plaintext_must_be_asked_for_and_bad_files_are_named(tmp_path):
-    base = [sys.executable, "-m", "nms.lab.gnmi_target", "--listen", "127.0.0.1:0"]
+    base = [sys.executable, "-m", "lab.gnmi_target", "--listen", "127.0.0.1:0"]
     out = subprocess.run(base, capture_output=True, text=True, cwd=REPO, timeout=30)
     assert out.returncode == 2 and "--insecure to serve plaintext on purpose" in out.stderr
     (tmp_path / "c.pem").write_text("x")

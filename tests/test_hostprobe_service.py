@@ -9,7 +9,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from nms.app.agents import plan_peers
+from nms.app.agent_registry import plan_peers
 from nms.app.api import create_app
 from nms.app.service import Service
 from tests.helpers import auth, make_config

@@ -8,11 +8,11 @@ import os
 
 import pytest
 
-from hostprobe.clock import Clock
+from hostprobe.host_clock import Clock
 from hostprobe.config import LabClock
 from hostprobe.stats import Exchange, judge_pair, percentile, summary, window_stats
 from hostprobe.trace import int_to_ip, ip_to_int, path_id
-from nms.lab.faults import clock_error_ns
+from lab.faults import clock_error_ns
 from nms.records import ProbeWindow
 
 T0 = 1_800_000_000_000_000_000

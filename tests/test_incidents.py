@@ -1,4 +1,4 @@
-"""The incident lifecycle (nms.app.incidents) on a real SQLite state store: open -> updated ->
+"""The incident lifecycle (correlator.incidents) on a real SQLite state store: open -> updated ->
 resolved, dedup, no update spam, reopen with a new id, restart, acknowledgements, listeners,
 filters, and the thread-safe fan-out to asyncio subscribers."""
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from nms.app.incidents import IncidentManager, changed
+from correlator.incidents import IncidentManager, changed
 from nms.records import Finding
 from nms.state import StateStore
 
@@ -277,7 +277,7 @@ def test_a_failing_listener_is_logged_and_does_not_stop_the_others(state, caplog
 
     m.add_listener(broken)
     m.add_listener(heard.append)
-    with caplog.at_level(logging.ERROR, logger="nms.app.incidents"):
+    with caplog.at_level(logging.ERROR, logger="correlator.incidents"):
         [e] = m.apply([finding()], T0)
     assert heard == [e] and "incident listener" in caplog.text and "webhook down" in caplog.text
     assert m.get(e.incident.id) is not None  # committed before the listeners ran
@@ -347,7 +347,7 @@ async def test_a_slow_subscriber_is_dropped_without_blocking_apply(state, caplog
             fast_got.append(item)
 
     reader = asyncio.create_task(read_fast())
-    with caplog.at_level(logging.WARNING, logger="nms.app.incidents"):
+    with caplog.at_level(logging.WARNING, logger="correlator.incidents"):
         for i in range(6):  # each window opens one incident
             done = threading.Event()
             threading.Thread(target=lambda i=i: (m.apply([finding(element=f"leaf{i}:swp1--spine1:swp1")],

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from nms.app.api import create_app
 from nms.app.api import incidents as incidents_api
 from nms.app.cli import app as cli
-from nms.app.incidents import IncidentManager
+from correlator.incidents import IncidentManager
 from nms.app.service import Service
 from nms.records import IncidentEvent
 from nms.state import StateStore

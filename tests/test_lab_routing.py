@@ -1,10 +1,10 @@
-"""The lab's static routes (nms/lab/routing.py): ECMP over every spine, failover withdrawal, and a
+"""The lab's static routes (lab/routing.py): ECMP over every spine, failover withdrawal, and a
 drained uplink avoided both ways (what the drain_link actuator relies on), computed without a lab."""
 
 from __future__ import annotations
 
-from nms.lab import routing
-from nms.lab.topology import Spec, plan
+from lab import routing
+from lab.topology import Spec, plan
 
 
 def test_a_drained_uplink_is_avoided_by_its_leaf_and_by_every_other_leaf():

@@ -8,10 +8,10 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from correlator.jobs import SlowdownJoin, join
+from correlator.job_impact import SlowdownJoin, join
 from correlator.slowdown import DetectorConfig, SlowdownDetector, bandwidths, op_bytes, size_bucket
 from nms.app.api import create_app
-from nms.app.jobs_nccl import NcclJobs, merge_jobs
+from correlator.jobs_nccl import NcclJobs, merge_jobs
 from nms.app.service import Service
 from nms.records import Finding, Incident, Job, JobSlowdown, NcclCollective, NcclCollectivePerf, NcclComm, NcclProxyOp, \
     NcclProxyStep, RankPlacement

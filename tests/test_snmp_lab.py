@@ -29,9 +29,9 @@ def _skip_reason() -> str | None:
     if os.geteuid() != 0:
         return "SNMP lab tests need root (network namespaces, veth)"
     try:
-        from nms.lab.sh import INSTALL_HINT, REQUIRED
+        from lab.sh import INSTALL_HINT, REQUIRED
     except ImportError:
-        return "the fabric lab (nms.lab) is not available"
+        return "the fabric lab (the lab package) is not available"
     missing = [b for b in REQUIRED if shutil.which(b) is None]
     return f"SNMP lab tests need {', '.join(missing)}: {INSTALL_HINT}" if missing else None
 
@@ -41,9 +41,9 @@ def lab():
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    from nms.lab import cleanup, lab as lab_mod
-    from nms.lab.state import LabDir
-    from nms.lab.topology import Spec
+    from lab import cleanup, lab as lab_mod
+    from lab.state import LabDir
+    from lab.topology import Spec
 
     d = LabDir(Path(tempfile.mkdtemp(prefix="nms-snmp-lab-")))  # under /tmp: lldpd must reach its socket
     cleanup.remove(PREFIX, d)
@@ -218,8 +218,8 @@ def test_v3_authpriv_on_the_lab_switches(lab):
 
 def test_a_link_taken_down_shows_within_one_interval_plus_the_snmpd_cache(lab):
     from nms.app.service import Service
-    from nms.lab import faults
-    from nms.lab.state import LabDir
+    from lab import faults
+    from lab.state import LabDir
 
     interval = 2.0
     config = lab_config(lab, interval=interval)
@@ -264,8 +264,8 @@ def test_a_flapping_link_is_counted_and_flagged(lab):
     """The lab flaps leaf2-spine2 twice (4 s down, 4 s up); polling every second sees each flap
     (snmpd's cache is ~3 s) and, with a threshold of 1 flap per minute, flags the link."""
     from nms.app.service import Service
-    from nms.lab import faults
-    from nms.lab.state import LabDir
+    from lab import faults
+    from lab.state import LabDir
 
     config = lab_config(lab, interval=1.0)
     config = config.model_copy(update={"thresholds": config.thresholds.model_copy(

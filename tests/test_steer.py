@@ -11,7 +11,7 @@ import pytest
 
 from hostprobe.config import SteeringSettings
 from hostprobe.steer import SteerError, Steering, live_routes, parse_steer, read_table
-from nms.lab.jobtraffic import steered_ports
+from lab.jobtraffic import steered_ports
 
 GOOD = {"action_id": 3, "element": "leaf1:swp1--spine1:swp1", "avoid_hops": ["198.19.0.1"], "dsts": ["host3"],
         "proto": "udp", "dport": 4791}

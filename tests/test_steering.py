@@ -1,11 +1,11 @@
-"""correlator/steering.py: blast-radius limits and path choice (the controller's decision core)."""
+"""correlator/actions/steering.py: blast-radius limits and path choice (the controller's decision core)."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from correlator.steering import Limits, allowed_avoid, choose, rebalance
+from correlator.actions.steering import Limits, allowed_avoid, choose, rebalance
 
 
 def P(*elements: str) -> frozenset[str]:

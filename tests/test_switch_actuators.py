@@ -1,4 +1,4 @@
-"""The switch actuators (nms/app/actions/switch.py): isolate_port through UFM against the stand-in
+"""The switch actuators (nms/app/actuators/switch.py): isolate_port through UFM against the stand-in
 UFM server (tests/_ufm.py, real HTTP: GET/PUT /ufmRest/app/unhealthy_ports as the UFM REST API guide's
 "Unhealthy Ports REST API" documents them), and the refusals. gNMI Set is exercised on the lab
 (tests/lab/test_actions_lab.py)."""
@@ -12,8 +12,8 @@ import pytest
 from _ufm import GUID, PASSWORD, USERNAME, UfmStandIn, port_name
 
 from collectors.ufm import UfmCollector
-from nms.app.actions.base import ActuatorError
-from nms.app.actions.switch import SwitchActuator, ports_of
+from correlator.actions.base import ActuatorError
+from nms.app.actuators.switch import SwitchActuator, ports_of
 from nms.config.models import SwitchConfig
 
 
@@ -40,7 +40,7 @@ def action(kind: str, element: str, targets: list[str], before: dict | None = No
 
 def test_isolate_port_through_ufm_reads_applies_and_reverts(ufm):
     collector = UfmCollector()
-    act = SwitchActuator(service(ufm, collector))
+    act = SwitchActuator(service(ufm, collector).poller)
     a = action("isolate_port", "leaf-1:1/2/1--spine-2:1/1/1", ["leaf-1"])
 
     async def run():
@@ -67,7 +67,7 @@ def test_isolate_port_through_ufm_reads_applies_and_reverts(ufm):
 
 
 def test_a_device_without_a_southbound_and_drain_over_ufm_are_refused(ufm):
-    act = SwitchActuator(service(ufm, UfmCollector()))
+    act = SwitchActuator(service(ufm, UfmCollector()).poller)
     with pytest.raises(ActuatorError, match="no southbound.*gNMI or a UFM"):
         asyncio.run(act.apply(action("isolate_port", "leaf-9:swp1", ["leaf-9"])))
     with pytest.raises(ActuatorError, match="needs gNMI"):  # UFM has no ECMP weights

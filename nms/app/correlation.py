@@ -25,8 +25,8 @@ from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel
 
 from correlator import Correlator
-from correlator.jobs import SlowdownJoin
-from nms.app.incidents import IncidentManager
+from correlator.incidents import IncidentManager
+from correlator.job_impact import SlowdownJoin
 from nms.config import NmsConfig
 from nms.records import FabricTopology, IncidentEvent
 from nms.state import StateStore

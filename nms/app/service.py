@@ -9,23 +9,23 @@ import time
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from nms.app.actions.manager import ActionManager
-from nms.app.actions.registry import build_actuators
-from nms.app.actions.signing import CommandSigner
-from nms.app.agents import AgentRegistry
+from correlator.actions.manager import ActionManager
+from correlator.incidents import IncidentManager
+from correlator.jobs_nccl import NcclJobs
+from nms.app.actuators.registry import build_actuators
+from nms.app.agent_registry import AgentRegistry
 from nms.app.audits.escalation import IncidentFeed
 from nms.app.audits.history import AuditHistory
 from nms.app.audits.runner import AuditRunner
-from nms.app.clock import ClockService
+from nms.app.clock_service import ClockService
 from nms.app.correlation import MIN_GAP_S, CorrelationService
 from nms.app.dashboards.incident_points import IncidentPoints
-from nms.app.incidents import IncidentManager
-from nms.app.jobs_nccl import NcclJobs
 from nms.app.metrics import ServiceMetrics
 from nms.app.notify import Notifier
 from nms.app.plugins import open_store
 from nms.app.polling import Poller
 from nms.config import NmsConfig
+from nms.signing import CommandSigner
 from nms.state import StateStore
 from nms.store import TimeSeriesStore
 
@@ -58,12 +58,14 @@ class Service:
         # host agents (the API's /agents) and their commands, signed for the agents to verify (docs/actions.md)
         self.agents = AgentRegistry(config.fabric, config.agents, self.state)
         self.agents.signer = CommandSigner(config.data_dir)
-        # incidents -> actions (nms/app/actions): planned, decided by policy, applied, rolled back
-        self.actions = ActionManager(config.actions, config.fabric, self.state, build_actuators(self),
+        # incidents -> actions (correlator/actions/; actuators: nms/app/actuators/): planned, decided by
+        # policy, applied, rolled back
+        actuators = build_actuators(self.agents, self.poller, config.agents.command_ttl)
+        self.actions = ActionManager(config.actions, config.fabric, self.state, actuators,
                                      self._action_context, self.store, self.metrics.registry,
                                      window_ns=int(config.correlator.interval * 1e9), port_loads=self._port_loads)
         self.incidents.add_listener(self.actions.on_incident)
-        # jobs, collective bandwidth and slowdowns from the NCCL plugin's records (nms/app/jobs_nccl.py)
+        # jobs, collective bandwidth and slowdowns from the NCCL plugin's records (correlator/jobs_nccl.py)
         self.nccl_jobs = NcclJobs(self.state, lambda perfs: self.store.write([p.to_point() for p in perfs]))
         self.correlation = None  # telemetry -> findings -> incidents, one step per correlator.interval
         if config.correlator.enabled:
@@ -173,7 +175,7 @@ class Service:
         await self._threaded("audit-incidents", self.incident_feed.apply_standing, time.time_ns())
 
     async def solve_clock(self) -> None:
-        """The clock job: solve the finished slots (nms.app.clock) in a worker thread."""
+        """The clock job: solve the finished slots (nms.app.clock_service) in a worker thread."""
         await self._threaded("clock-solve", self.clock.solve_due)
 
     async def _correlate_loop(self) -> None:

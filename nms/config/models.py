@@ -393,7 +393,7 @@ class ActionKindPolicy(Strict):
 
 
 class ActionLimits(Strict):
-    """Blast radius (correlator.steering.Limits): a flow group (host pair) keeps `min_paths` of its
+    """Blast radius (correlator.actions.steering.Limits): a flow group (host pair) keeps `min_paths` of its
     ECMP paths and loses at most `max_drain_fraction` of them to everything avoided at once."""
 
     max_drain_fraction: float = Field(0.5, gt=0, le=1)
@@ -676,7 +676,7 @@ class FabricConfig(Strict):
         return self
 
 
-# --- fabric audits (nms/app/audits, docs/audits.md) -------------------------------------------
+# --- fabric audits (docs/audits.md) ---------------------------------------------------------
 
 AUDIT_NAMES = ("cabling", "mtu", "speed", "errors", "ecmp_balance", "clock", "config_drift", "probe_coverage")
 IncidentLevel = Literal["critical", "major", "minor", "warning", "never"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from lab_helpers import PREFIX, build_lab, new_lab_dir, skip_reason
 
-from nms.lab import lab as lab_mod
+from lab import lab as lab_mod
 
 LAB_DIR = Path(__file__).resolve().parent
 

@@ -13,11 +13,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from nms.lab import cleanup, paths
-from nms.lab import lab as lab_mod
-from nms.lab.sh import INSTALL_HINT, REQUIRED
-from nms.lab.state import LabDir, topology_of
-from nms.lab.topology import Spec
+from lab import cleanup, paths
+from lab import lab as lab_mod
+from lab.sh import INSTALL_HINT, REQUIRED
+from lab.state import LabDir, topology_of
+from lab.topology import Spec
 
 PREFIX = "nmst-"
 MGMT = "198.18.250.0/24"
@@ -46,7 +46,7 @@ class Lab:
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         argv = [args[0], "--lab-dir", str(self.dir.root), *args[1:]]  # before any `--`
-        proc = subprocess.run([sys.executable, "-m", "nms.lab.cli", *argv],
+        proc = subprocess.run([sys.executable, "-m", "lab.cli", *argv],
                               capture_output=True, text=True, cwd=REPO, timeout=120)
         if check and proc.returncode != 0:
             raise AssertionError(f"nms lab {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")

@@ -10,19 +10,17 @@ it both ways) and restored once it has stayed clean. The harness is bench/traffi
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from lab_helpers import skip_reason
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import traffic_control as tc  # noqa: E402
+from lab import control_trials as tc
 
-from nms.lab.agents import agents_dir  # noqa: E402
-from nms.lab import faults, paths  # noqa: E402
-from nms.lab.jobtraffic import steered_ports  # noqa: E402
+from lab.agent_procs import agents_dir
+from lab import faults, paths
+from lab.jobtraffic import steered_ports
 
 pytestmark = pytest.mark.root
 PREFIX, MGMT = "nmsx-", "198.18.240.0/24"

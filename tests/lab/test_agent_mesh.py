@@ -2,7 +2,7 @@
 delay under congestion, link-down events, forged packets, a service restart.
 
 Expected paths come from the kernel itself (`ip route get ... sport S dport D` on the leaves via
-nms.lab.paths.predict), never from the agents' own answers. Switches answer traceroute from the
+lab.paths.predict), never from the agents' own answers. Switches answer traceroute from the
 interface a packet came in by, so a hop address names the link: the source leaf's host port, the
 spine's port facing the source leaf, the destination leaf's port facing that spine.
 """
@@ -10,20 +10,17 @@ spine's port facing the source leaf, the destination leaf's port facing that spi
 from __future__ import annotations
 
 import socket
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from lab_helpers import skip_reason
 
 from hostprobe import wire
-from nms.lab import faults, netns, paths, traffic
-from nms.lab.inventory import probe_key_file
+from lab import faults, netns, paths, traffic
+from lab.inventory import probe_key_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from agent_lab import MeshLab, legs_through  # noqa: E402  (the harness the agent benchmarks share)
+from lab.mesh import MeshLab, legs_through  # the harness the agent benchmarks share
 
 pytestmark = pytest.mark.root
 PORT = 33434  # the agents' probe port (default)

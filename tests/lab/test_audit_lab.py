@@ -7,19 +7,16 @@ two uplinks, so LLDP contradicts it)."""
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 from lab_helpers import skip_reason, wait_for
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from agent_lab import MeshLab  # noqa: E402
+from lab.mesh import MeshLab
 
-from nms.lab import faults, paths, traffic  # noqa: E402
+from lab import faults, paths, traffic
 
 pytestmark = pytest.mark.root
 AUDITS = {"cabling", "mtu", "speed", "errors", "ecmp_balance", "clock", "config_drift", "probe_coverage"}

@@ -21,8 +21,8 @@ from lab_helpers import build_lab, new_lab_dir, skip_reason
 from collectors.cli import CliCollector
 from nms.app.polling import Poller
 from nms.config.loader import parse_config
-from nms.lab import inventory
-from nms.lab import lab as lab_mod
+from lab import inventory
+from lab import lab as lab_mod
 from nms.store.embedded import EmbeddedStore
 
 PREFIX = "nmsk-"

@@ -8,15 +8,12 @@ the heal. A clean soak first: no incident at all.
 from __future__ import annotations
 
 import random
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from lab_helpers import skip_reason
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from correlator_lab import DEADLINE_S, new_lab, soak, trial, wait_quiet  # noqa: E402
+from lab.correlator_trials import DEADLINE_S, new_lab, soak, trial, wait_quiet
 
 pytestmark = pytest.mark.root
 SOAK_S = 60.0  # a clean minute; bench/correlator_lab.py --soak runs longer (docs/benchmarks.md)

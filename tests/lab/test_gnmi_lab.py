@@ -19,8 +19,8 @@ from pygnmi.spec.v080 import gnmi_pb2 as g
 from pygnmi.spec.v080 import gnmi_pb2_grpc
 
 from nms.config import load_config
-from nms.lab import lab as lab_mod
-from nms.lab import traffic as traffic_mod
+from lab import lab as lab_mod
+from lab import traffic as traffic_mod
 
 PREFIX = "nmsn-"
 MGMT = "198.18.248.0/24"

@@ -1,6 +1,6 @@
 """A job's slowed collectives joined with a real fabric fault, end to end on the lab.
 
-Six lab hosts (3 leaves x 2) run a ring all-reduce over TCP (nms/lab/allreduce.py), each rank driving the real
+Six lab hosts (3 leaves x 2) run a ring all-reduce over TCP (lab/allreduce.py), each rank driving the real
 NCCL profiler plugin (ncclProfiler_v4 through ctypes) that ships to the real `nms-agent` of its
 host namespace; the agents post to a real `nms serve` (SNMP polling for the switches' addresses).
 The job appears on its own; its collectives get a bus bandwidth baseline. Then:
@@ -26,11 +26,10 @@ import pytest
 from lab_helpers import skip_reason
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench"))
-from agent_lab import MeshLab  # noqa: E402
-from correlator_lab import SERVICE, incidents, link_element, wait_quiet  # noqa: E402
+from lab.mesh import MeshLab
+from lab.correlator_trials import SERVICE, incidents, link_element, wait_quiet
 
-from nms.lab import agents, faults, paths  # noqa: E402
+from lab import agent_procs as agents, faults, paths
 
 pytestmark = pytest.mark.root
 PREFIX, MGMT = "nmsj-", "198.18.242.0/24"
@@ -69,7 +68,7 @@ class Ring:
             sock = agents.agents_dir(mesh.dir) / host / "nccl.sock"
             env = {**os.environ, "PYTHONPATH": str(REPO), "SLURM_JOB_ID": JOB, "NMS_NCCL_SOCKET": str(sock)}
             self.procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", topo.netns(host), sys.executable, "-m", "nms.lab.allreduce",
+                ["ip", "netns", "exec", topo.netns(host), sys.executable, "-m", "lab.allreduce",
                  "--rank", str(rank), "--addrs", ",".join(addrs), "--port", str(PORT), "--sport", str(SPORT + rank),
                  "--bytes", str(nbytes), "--seconds", "600", "--rate-mbps", str(RATE_MBPS)],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))

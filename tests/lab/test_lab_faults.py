@@ -7,7 +7,7 @@ import time
 import pytest
 from lab_helpers import RATE, wait_for
 
-from nms.lab import faults, traffic
+from lab import faults, traffic
 
 IF_NAME = "1.3.6.1.2.1.31.1.1.1.1"
 IF_OPER_STATUS = "1.3.6.1.2.1.2.2.1.8"

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from lab_helpers import REPO, Lab, build_lab, new_lab_dir, skip_reason
 
-from nms.lab import cleanup, services
-from nms.lab.netns import NETNS_DIR, inode
+from lab import cleanup, services
+from lab.netns import NETNS_DIR, inode
 
 PREFIX = "nmsu-"
 MGMT = "198.18.251.0/24"
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.root, pytest.mark.skipif(skip_reason() is not None, re
 
 
 def nms_lab(*args: str, env: dict | None = None, user: int | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "nms.lab.cli", *args]
+    cmd = [sys.executable, "-m", "lab.cli", *args]
     if user is not None:
         cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env or os.environ, timeout=120)
@@ -92,7 +92,7 @@ def test_down_leaves_nothing(fresh_lab):
     lab = fresh_lab
     lab.fault("flap", "leaf1-spine1", "--period", "0.5", "--count", "0")  # a background helper
     lab.fault("loss", "leaf2-spine2", "--percent", "5")
-    load = subprocess.Popen([sys.executable, "-m", "nms.lab.cli", "traffic", "--lab-dir", str(lab.dir.root),
+    load = subprocess.Popen([sys.executable, "-m", "lab.cli", "traffic", "--lab-dir", str(lab.dir.root),
                              "all-to-all", "--duration", "30", "--rate", "1M"], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.5)  # iperf3 servers and clients are running inside the hosts
@@ -136,4 +136,4 @@ def test_down_and_up_recover_from_a_crash(fresh_lab):
     assert down.returncode == 0 and "removed 9 namespaces" in down.stdout
     assert lab_footprint(lab) == {"namespaces": [], "root_links": [], "processes": [], "dir": False}
     cmdline = Path(f"/proc/{flap_pid}/cmdline")
-    assert not cmdline.exists() or b"nms.lab.flap" not in cmdline.read_bytes()  # the old flapper is gone
+    assert not cmdline.exists() or b"lab.flap" not in cmdline.read_bytes()  # the old flapper is gone

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,10 +24,9 @@ import pytest
 import yaml
 from lab_helpers import skip_reason, wait_for
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from agent_lab import MeshLab  # noqa: E402
+from lab.mesh import MeshLab
 
-from nms.lab import faults  # noqa: E402
+from lab import faults
 
 pytestmark = pytest.mark.root
 PREFIX, MGMT = "nmsv-", "198.18.245.0/24"

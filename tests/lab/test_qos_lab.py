@@ -12,16 +12,13 @@ from __future__ import annotations
 import json
 import random
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from lab_helpers import skip_reason
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from agent_lab import MeshLab  # noqa: E402
-from correlator_lab import SERVICE, incidents, trial, wait_quiet  # noqa: E402
+from lab.mesh import MeshLab
+from lab.correlator_trials import SERVICE, incidents, trial, wait_quiet
 
 pytestmark = pytest.mark.root
 PREFIX, MGMT = "nmsq-", "198.18.247.0/24"

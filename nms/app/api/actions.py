@@ -1,5 +1,5 @@
 """/actions: the actions the controller proposed or took, their audit log, manual requests,
-approvals, rejections and rollbacks (nms.app.actions.manager keeps the lifecycle; docs/actions.md).
+approvals, rejections and rollbacks (correlator.actions.manager keeps the lifecycle; docs/actions.md).
 Reading needs `read`; everything that changes an action needs `act` (not a host-bound token), and
 the token's name is recorded as who did it."""
 
@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from nms.app.actions.manager import ActionRefused
+from correlator.actions.manager import ActionRefused
 from nms.app.auth import AUTH_RESPONSES, BAD_BODY_RESPONSE, ErrorDetail, Principal, require
 from nms.app.binding import require_unbound
 from nms.records import Action, ActionKind, ActionState

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from nms.app.agents import COMMANDS, AgentInfo, AgentRegistry, NicInfo
+from nms.app.agent_registry import COMMANDS, AgentInfo, AgentRegistry, NicInfo
 from nms.app.auth import AUTH_RESPONSES, BAD_BODY_RESPONSE, ErrorDetail, Principal, require
 from nms.app.binding import check_agent_path
 from nms.state import AgentCommand, CommandStatus

@@ -1,4 +1,4 @@
-"""GET /clock: the newest clock solution per host (service-side clock sync, nms.app.clock) and what
+"""GET /clock: the newest clock solution per host (service-side clock sync, nms.app.clock_service) and what
 the last solve used. History is in the store: measurement `clock_solution` (and `clock_edge`)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query as Param, Request
 from pydantic import BaseModel, Field
 
 from nms.app.auth import AUTH_RESPONSES, require
-from nms.app.clock import SolveStats
+from nms.app.clock_service import SolveStats
 
 router = APIRouter(tags=["clock"], dependencies=[Depends(require("read"))], responses=AUTH_RESPONSES)
 

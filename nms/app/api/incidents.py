@@ -1,5 +1,5 @@
 """/incidents: list, read and acknowledge incidents, their history, and a live Server-Sent Events
-stream of incident events (nms.app.incidents keeps the lifecycle)."""
+stream of incident events (correlator.incidents keeps the lifecycle)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from nms.app.api.sse import sse as _sse
 from nms.app.auth import (AUTH_RESPONSES, BAD_BODY_RESPONSE, STREAM_AUTH_RESPONSES, ErrorDetail, Principal, require,
                           require_ui)
 from nms.app.binding import require_unbound
-from nms.app.incidents import StreamEvent, Subscription
+from correlator.incidents import StreamEvent, Subscription
 from nms.records import FaultKind, Incident, IncidentState, TimestampNs
 from nms.state import IncidentEventEntry
 

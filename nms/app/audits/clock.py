@@ -1,4 +1,4 @@
-"""Clock sync health: the newest network-effect solution per host (nms.app.clock)."""
+"""Clock sync health: the newest network-effect solution per host (nms.app.clock_service)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from nms.app.cli.jobs import jobs_app
 from nms.app.cli.store import store_app
 from nms.config import ConfigError, NmsConfig, detect_model, load_config
 from nms.config.models import parse_duration
-from nms.lab.cli import app as lab_app
+from lab.cli import app as lab_app
 from nms.store import parse_tag_filters
 
 app = typer.Typer(help="Open network management for AI GPU fabrics.", no_args_is_help=True,

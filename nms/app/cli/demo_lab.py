@@ -17,8 +17,8 @@ from rich.table import Table
 
 from nms.app.cli.client import err_console
 from nms.app.cli.interrupt import signals_as_ctrl_c
-from nms.lab import faults
-from nms.lab.stack import LabStack
+from lab import faults
+from lab.stack import LabStack
 
 console = Console()
 

@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass
 from importlib.metadata import entry_points
 
-from nms.app.actions import manager as action_manager
+from correlator.actions import manager as action_manager
 from nms.app.dashboards import incident_points
 from nms.records import INGEST_KINDS, TelemetryRecord
 from nms.store.base import declared_fields
@@ -28,7 +28,7 @@ _WRITERS = {
     "interface_address": "the poller (SNMP IP-MIB)",
     "clock_solution": "the service's clock solve (from clock_edge)",
     "probe_window": "host agents (stored with *_corr_ns filled by the service's clock sync)",
-    "nccl_collective_perf": "the service (nms/app/jobs_nccl.py: a collective assembled from its ranks' nccl_* records)",
+    "nccl_collective_perf": "the service (correlator/jobs_nccl.py: a collective assembled from its ranks' nccl_* records)",
 }
 
 
@@ -93,7 +93,7 @@ def _generic() -> list[Measurement]:
         Measurement(incident_points.MEASUREMENT, "nms/app/dashboards/incident_points.py",
                     "the service (each incident event: opened, updated, resolved, acknowledged)",
                     incident_points.TAGS, "ts", dict(declared_fields(incident_points.MEASUREMENT))),
-        Measurement(action_manager.MEASUREMENT, "nms/app/actions/manager.py",
+        Measurement(action_manager.MEASUREMENT, "correlator/actions/manager.py",
                     "the service (each action event: proposed, approved, rejected, applied, failed, rolled_back, "
                     "expired; the audit log itself is in SQLite, docs/actions.md)",
                     action_manager.TAGS, "ts", dict(declared_fields(action_manager.MEASUREMENT))),

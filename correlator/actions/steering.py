@@ -1,0 +1,139 @@
+"""The controller's pure decision core: which bad elements traffic may be steered off, and which
+paths a flow group keeps. Used by the action planner (correlator/actions/planner.py), the host agent's
+steering (which source ports to use) and the flow-level simulator (bench/fabric_sim.py), so the
+lab, the simulator and production decide alike.
+
+A flow group is whatever shares a set of candidate paths (a host pair, a job's rank pair); a path
+is the set of element names it crosses (links as `dev:port--dev:port`, NICs, devices).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Blast-radius limits. `max_drain_fraction`: never take more than this share of a group's
+    candidate paths away; `min_paths`: every group keeps at least this many paths."""
+
+    max_drain_fraction: float = 0.5
+    min_paths: int = 1
+
+
+def allowed_avoid(bad: Mapping[str, float], groups: Mapping[str, Sequence[frozenset[str]]],
+                  limits: Limits = Limits()) -> tuple[list[str], dict[str, str]]:
+    """Elements that may be avoided, worst first (`bad`: element -> badness, higher worse), each
+    accepted only if, with it and those accepted before, every group still keeps `min_paths` paths
+    and loses at most `max_drain_fraction` of them. Returns (accepted, {refused element: reason}).
+
+    Only the groups whose paths cross an element are checked for it (an index built once), so the
+    cost follows the paths that touch bad elements, not all groups x all elements: the simulator
+    calls this with ~10k host pairs x 32 candidate paths."""
+    accepted: list[str] = []
+    refused: dict[str, str] = {}
+    if not bad:
+        return accepted, refused
+    touching: dict[str, dict[str, list[int]]] = {e: {} for e in bad}  # element -> group -> path indices
+    bad_set = frozenset(bad)
+    for group, paths in groups.items():
+        for i, path in enumerate(paths):
+            for element in bad_set.intersection(path):
+                touching[element].setdefault(group, []).append(i)
+    blocked: dict[str, set[int]] = {}  # group -> indices of its paths crossing an accepted element
+    for element in sorted(bad, key=lambda e: (-bad[e], e)):
+        reason = None
+        for group, idx in touching[element].items():
+            total = len(groups[group])
+            lost = len(blocked.get(group, set()).union(idx))
+            left = total - lost
+            if left < limits.min_paths:
+                reason = f"{group} would keep {left} of {total} paths (min {limits.min_paths})"
+                break
+            if lost > limits.max_drain_fraction * total:
+                reason = (f"{group} would lose {lost} of {total} paths "
+                          f"(max {limits.max_drain_fraction:.0%})")
+                break
+        if reason is None:
+            accepted.append(element)
+            for group, idx in touching[element].items():
+                blocked.setdefault(group, set()).update(idx)
+        else:
+            refused[element] = reason
+    return accepted, refused
+
+
+def choose(paths: Sequence[frozenset[str]], avoid: set[str], load: Mapping[str, float] | None = None,
+           n: int = 1) -> list[int]:
+    """Indices of up to `n` paths that cross nothing in `avoid`, least loaded first: by the highest
+    load of their elements, then by the sum (of two paths through one hot link, the one whose other
+    links are busier loses); ties keep the given order. Empty when none avoids."""
+    load = load or {}
+    ok = [i for i, p in enumerate(paths) if not (p & avoid)]
+    if load:
+        def key(i: int) -> tuple[float, float]:
+            loads = [load.get(e, 0.0) for e in paths[i]]
+            return (max(loads, default=0.0), sum(loads))
+        ok.sort(key=key)
+    return ok[:n]
+
+
+def rebalance(paths: Sequence[Collection[Hashable]], current: Sequence[int], load: Mapping[Hashable, float],
+              weight: float | Sequence[float] = 1.0, avoid: Collection[Hashable] = frozenset(),
+              limit: float = 1.0) -> list[int]:
+    """New path index for each of one flow group's subflows (`current[i]`: the index in `paths` of
+    subflow i's path now): the ones on an element loaded over `limit` move where that lowers it.
+
+    `load`: element -> load now, the group's own subflows included (a host agent: per-port
+    utilization from its counters or from the planner; the simulator: offered load / capacity per
+    directed link); elements missing count 0. `weight`: what one subflow adds to each element of
+    its path, in the load's units (its rate / the link speed), one number or one per subflow.
+
+    The subflow on the highest load moves first, to the path whose highest load after the move is
+    lowest (then the lowest sum after it; ties keep the given order), and only if that is strictly
+    below the highest load it leaves; each move is counted at once (its old path's elements lose
+    its weight, the new one's gain it), so the next decision sees it; it stops when no subflow over
+    `limit` can lower its load. Only as many subflows move as it takes: a link over the limit is
+    relieved, not emptied. No move goes onto an element of `avoid` (the bad elements being
+    drained: their subflows move by load like the others; to empty them, `choose`).
+    Every move lowers the sorted vector of loads lexicographically, so this ends (a cap of 8
+    moves per subflow guards it); `load` itself is not changed."""
+    n = len(current)
+    w = [float(weight)] * n if isinstance(weight, (int, float)) else [float(x) for x in weight]
+    avoid = avoid if isinstance(avoid, (set, frozenset)) else set(avoid)
+    cur = {e: float(load.get(e, 0.0)) for p in paths for e in p}  # the loads as moves change them
+    allowed = [j for j, p in enumerate(paths) if not any(e in avoid for e in p)]
+    assign = list(current)
+    peak = [max((cur[e] for e in paths[j]), default=0.0) for j in assign]
+    eps = 1e-9
+    for _ in range(8 * n + 8):
+        moved = False
+        for i in sorted(range(n), key=lambda i: (-peak[i], i)):
+            here, top = assign[i], peak[i]
+            if top <= limit + eps:
+                break  # sorted: nobody after this one is over the limit
+            old = paths[here]
+            best, best_key = None, (top - eps, float("inf"))
+            for j in allowed:
+                if j == here:
+                    continue
+                after = [cur[e] if e in old else cur[e] + w[i] for e in paths[j]]
+                key = (max(after, default=0.0), sum(after))
+                if key < best_key:
+                    best, best_key = j, key
+            if best is None:
+                continue
+            new = paths[best]
+            for e in old:
+                if e not in new:
+                    cur[e] -= w[i]
+            for e in new:
+                if e not in old:
+                    cur[e] += w[i]
+            assign[i], moved = best, True
+            peak = [max((cur[e] for e in paths[j]), default=0.0) for j in assign]
+            break
+        if not moved:
+            break
+    return assign

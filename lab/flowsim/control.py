@@ -1,0 +1,248 @@
+"""The controller in the simulator: the product's decision core (correlator/actions/steering.py) on a
+simulated fabric, round by round as the correlator's windows would drive it.
+
+A round: rates are max-min fair over the current paths; the correlator's view flags bad elements
+(links down are already withdrawn by routing; a fabric link is hot when its utilization reaches
+`congestion_utilization` while more is offered than it carries: the "high utilization and discards"
+of correlator/evidence.py; badness = offered / capacity); `allowed_avoid` applies the blast-radius
+`Limits` to those plus the elements still avoided from earlier rounds; every subflow whose path
+crosses an accepted element may be re-steered among its host pair's candidate source ports (the
+paths a host agent's Paris traceroutes of those ports show). A round that makes the job worse
+(lower minimum rate, then lower aggregate) is rolled back and the controller stops, as actions are
+rolled back when they make things worse; rounds go on while they gain (the minimum rate or the
+aggregate up by more than `min_gain`, relative), up to `max_rounds`.
+
+Modes: `load_aware` (the default) re-steers each host pair's subflows with `rebalance` over the
+directed links' offered load / capacity: a subflow on a link over capacity moves to the candidate
+path whose busiest link after the move is least busy, only if that lowers its own, never onto an
+accepted element, each move counted at once (the next pair sees it); a hot link is relieved, not
+emptied. Otherwise `choose` gets no load and a host pair's moved subflows are spread over the first
+paths that avoid (what an agent that only receives `avoid_hops` can do).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from correlator.actions.steering import Limits, allowed_avoid, choose, rebalance
+from lab.flowsim.fabric import PAD, FatTree
+from lab.flowsim.maxmin import maxmin_rates
+
+PORT_BASE, PORT_SPAN = 0xC000, 0x4000  # RoCEv2 source ports from flow labels: 49152..65535
+
+
+@dataclass
+class Job:
+    """Subflows (one per QP) of a collective: src[i] -> dst[i] on source port port[i]."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    port: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return self.src.size
+
+
+@dataclass
+class Outcome:
+    rates: np.ndarray
+    paths: np.ndarray
+
+    @property
+    def min_rate(self) -> float:
+        return float(self.rates.min())
+
+    @property
+    def aggregate(self) -> float:
+        return float(self.rates.sum())
+
+
+@dataclass
+class Round:
+    hot: int
+    accepted: int
+    refused: int
+    moved: int
+    min_rate: float
+    aggregate: float
+    rolled_back: bool = False
+
+
+@dataclass
+class ControlResult:
+    job: Job
+    outcome: Outcome
+    rounds: list[Round] = field(default_factory=list)
+    refusals: dict[str, str] = field(default_factory=dict)
+
+
+def evaluate(ft: FatTree, job: Job, avail: np.ndarray) -> Outcome:
+    a, c = ft.route(job.src, job.dst, job.port)
+    if (a == -2).any():
+        raise ValueError(f"{int((a == -2).sum())} subflows have no path left")
+    paths = ft.path_links(job.src, job.dst, a, c)
+    return Outcome(maxmin_rates(paths, avail), paths)
+
+
+class Controller:
+    def __init__(self, ft: FatTree, job: Job, avail: np.ndarray, background: np.ndarray | None = None,
+                 limits: Limits = Limits(), candidates: int = 32, congestion_utilization: float = 0.9,
+                 load_aware: bool = True, max_rounds: int = 16, min_gain: float = 1e-3):
+        self.ft, self.avail, self.limits = ft, avail, limits
+        self.background = background if background is not None else np.zeros(ft.n_links)
+        self.congestion_utilization, self.load_aware, self.max_rounds = congestion_utilization, load_aware, max_rounds
+        self.min_gain = min_gain
+        self.ids = {name: u for u, name in enumerate(ft.names)}
+        # host pairs (groups) and each one's candidate source ports and their paths
+        H = ft.hosts
+        key = job.src.astype(np.int64) * H + job.dst
+        pairs, self.group_of = np.unique(key, return_inverse=True)
+        g_src, g_dst = pairs // H, pairs % H
+        j = np.arange(candidates)
+        self.cand_port = PORT_BASE + (g_src[:, None] * 7919 + g_dst[:, None] * 104729 + j * 2731) % PORT_SPAN
+        cs, cd = np.repeat(g_src, candidates), np.repeat(g_dst, candidates)
+        ca, cc = ft.route(cs, cd, self.cand_port.ravel())
+        self.cand_links = ft.path_links(cs, cd, ca, cc).reshape(pairs.size, candidates, 6)
+        self.fabric = ft.edge(g_src) != ft.edge(g_dst)
+        self.groups = {}  # name -> candidate paths (link names), host pairs across the fabric
+        self.group_name: list[str | None] = []
+        self.cand_sets = []
+        for g in range(pairs.size):
+            sets = [ft.path_set(g_src[g], g_dst[g], ca[g * candidates + i], cc[g * candidates + i])
+                    for i in range(candidates)]
+            self.cand_sets.append(sets)
+            self.group_name.append(f"h{g_src[g]}->h{g_dst[g]}" if self.fabric[g] else None)
+            if self.fabric[g]:
+                self.groups[self.group_name[g]] = sets
+        self._cand_paths: dict[int, list[tuple[int, ...]]] = {}
+        # what each subflow could send if the fabric were no limit: its NICs' fair share
+        n_out = np.bincount(job.src, minlength=H)
+        n_in = np.bincount(job.dst, minlength=H)
+        self.potential = np.minimum(avail[ft.link(0, 0, job.src)] / n_out[job.src],
+                                    avail[ft.link(0, 1, job.dst)] / n_in[job.dst])
+
+    def _groups_touching(self, bad: dict[str, float]) -> dict[str, list[frozenset[str]]]:
+        """The groups some candidate path of which crosses a bad element: all that `allowed_avoid`
+        checks (the others cannot refuse anything), picked with numpy."""
+        mask = np.zeros(3 * self.ft.hosts, bool)
+        mask[[self.ids[e] for e in bad]] = True
+        hops = self.cand_links[:, :, 2:]
+        hit = np.where(hops == PAD, False, mask[self.ft.undirected(np.maximum(hops, 0))]).any(axis=(1, 2))
+        return {self.group_name[g]: self.groups[self.group_name[g]] for g in np.flatnonzero(hit & self.fabric)}
+
+    def detect(self, out: Outcome) -> dict[str, float]:
+        """Bad fabric links as the correlator would flag them: hot and overloaded, by badness."""
+        ft = self.ft
+        util = (self._per_link(out, out.rates) + self.background) / ft.capacity
+        pressure = self._pressure(out)
+        hot = (util >= self.congestion_utilization) & (pressure > 1 + 1e-6)
+        hot[: 2 * ft.hosts] = False  # host links: every path of a pair crosses them
+        bad: dict[str, float] = {}
+        for d in np.flatnonzero(hot):
+            name = ft.names[int(ft.undirected(d))]
+            bad[name] = max(bad.get(name, 0.0), float(pressure[d]))
+        return bad
+
+    def _per_link(self, out: Outcome, per_flow: np.ndarray) -> np.ndarray:
+        used = out.paths != PAD
+        return np.bincount(out.paths[used], weights=np.broadcast_to(per_flow[:, None], used.shape)[used],
+                           minlength=self.ft.n_links)
+
+    def _pressure(self, out: Outcome) -> np.ndarray:
+        """Offered load / capacity per directed link: what the subflows' NICs would push through it
+        (utilization counting what queues or drops), background included."""
+        return (self._per_link(out, self.potential) + self.background) / self.ft.capacity
+
+    def run(self, job: Job) -> ControlResult:
+        ft = self.ft
+        job = Job(job.src, job.dst, job.port.copy())
+        out = evaluate(ft, job, self.avail)
+        result = ControlResult(job, out)
+        for _ in range(self.max_rounds):
+            bad = self.detect(out)
+            if not bad:
+                break
+            accepted, refused = allowed_avoid(bad, self._groups_touching(bad), self.limits)
+            result.refusals.update(refused)
+            ports, moved = self._steer(job, out, set(accepted))
+            step = Round(len(bad), len(accepted), len(refused), moved, out.min_rate, out.aggregate)
+            if not moved:
+                result.rounds.append(step)
+                break
+            new_job = Job(job.src, job.dst, ports)
+            new_out = evaluate(ft, new_job, self.avail)
+            step.min_rate, step.aggregate = new_out.min_rate, new_out.aggregate
+            if (new_out.min_rate, new_out.aggregate) < (out.min_rate - 1e-9, out.aggregate - 1e-9):
+                step.rolled_back = True
+                result.rounds.append(step)
+                break
+            result.rounds.append(step)
+            gained = (new_out.min_rate > out.min_rate * (1 + self.min_gain)
+                      or new_out.aggregate > out.aggregate * (1 + self.min_gain))
+            job, out = new_job, new_out
+            result.job, result.outcome = job, out
+            if not gained:
+                break  # kept (not worse), but another round would churn for next to nothing
+        return result
+
+    def _steer(self, job: Job, out: Outcome, avoid: set[str]) -> tuple[np.ndarray, int]:
+        """New ports for the subflows whose path crosses an avoided link; returns (ports, moved)."""
+        ft = self.ft
+        ports = job.port.copy()
+        if not avoid:
+            return ports, 0
+        mask = np.zeros(3 * ft.hosts, bool)
+        mask[[self.ids[e] for e in avoid]] = True
+        hops = out.paths[:, 2:]
+        crossing = np.where(hops == PAD, False, mask[ft.undirected(np.maximum(hops, 0))]).any(axis=1)
+        util = self._pressure(out)
+        if self.load_aware:  # only a subflow on a link over capacity may move
+            crossing &= np.where(hops == PAD, 0.0, util[np.maximum(hops, 0)]).max(axis=1) > 1.0 + 1e-9
+        by_group: dict[int, list[int]] = {}
+        for f in np.flatnonzero(crossing).tolist():
+            by_group.setdefault(int(self.group_of[f]), []).append(f)
+        if not self.load_aware:
+            moved = 0
+            for g, subflows in by_group.items():
+                picks = choose(self.cand_sets[g], avoid, None, n=len(subflows))
+                for i, f in enumerate(subflows):
+                    if picks:
+                        ports[f] = self.cand_port[g, picks[i % len(picks)]]
+                        moved += 1
+            return ports, moved
+        return self._rebalance(job, out, util, by_group, np.flatnonzero(mask), ports)
+
+    def _rebalance(self, job: Job, out: Outcome, util: np.ndarray, by_group: dict[int, list[int]],
+                   avoided: np.ndarray, ports: np.ndarray) -> tuple[np.ndarray, int]:
+        """`rebalance` per host pair, over directed link ids: its candidate paths plus its subflows'
+        current ones (a subflow may keep its port, or take another subflow's); `util` (offered load
+        / capacity per directed link) is updated as each pair's moves are made."""
+        ft = self.ft
+        weight = self.potential / ft.capacity[2 * ft.hosts]  # fabric links all one speed
+        up, down = ft.directions(avoided)
+        avoid = frozenset(up.tolist()) | frozenset(down.tolist())
+        moved = 0
+        for g, subflows in by_group.items():
+            ours = out.paths[subflows, 2:]
+            cand = self._cand_paths.get(g)
+            if cand is None:
+                cand = self._cand_paths[g] = [tuple(x for x in row if x != PAD)
+                                              for row in self.cand_links[g, :, 2:].tolist()]
+            paths = cand + [tuple(x for x in row if x != PAD) for row in ours.tolist()]
+            elements = np.unique(np.concatenate([self.cand_links[g, :, 2:].ravel(), ours.ravel()]))
+            elements = elements[elements != PAD]
+            load = dict(zip(elements.tolist(), util[elements].tolist()))
+            first = len(cand)
+            new = rebalance(paths, range(first, first + len(subflows)), load, weight[subflows], avoid)
+            for i, f in enumerate(subflows):
+                j = new[i]
+                if j == first + i:
+                    continue
+                util[np.array(paths[first + i], np.int64)] -= weight[f]
+                util[np.array(paths[j], np.int64)] += weight[f]
+                ports[f] = self.cand_port[g, j] if j < first else job.port[subflows[j - first]]
+                moved += 1
+        return ports, moved

@@ -1,1 +1,0 @@
-"""Acting on incidents: the action manager and its actuators (docs/actions.md)."""
