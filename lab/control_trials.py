@@ -79,7 +79,9 @@ def reconfigure(mesh: MeshLab, changes: dict) -> None:
     config = yaml.safe_load(mesh.config.read_text())
     merge(config, changes)
     mesh.config.write_text(yaml.safe_dump(config))
+    started = time.time_ns()
     mesh.start_service()
+    mesh.wait_service_ready(started)
 
 
 def set_dry_run(mesh: MeshLab, dry_run: bool) -> None:

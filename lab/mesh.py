@@ -33,6 +33,28 @@ class MeshLab(LabStack):
         return {(host, p["peer"], p["path_id"]): p["sport"]
                 for host, a in self.agent_status().items() for p in a.get("paths", [])}
 
+    def wait_service_ready(self, since_ns: int, timeout: float = 60.0) -> None:
+        """After a (re)start of the service at `since_ns`: until it can see a fault again, i.e. every
+        agent registered with it, re-announced its probe paths (their hops localize loss) and reports
+        windows, and every switch was polled. /health answers long before that; a fault injected in
+        between is found late or not at all."""
+        hosts = sorted(n.name for n in self.topo.by_role("host"))
+
+        def missing() -> list[str]:
+            out = [f"agent {h}" for h in sorted(set(hosts) - {a["host"] for a in self.api("GET", "/agents").json()})]
+            for measurement in ("probe_path", "probe_window"):
+                reported = {r["src_host"] for r in self.query(measurement, since_ns)}
+                out += [f"{measurement} from {h}" for h in hosts if h not in reported]
+            out += [f"poll of {d['device']} ({d['collector']})" for d in self.api("GET", "/devices").json()
+                    if (d.get("last_success_ns") or 0) < since_ns]
+            return out
+
+        deadline = time.monotonic() + timeout
+        while (left := missing()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the service was not ready {timeout:g} s after its start: no {', '.join(left)}")
+            time.sleep(0.5)
+
     def command(self, kind: str, args: dict | None = None, hosts: list[str] | None = None) -> list[dict]:
         r = self.api("POST", "/agents/commands", json={"kind": kind, "args": args or {}, "hosts": hosts})
         r.raise_for_status()

@@ -96,7 +96,9 @@ class LabStack:
                     return
             except httpx.HTTPError:
                 time.sleep(0.1)
-        raise RuntimeError(f"service did not come up; see {self.dir.root / 'service.log'}")
+        tail = (self.dir.root / "service.log").read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"service did not come up (exit {self.service.poll()}); "
+                           f"{self.dir.root / 'service.log'} ends:\n{tail}")
 
     def stop_service(self) -> None:
         if self.service is not None and self.service.poll() is None:
