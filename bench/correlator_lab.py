@@ -15,7 +15,7 @@ incident, heals, and waits for it to resolve:
   during the trial (another element, or the element never getting the right kind) is a false one;
 * the soak runs the clean lab for `--soak` seconds: every incident opened then is false.
 
-Targets (issue #6): link down <= 2 s p99, silent loss >= 1% <= 5 s, congestion <= 5 s, flapping
+Targets: link down <= 2 s p99, silent loss >= 1% <= 5 s, congestion <= 5 s, flapping
 flagged at the configured threshold; precision 100%, recall >= 95%; no false incident in the soak.
 tests/lab/test_correlator_lab.py runs one trial of each kind with the same harness.
 """

@@ -11,7 +11,7 @@ link state, store points; not the store write) per value received:
 2. gNMI: the poller's own Subscribe STREAM (counters SAMPLEd every 1 s, status ON_CHANGE) for
    `--seconds`, counting the values of every batch it ingests.
 
-Prints values/s per core for each and the ratio of CPU per value, gNMI / SNMP (target, issue 12:
+Prints values/s per core for each and the ratio of CPU per value, gNMI / SNMP (target:
 below 1/3). The target's own CPU is printed for reference (it shares the 2 CPUs). Needs root.
 """
 

@@ -4,7 +4,7 @@ same run (this machine is noisy; the ratio is what to compare).
 
     .venv/bin/python bench/ingest.py [--batches 20] [--batch-size 5000] [--backend embedded|influxdb|all]
 
-Target (issue 2): ratio >= 0.5 for 5,000-point batches on each backend.
+Target: ratio >= 0.5 for 5,000-point batches on each backend.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
 
     PYTHONPATH=. .venv/bin/python bench/nccl_profiler.py [--events 100000] [--batches 10]
 
-Target (issue 14): < 1 us added per event.
+Target: < 1 us added per event.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ them on 127.0.0.1 inside it, then, inside that namespace:
    plain pysnmp way (`bulk_walk_cmd`, one walk per column, all columns concurrently) too;
 2. CPU: process CPU seconds our whole polling path spends per cycle of N interfaces (SNMP walk,
    records, rates, link state, store points; the store write itself left out), as a share of one
-   core at a 10 s interval. Target (issue 4): 1,000 interfaces x 8 counters per 10 s under half a
+   core at a 10 s interval. Target: 1,000 interfaces x 8 counters per 10 s under half a
    core.
 
 The namespace, its interfaces and snmpd are removed at the end. Needs root.

@@ -1,4 +1,4 @@
-"""The whole act loop on the lab (issue #13): a job's throughput under a congestion fault with the
+"""The whole act loop on the lab: a job's throughput under a congestion fault with the
 controller acting vs plain ECMP, and the time from the fault to the job's traffic moved.
 
     sudo .venv/bin/python bench/traffic_control.py [--trials 10] [--observe 10]

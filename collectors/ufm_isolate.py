@@ -1,4 +1,4 @@
-"""Isolate a switch port through UFM (issue #13, docs/ufm.md "Isolate"): OpenSM's unhealthy ports.
+"""Isolate a switch port through UFM (docs/ufm.md "Isolate"): OpenSM's unhealthy ports.
 
 * `PUT /ufmRest/app/unhealthy_ports {"ports": [NAME], "ports_policy": "UNHEALTHY", "action": "isolate"}`
   isolates a port; `{"ports": [NAME], "ports_policy": "HEALTHY"}` restores it (REFERENCE.md).

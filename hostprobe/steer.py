@@ -1,4 +1,4 @@
-"""The agent's side of host_reroute (issue #13): `steer` and `unsteer` commands, and the steering
+"""The agent's side of host_reroute: `steer` and `unsteer` commands, and the steering
 table that the job's traffic follows (docs/steering.md).
 
 `steer` {"action_id", "element", "avoid_hops": [ip...], "dsts": [peer host...], "proto": "udp",

@@ -1,4 +1,4 @@
-"""The act loop on the lab (issue #13; the harness of bench/traffic_control.py and of
+"""The act loop on the lab (the harness of bench/traffic_control.py and of
 tests/lab/test_actions_lab.py): a job's paced UDP flows on a 2-spine, 3-leaf lab, a congestion fault
 on leaf1's uplink to spine1, and per trial the job's goodput and the time from the fault to each
 steered flow's move, with the action engine acting (control) or only proposing (ecmp).

@@ -1,5 +1,5 @@
 """gNMI Set (and Get of the same leaves) for the lab target: the two things the actuators change
-(issue #13, docs/gnmi.md "Set").
+(docs/gnmi.md "Set").
 
 * `/interfaces/interface[name=X]/config/enabled` (openconfig-interfaces, boolean): `ip link set X
   up|down` in the switch's namespace: isolate a port and bring it back. Taking a port down deletes

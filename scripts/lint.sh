@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Static checks. mypy: strict on the SDK (nms/ without nms/app and nms/lab) and collectors/base.py,
+# Static checks. mypy: strict on the SDK (nms/ without nms/app) and collectors/base.py,
 # from [tool.mypy] in pyproject.toml alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."

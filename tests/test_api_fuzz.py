@@ -1,4 +1,4 @@
-"""Property-based API fuzzing with schemathesis (issue 27: "the API says what it enforces").
+"""Property-based API fuzzing with schemathesis: the API says what it enforces.
 
 Every operation of /openapi.json gets schema-valid and schema-violating requests (examples,
 coverage and fuzzing phases; a fixed seed and a bounded number of cases, so the run is the same

@@ -53,7 +53,7 @@ class CorrelationService:
         self.incidents = incidents
         self.correlator = Correlator(config.fabric, config.thresholds, config.correlator)
         self.last: StepStats | None = None
-        self.job_slowdowns: Callable[[], list] | None = None  # active NCCL job slowdowns (nms/app/jobs_nccl.py)
+        self.job_slowdowns: Callable[[], list] | None = None  # active NCCL job slowdowns (correlator/jobs_nccl.py)
         self._join_slowdowns = SlowdownJoin()
         self._topology_ns = 0
         self._loop: asyncio.AbstractEventLoop | None = None

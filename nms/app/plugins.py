@@ -1,4 +1,4 @@
-"""Find plugins (store backends now; collectors and notifiers later) by name via entry points."""
+"""Find plugins (store backends, collectors, notifiers: the `nms.*` entry-point groups) by name."""
 
 from __future__ import annotations
 

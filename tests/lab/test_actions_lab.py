@@ -1,11 +1,11 @@
-"""The whole act loop on the real lab (issue #13): a congestion fault on a leaf-spine link with a
+"""The whole act loop on the real lab: a congestion fault on a leaf-spine link with a
 job's traffic through it; the correlator opens the incident, the action engine steers the job's
 flows off the link through the agents (signed `steer` commands, the agents' port maps), the flows
 move and their goodput recovers; with actions in dry run (plain ECMP) nothing moves and the job
 stays congested. After the heal the action is rolled back and the flows return to their own
 source ports. A flapping link is drained (gNMI Set on its leaf's uplink; the kernel's routes avoid
-it both ways) and restored once it has stayed clean. The harness is bench/traffic_control.py
-(which also measures the congestion loop over many trials).
+it both ways) and restored once it has stayed clean. The harness is lab/control_trials.py
+(bench/traffic_control.py measures the congestion loop over many trials with it).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The switch actuators of issue #13: drain_link and isolate_port through the southbound a device has.
+"""The switch actuators: drain_link and isolate_port through the southbound a device has.
 
 * drain_link: the element is a link `dev:port--dev:port`; on each end whose device is in
   action.targets, the port's ECMP nexthop weight goes to 0 (gNMI Set of the lab's

@@ -164,7 +164,7 @@ def create_app(service: Service, manage_lifecycle: bool = True) -> FastAPI:
     app = FastAPI(
         title="fabric-nms",
         version=__version__,
-        description="Fabric telemetry ingest and query, jobs, and (later) topology and incidents. "
+        description="Fabric telemetry ingest and query, topology, jobs, incidents, actions, audits and agents. "
                     "Authenticate with `Authorization: Bearer <token>`; scopes: read, ingest, act, admin.",
         lifespan=lifespan,
         dependencies=[Depends(reject_unknown_query_params)],
