@@ -27,7 +27,6 @@ import sys
 import time
 from pathlib import Path
 
-
 TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -115,9 +114,8 @@ def baseline_ping(addr: str, peers: list[str], port: int, rate: float, seconds: 
 # --- the run ---------------------------------------------------------------------------------------
 
 def run(rate: float, duration: float, repeat: int) -> None:
-    from lab.mesh import MeshLab
-
     from lab import agent_procs
+    from lab.mesh import MeshLab
 
     mesh = MeshLab("nmsb-", "198.18.247.0/24")
     try:

@@ -31,7 +31,6 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-
 WINDOW_NS = 2_000_000_000
 
 
@@ -112,9 +111,8 @@ def report(name: str, errs: dict[str, list[float]]) -> dict:
 
 
 def run(idle_s: float, load_s: float, seed: int, dump: str | None) -> None:
-    from lab.mesh import MeshLab
-
     from lab import faults, traffic
+    from lab.mesh import MeshLab
 
     mesh = MeshLab("nmsc-", "198.18.245.0/24", leaves=3)
     rng = random.Random(seed)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import time
 
-
 FABRIC_LINKS = ["leaf1-spine1", "leaf2-spine2", "leaf1-spine2", "leaf2-spine1"]
 
 
@@ -32,12 +31,10 @@ def pct(values: list[float], p: float) -> float:
 
 
 def run(trials: int, down_after: str | None) -> None:
-    from lab.mesh import MeshLab, legs_through
-
-    from nms.config.models import parse_duration
-    from lab import faults
-
     from hostprobe.config import ProbeSettings
+    from lab import faults
+    from lab.mesh import MeshLab, legs_through
+    from nms.config.models import parse_duration
 
     threshold = parse_duration(down_after) if down_after else ProbeSettings.model_fields["down_after"].default
     mesh = MeshLab("nmsd-", "198.18.246.0/24")

@@ -28,9 +28,9 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # reuse the test suite's influxd runner
 
+from nms.app.plugins import open_store  # noqa: E402
 from nms.config import parse_config  # noqa: E402
 from nms.records import PortSample  # noqa: E402
-from nms.app.plugins import open_store  # noqa: E402
 
 TOKEN = "bench-token-0123456789abcdef"
 T0 = 1_700_000_000 * 10**9

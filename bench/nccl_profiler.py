@@ -36,7 +36,6 @@ from nms.config import parse_config  # noqa: E402
 from tests.nccl.harness import Sink, build_driver, run_driver, short_dir  # noqa: E402
 
 
-
 def per_event_cost(driver: Path, events: int) -> dict[str, float]:
     sink = Sink(short_dir() / "bench.sock")
     try:  # a ring that holds a whole round: every event takes the full path (no "ring full" shortcut)

@@ -114,8 +114,14 @@ def inner(args: argparse.Namespace) -> None:
 
     async def per_column(engine) -> tuple[int, float, float]:
         """The plain pysnmp way: one bulk_walk_cmd per column (all columns concurrently)."""
-        from pysnmp.hlapi.v3arch.asyncio import (CommunityData, ContextData, ObjectIdentity, ObjectType,
-                                                 UdpTransportTarget, bulk_walk_cmd)
+        from pysnmp.hlapi.v3arch.asyncio import (
+            CommunityData,
+            ContextData,
+            ObjectIdentity,
+            ObjectType,
+            UdpTransportTarget,
+            bulk_walk_cmd,
+        )
 
         target = await UdpTransportTarget.create(("127.0.0.1", PORT), timeout=5, retries=1)
         auth = CommunityData(COMMUNITY, mpModel=1)

@@ -29,8 +29,22 @@ import argparse
 import statistics
 from collections import Counter
 
-from lab.control_trials import (ACTIONS, DESTS, RATE, SOURCES, Trial, job_flows, new_lab, pct, set_dry_run, settle,
-                                start_job, trial, via_cut, wait_mapped)
+from lab.control_trials import (
+    ACTIONS,
+    DESTS,
+    RATE,
+    SOURCES,
+    Trial,
+    job_flows,
+    new_lab,
+    pct,
+    set_dry_run,
+    settle,
+    start_job,
+    trial,
+    via_cut,
+    wait_mapped,
+)
 
 
 def main() -> None:

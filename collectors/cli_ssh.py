@@ -26,8 +26,14 @@ import paramiko
 from netmiko import ConnectHandler
 from netmiko.exceptions import NetmikoAuthenticationException, ReadTimeout
 
-from collectors.base import (CollectorAuthError, CollectorBadResponse, CollectorConfigError, CollectorError,
-                             CollectorTimeout, CollectorUnreachable)
+from collectors.base import (
+    CollectorAuthError,
+    CollectorBadResponse,
+    CollectorConfigError,
+    CollectorError,
+    CollectorTimeout,
+    CollectorUnreachable,
+)
 from nms.config.models import CliSettings
 
 log = logging.getLogger(__name__)
@@ -223,7 +229,7 @@ class Session:
             out = _read_all(channel.recv, self.device, command)
             err = _read_all(channel.recv_stderr, self.device, command)
             status = channel.recv_exit_status() if channel.status_event.wait(t) else None
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             raise CollectorTimeout(self.device, f"{self.where}: {command!r} gave no output for {t:g} s") from None
         except (paramiko.SSHException, EOFError, OSError) as e:
             raise CollectorUnreachable(self.device, f"{self.where}: the session broke during {command!r} "

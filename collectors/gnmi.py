@@ -32,10 +32,17 @@ from typing import Any
 import grpc
 from pygnmi.spec.v080 import gnmi_pb2, gnmi_pb2_grpc
 
-from collectors.base import (Collector, CollectorAuthError, CollectorBadResponse, CollectorConfigError,
-                             CollectorTimeout, CollectorUnreachable, PollResult)
 from collectors import gnmi_inventory as inventory
 from collectors import gnmi_qos
+from collectors.base import (
+    Collector,
+    CollectorAuthError,
+    CollectorBadResponse,
+    CollectorConfigError,
+    CollectorTimeout,
+    CollectorUnreachable,
+    PollResult,
+)
 from collectors.gnmi_inventory import SystemState
 from collectors.gnmi_model import Port, apply, sample
 from nms.config.models import GnmiSettings, SwitchConfig

@@ -16,12 +16,8 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
+from pysnmp.entity.rfc3413.cmdgen import BulkCommandGeneratorSingleRun, GetCommandGenerator
 from pysnmp.hlapi.v3arch.asyncio import (
-    CommunityData,
-    ContextData,
-    SnmpEngine,
-    UdpTransportTarget,
-    UsmUserData,
     USM_AUTH_HMAC96_MD5,
     USM_AUTH_HMAC96_SHA,
     USM_AUTH_HMAC192_SHA256,
@@ -31,8 +27,12 @@ from pysnmp.hlapi.v3arch.asyncio import (
     USM_PRIV_CFB128_AES,
     USM_PRIV_CFB256_AES_BLUMENTHAL,
     USM_PRIV_NONE,
+    CommunityData,
+    ContextData,
+    SnmpEngine,
+    UdpTransportTarget,
+    UsmUserData,
 )
-from pysnmp.entity.rfc3413.cmdgen import BulkCommandGeneratorSingleRun, GetCommandGenerator
 from pysnmp.hlapi.v3arch.asyncio.cmdgen import LCD
 from pysnmp.proto import errind
 from pysnmp.proto.rfc1902 import Null, ObjectName

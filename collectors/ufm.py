@@ -31,8 +31,19 @@ from zoneinfo import ZoneInfo
 from collectors.base import Collector, CollectorBadResponse, CollectorConfigError, PollResult
 from collectors.ufm_events import LinkEvidence, alarm_points, event_points
 from collectors.ufm_http import UfmClient
-from collectors.ufm_model import (COUNTERS, Bad, Fabric, Problems, counter_values, device_facts, index_ports,
-                                  index_systems, neighbors, port_sample, snapshot_counters)
+from collectors.ufm_model import (
+    COUNTERS,
+    Bad,
+    Fabric,
+    Problems,
+    counter_values,
+    device_facts,
+    index_ports,
+    index_systems,
+    neighbors,
+    port_sample,
+    snapshot_counters,
+)
 from nms.config.models import SwitchConfig, UfmSettings
 from nms.records import DeviceFacts
 

@@ -21,8 +21,13 @@ from typing import Any
 
 import httpx
 
-from collectors.base import (CollectorAuthError, CollectorBadResponse, CollectorConfigError, CollectorTimeout,
-                             CollectorUnreachable)
+from collectors.base import (
+    CollectorAuthError,
+    CollectorBadResponse,
+    CollectorConfigError,
+    CollectorTimeout,
+    CollectorUnreachable,
+)
 from nms.config.models import UfmSettings
 
 log = logging.getLogger(__name__)

@@ -23,8 +23,17 @@ import numpy as np
 
 from correlator.fabric import End, Nic
 from nms.config.models import CorrelatorConfig, Thresholds
-from nms.records import (HostNicSample, InterfaceAddress, LinkEvent, PathEvent, PortRates, PortSample,
-                         ProbePath, ProbeWindow, QueueRates)
+from nms.records import (
+    HostNicSample,
+    InterfaceAddress,
+    LinkEvent,
+    PathEvent,
+    PortRates,
+    PortSample,
+    ProbePath,
+    ProbeWindow,
+    QueueRates,
+)
 
 NS = 1_000_000_000
 PathKey = tuple[str, str, str, str, str]  # src_host, src_nic, dst_host, dst_nic, path_id

@@ -28,8 +28,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from correlator.slowdown import DetectorConfig, SlowdownDetector, bandwidths, op_bytes, size_bucket
-from nms.records import (Job, JobSlowdown, NcclCollective, NcclCollectivePerf, NcclComm, NcclProxyOp,
-                         NcclProxyStep, RankPlacement)
+from nms.records import (
+    Job,
+    JobSlowdown,
+    NcclCollective,
+    NcclCollectivePerf,
+    NcclComm,
+    NcclProxyOp,
+    NcclProxyStep,
+    RankPlacement,
+)
 
 log = logging.getLogger(__name__)
 

@@ -29,10 +29,10 @@ from pathlib import Path
 
 from hostprobe import transport, verbs
 from hostprobe.client import Control, ServiceClient
-from hostprobe.host_clock import Clock
 from hostprobe.clock_edges import ClockSync
 from hostprobe.config import AgentConfig
 from hostprobe.counters import NicCounters
+from hostprobe.host_clock import Clock
 from hostprobe.nccl import NcclListener
 from hostprobe.netlink import LinkMonitor
 from hostprobe.prober import LocalNic, Prober
@@ -395,9 +395,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--check needs --config FILE")
         parser.print_help()
         return 2
-    from nms.config import ConfigError
-
     from hostprobe.config import load, summary
+    from nms.config import ConfigError
 
     try:
         cfg = load(args.config)

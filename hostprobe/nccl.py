@@ -18,8 +18,8 @@ import socket
 import stat
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from nccl_plugin.decode import WireError, decode_batch, to_records
 

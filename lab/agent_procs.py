@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 import yaml
@@ -138,7 +138,7 @@ def status(lab: LabDir) -> dict:
 cli_app = typer.Typer(help="Host probe agents (nms-agent), one per host namespace.", no_args_is_help=True)
 _console, _err = Console(), Console(stderr=True)
 LabDirOpt = Annotated[str, typer.Option("--lab-dir", envvar="NMS_LAB_DIR", help="Lab directory.")]
-HostsOpt = Annotated[Optional[str], typer.Option(help="Comma-separated hosts (default: all).")]
+HostsOpt = Annotated[str | None, typer.Option(help="Comma-separated hosts (default: all).")]
 
 
 def _fail(e: Exception):
@@ -147,10 +147,10 @@ def _fail(e: Exception):
 
 
 @cli_app.command("start")
-def start_cmd(url: Annotated[Optional[str], typer.Option(help="Service URL the agents report to "
+def start_cmd(url: Annotated[str | None, typer.Option(help="Service URL the agents report to "
                                                          "(default: http://<mgmt gateway>:8080).")] = None,
               hosts: HostsOpt = None,
-              rate: Annotated[Optional[float], typer.Option(help="Exchanges/s per path (10).")] = None,
+              rate: Annotated[float | None, typer.Option(help="Exchanges/s per path (10).")] = None,
               lab_dir: LabDirOpt = DEFAULT_LAB_DIR) -> None:
     """Start an agent in every host namespace (those already running are left alone)."""
     try:

@@ -13,7 +13,6 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from nms.config import ConfigError
 from lab import agent_procs as agents_mod
 from lab import faults as faults_mod
 from lab import lab as lab_mod
@@ -21,6 +20,7 @@ from lab import paths, sh
 from lab import traffic as traffic_mod
 from lab.state import DEFAULT_LAB_DIR, LabDir, topology_of
 from lab.topology import DEFAULT_MGMT, DEFAULT_PREFIX, DEFAULT_SOUTHBOUND, Spec, format_rate, parse_rate
+from nms.config import ConfigError
 
 app = typer.Typer(help="A leaf-spine AI fabric on this machine: namespaces as switches and hosts, "
                        "real snmpd/lldpd, real faults, iperf3 load. Needs root.", no_args_is_help=True)

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from pygnmi.spec.v080 import gnmi_pb2
 
-from nms import qdisc
 from lab.gnmi_tree import PathError, path_text
+from nms import qdisc
 
 MODEL = "openconfig-qos"
 # QueueSample attribute -> leaf under .../queue[name=Q]/

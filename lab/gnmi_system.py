@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import platform
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from pygnmi.spec.v080 import gnmi_pb2
 
@@ -45,7 +45,7 @@ def state(hostname: str) -> dict[str, str | int]:
     return {"hostname": hostname,
             "software-version": f"nms-lab gNMI target {nms.__version__} (Linux {platform.release()})",
             "boot-time": btime * 10**9, "up-time": int(uptime_s * 1e9),
-            "current-datetime": datetime.fromtimestamp(now_ns / 1e9, timezone.utc).isoformat(timespec="seconds")}
+            "current-datetime": datetime.fromtimestamp(now_ns / 1e9, UTC).isoformat(timespec="seconds")}
 
 
 def notification(values: dict[str, str | int], leaves: tuple[str, ...], encoding: int) -> gnmi_pb2.Notification:

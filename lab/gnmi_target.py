@@ -47,9 +47,21 @@ from pathlib import Path
 import grpc
 from pygnmi.spec.v080 import gnmi_pb2, gnmi_pb2_grpc
 
-from lab.gnmi_tree import (COUNTERS, INTERFACES, STATUS, Kernel, PathError, Selection, json_doc, names_of,
-                               path_text, responses, select, wanted_of)
 from lab import gnmi_qos, gnmi_set, gnmi_system
+from lab.gnmi_tree import (
+    COUNTERS,
+    INTERFACES,
+    STATUS,
+    Kernel,
+    PathError,
+    Selection,
+    json_doc,
+    names_of,
+    path_text,
+    responses,
+    select,
+    wanted_of,
+)
 from lab.gnmi_watch import LinkWatch, OnChange
 
 log = logging.getLogger("lab.gnmi_target")

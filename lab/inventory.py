@@ -9,10 +9,10 @@ from pathlib import Path
 
 import yaml
 
-from nms.config import load_config
 from lab import sh, tls
 from lab.state import LabDir
 from lab.topology import Topology
+from nms.config import load_config
 
 API_PORT = 8080
 GNMI_PORT = 9339  # IANA's gNMI port, on every switch's management address

@@ -10,7 +10,7 @@ module stays the single home of the vocabulary.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -36,7 +36,7 @@ def _to_ns(value: Any) -> Any:
     if isinstance(value, datetime):
         if value.tzinfo is None:
             raise ValueError("timestamp needs a timezone (e.g. a trailing Z)")
-        delta = value - datetime(1970, 1, 1, tzinfo=timezone.utc)
+        delta = value - datetime(1970, 1, 1, tzinfo=UTC)
         return (delta.days * 86400 + delta.seconds) * 10**9 + delta.microseconds * 1000
     return value
 

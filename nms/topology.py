@@ -21,8 +21,17 @@ from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
 
 from nms.config.models import FabricConfig
-from nms.records import (FabricPath, FabricTopology, LinkCheck, LinkState, LldpNeighbor, PathHop, PortRates,
-                         TopologyLink, TopologyNode)
+from nms.records import (
+    FabricPath,
+    FabricTopology,
+    LinkCheck,
+    LinkState,
+    LldpNeighbor,
+    PathHop,
+    PortRates,
+    TopologyLink,
+    TopologyNode,
+)
 
 End = tuple[str, str]  # (device, port)
 

@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nms.config.models import FabricConfig
-from nms.records import (HostNicSample, InterfaceAddress, PathEvent, PortRates, PortSample, ProbePath,
-                         ProbeWindow)
+from nms.records import HostNicSample, InterfaceAddress, PathEvent, PortRates, PortSample, ProbePath, ProbeWindow
 
 NS = 1_000_000_000
 T0 = 1_700_000_000  # seconds: where synthetic time starts

@@ -17,9 +17,10 @@ import json
 import ssl
 import threading
 import time
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 USERNAME, PASSWORD = "admin", "ufm-stand-in-password"
@@ -55,7 +56,7 @@ def port_name(system: str, label: str) -> str:
 
 def ufm_time(seconds_ago: float) -> str:
     """UFM's event / alarm time format (server clock, here UTC), e.g. '2024-05-28 08:23:10'."""
-    return datetime.fromtimestamp(time.time() - seconds_ago, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(time.time() - seconds_ago, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _switch_port(system: str, label: str, peer: tuple[str, str] | None, physical: str = "LinkUp") -> dict:

@@ -4,6 +4,7 @@ blast-radius limits through correlator.actions.steering."""
 from __future__ import annotations
 
 from _act_fabric import addresses, incident, topology, uplink
+
 from correlator.actions.planner import avoid_hops, host_pairs, plan
 from correlator.actions.steering import Limits
 

@@ -15,9 +15,9 @@ import pytest
 import yaml
 from _act_fabric import addresses, topology, uplink
 
-from nms.signing import CommandSigner
 from nms.app.api import create_app
 from nms.app.service import Service
+from nms.signing import CommandSigner
 from tests.helpers import TOKENS, auth, make_config, serve_in_thread
 from tests.test_cli_service import _free_port
 

@@ -418,11 +418,11 @@ def test_a_token_bound_to_a_host_outside_the_inventory_is_a_config_error(tmp_pat
 
 
 def test_the_lab_gives_each_agent_its_own_bound_token(tmp_path):
-    from nms.config import load_config
     from lab import agent_procs as lab_agents
     from lab.inventory import agent_token_file, new_snmp_credentials, write_config
     from lab.state import LabDir
     from lab.topology import Spec, plan
+    from nms.config import load_config
 
     topo, lab = plan(Spec()), LabDir(tmp_path / "lab")
     lab.run_dir.mkdir(parents=True)

@@ -13,14 +13,14 @@ from test_audits_checks import T0, clean_snapshot
 from test_topology import fabric
 from typer.testing import CliRunner
 
+from correlator.incidents import IncidentManager
 from nms.app.api import create_app
 from nms.app.audits.escalation import IncidentFeed, can_escalate, to_finding
-from nms.app.audits.model import AuditFinding
-from nms.app.audits.snapshot import host_nic_settings
 from nms.app.audits.history import AuditHistory
+from nms.app.audits.model import AuditFinding
 from nms.app.audits.runner import AuditRunner
+from nms.app.audits.snapshot import host_nic_settings
 from nms.app.cli import app as cli
-from correlator.incidents import IncidentManager
 from nms.app.service import Service
 from nms.config import ConfigError, parse_config
 from nms.config.models import AuditsConfig

@@ -23,8 +23,13 @@ import pytest
 import yaml
 from _sshd import PASSWORD, PEER_NAME, PORT, USER, SshBox, keygen, skip_reason
 
-from collectors.base import (CollectorAuthError, CollectorBadResponse, CollectorConfigError, CollectorTimeout,
-                             CollectorUnreachable)
+from collectors.base import (
+    CollectorAuthError,
+    CollectorBadResponse,
+    CollectorConfigError,
+    CollectorTimeout,
+    CollectorUnreachable,
+)
 from collectors.cli import CliCollector
 from collectors.cli_config import DIFF_MAX, TEXT_MAX, ConfigTracker
 from collectors.cli_linux import Bad, addresses, neighbors, normalize, port_samples

@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from nms.counters import (ABSOLUTE_MAX_BPS, MIN_FRAME_WIRE_BITS, U32, U64, RateTracker, counter_delta,
-                          counter_width, max_rate, port_rates, uptime_restarted)
+from nms.counters import (
+    ABSOLUTE_MAX_BPS,
+    MIN_FRAME_WIRE_BITS,
+    U32,
+    U64,
+    RateTracker,
+    counter_delta,
+    counter_width,
+    max_rate,
+    port_rates,
+    uptime_restarted,
+)
 from nms.linkstate import LinkStateTracker
 from nms.records import PortSample
 

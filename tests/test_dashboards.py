@@ -14,8 +14,10 @@ import time
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
+from _influx import INFLUXD, InfluxServer
+from _snmpd import Snmpd
+from _snmpd import available as snmpd_available
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
@@ -27,9 +29,6 @@ from nms.app.service import Service
 from nms.records import Finding
 from nms.store.influx_downsampling import continuous_queries
 from tests.helpers import auth, make_config
-
-from _influx import INFLUXD, InfluxServer
-from _snmpd import Snmpd, available as snmpd_available
 
 REPO = Path(__file__).resolve().parents[1]
 S = 10**9

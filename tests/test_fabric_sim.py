@@ -3,17 +3,14 @@ faults, the optimum and the controller built on correlator/actions/steering.py."
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
-
+from correlator.actions.steering import Limits
 from lab.flowsim.control import PORT_BASE, PORT_SPAN, Controller, Job, evaluate
 from lab.flowsim.fabric import FatTree, five_tuple_hash
 from lab.flowsim.maxmin import completion_time, maxmin_rates
 from lab.flowsim.optimum import concurrent_upper_bound, optimum
-
-from correlator.actions.steering import Limits
 
 # --- max-min fairness: textbook answers ------------------------------------------------------
 

@@ -18,11 +18,11 @@ from pygnmi.spec.v080 import gnmi_pb2, gnmi_pb2_grpc
 
 from collectors import gnmi_qos
 from collectors.gnmi import GnmiCollector
-from nms import qdisc
-from nms.config.models import SwitchConfig
 from lab.gnmi_qos import Queues
 from lab.gnmi_target import Target as TargetServicer
 from lab.gnmi_tree import Kernel
+from nms import qdisc
+from nms.config.models import SwitchConfig
 from nms.records import QueueRates, QueueSample
 from tests.test_gnmi_collector import Target, _NoScheduler, device, free_port, poller_for, until
 

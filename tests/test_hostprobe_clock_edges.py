@@ -7,8 +7,15 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
-from hostprobe.clock_edges import (ClockSync, _hull_candidates, _lower_hull, max_margin_line, ntp_estimate,
-                                 svm_estimate, theil_sen_slope)
+from hostprobe.clock_edges import (
+    ClockSync,
+    _hull_candidates,
+    _lower_hull,
+    max_margin_line,
+    ntp_estimate,
+    svm_estimate,
+    theil_sen_slope,
+)
 from hostprobe.stats import Exchange
 
 T0 = 1_700_000_000_000_000_000

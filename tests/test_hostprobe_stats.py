@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from hostprobe.host_clock import Clock
 from hostprobe.config import LabClock
+from hostprobe.host_clock import Clock
 from hostprobe.stats import Exchange, judge_pair, percentile, summary, window_stats
 from hostprobe.trace import int_to_ip, ip_to_int, path_id
 from lab.faults import clock_error_ns

@@ -20,10 +20,10 @@ from fastapi.testclient import TestClient
 from openapi_spec_validator import validate
 from typer.testing import CliRunner
 
+from correlator.incidents import IncidentManager
 from nms.app.api import create_app
 from nms.app.api import incidents as incidents_api
 from nms.app.cli import app as cli
-from correlator.incidents import IncidentManager
 from nms.app.service import Service
 from nms.records import IncidentEvent
 from nms.state import StateStore

@@ -18,10 +18,9 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from nms.app.api import create_app
-from nms.app.api import fabric_view
-from nms.app.api.ui import CSP, WEB
 from nms.app import auth as auth_module
+from nms.app.api import create_app, fabric_view
+from nms.app.api.ui import CSP, WEB
 from nms.app.auth import Principal, SessionStore
 from nms.app.service import Service
 from nms.records import FabricTopology, Job, LinkEvent, PortRates, TopologyLink, TopologyNode

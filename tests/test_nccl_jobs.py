@@ -9,12 +9,22 @@ import pytest
 from fastapi.testclient import TestClient
 
 from correlator.job_impact import SlowdownJoin, join
+from correlator.jobs_nccl import NcclJobs, merge_jobs
 from correlator.slowdown import DetectorConfig, SlowdownDetector, bandwidths, op_bytes, size_bucket
 from nms.app.api import create_app
-from correlator.jobs_nccl import NcclJobs, merge_jobs
 from nms.app.service import Service
-from nms.records import Finding, Incident, Job, JobSlowdown, NcclCollective, NcclCollectivePerf, NcclComm, NcclProxyOp, \
-    NcclProxyStep, RankPlacement
+from nms.records import (
+    Finding,
+    Incident,
+    Job,
+    JobSlowdown,
+    NcclCollective,
+    NcclCollectivePerf,
+    NcclComm,
+    NcclProxyOp,
+    NcclProxyStep,
+    RankPlacement,
+)
 from nms.state import StateStore
 from tests.helpers import auth, make_config
 

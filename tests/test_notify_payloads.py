@@ -9,7 +9,6 @@ import json
 import re
 import time
 
-
 from nms.app.notify import NOTIFIER_GROUP
 from nms.app.plugins import load_plugin
 from tests.test_notify_support import T0, event, incident, notifications, until

@@ -4,7 +4,8 @@ the records' rules, and the poller storing both."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from nms.counters import ABSOLUTE_MAX_BPS, MIN_FRAME_WIRE_BITS, U32, RateTracker, queue_rates

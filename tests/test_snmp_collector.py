@@ -628,7 +628,6 @@ def test_api_devices_ports_topology_and_metrics_after_real_polls(snmpd, tmp_path
 def test_nms_serve_polls_on_schedule_and_the_cli_shows_devices_and_topology(snmpd, tmp_path):
     """The real process: `nms serve` polls on its schedule; `nms devices` and `nms topology` read it."""
     import httpx
-
     from _influx import free_port
 
     port, token = free_port(), "snmp-cli-token-0123456789abcdef"

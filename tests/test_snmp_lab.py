@@ -41,7 +41,8 @@ def lab():
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    from lab import cleanup, lab as lab_mod
+    from lab import cleanup
+    from lab import lab as lab_mod
     from lab.state import LabDir
     from lab.topology import Spec
 
@@ -217,9 +218,9 @@ def test_v3_authpriv_on_the_lab_switches(lab):
 
 
 def test_a_link_taken_down_shows_within_one_interval_plus_the_snmpd_cache(lab):
-    from nms.app.service import Service
     from lab import faults
     from lab.state import LabDir
+    from nms.app.service import Service
 
     interval = 2.0
     config = lab_config(lab, interval=interval)
@@ -263,9 +264,9 @@ def test_a_link_taken_down_shows_within_one_interval_plus_the_snmpd_cache(lab):
 def test_a_flapping_link_is_counted_and_flagged(lab):
     """The lab flaps leaf2-spine2 twice (4 s down, 4 s up); polling every second sees each flap
     (snmpd's cache is ~3 s) and, with a threshold of 1 flap per minute, flags the link."""
-    from nms.app.service import Service
     from lab import faults
     from lab.state import LabDir
+    from nms.app.service import Service
 
     config = lab_config(lab, interval=1.0)
     config = config.model_copy(update={"thresholds": config.thresholds.model_copy(

@@ -46,8 +46,13 @@ import pytest
 import yaml
 from _ufm import GUID, PASSWORD, TOKEN, USERNAME, UfmStandIn, port_name
 
-from collectors.base import (CollectorAuthError, CollectorBadResponse, CollectorConfigError, CollectorTimeout,
-                             CollectorUnreachable)
+from collectors.base import (
+    CollectorAuthError,
+    CollectorBadResponse,
+    CollectorConfigError,
+    CollectorTimeout,
+    CollectorUnreachable,
+)
 from collectors.ufm import UfmCollector
 from correlator import Correlator
 from nms.app.polling import Poller
@@ -547,7 +552,7 @@ def _self_signed(tmp_path) -> tuple[str, str]:
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ufm stand-in")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=1))

@@ -32,8 +32,16 @@ from correlator.actions import planner
 from correlator.actions.base import Actuator, ActuatorError
 from correlator.actions.steering import Limits
 from nms.config.models import ActionsConfig, FabricConfig
-from nms.records import (Action, ActionEvent, ActionEventKind, ActionState, FabricTopology, Incident, IncidentEvent,
-                         InterfaceAddress)
+from nms.records import (
+    Action,
+    ActionEvent,
+    ActionEventKind,
+    ActionState,
+    FabricTopology,
+    Incident,
+    IncidentEvent,
+    InterfaceAddress,
+)
 from nms.state import ActionEventEntry, StateStore
 from nms.store.base import Point, TimeSeriesStore, declare_fields
 from nms.topology import ecmp_paths, parse_end

@@ -179,7 +179,7 @@ class AgentRegistry:
             async with cond:
                 try:
                     await asyncio.wait_for(cond.wait_for(lambda: self._issued[host] != issued), min(0.5, remaining))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             if self._issued[host] != issued:
                 issued = self._issued[host]

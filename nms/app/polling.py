@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -159,7 +159,7 @@ class Poller:
     def schedule(self, scheduler) -> None:
         """One interval job per (collector, device), the first runs spread over one interval; one
         stream per device of a streaming collector (call with the event loop running)."""
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         streamed = {k for k, st in self.status.items() if self.collectors[k[0]].streams(st.device)}
         polled = sorted((k, st) for k, st in self.status.items() if k not in streamed)
         n = max(len(polled), 1)

@@ -40,6 +40,7 @@ import httpx
 from nms.store.base import (
     INT64_MAX,
     INT64_MIN,
+    UINT64_MAX,
     FieldType,
     Point,
     Query,
@@ -47,7 +48,6 @@ from nms.store.base import (
     StoreError,
     StoreUnavailable,
     TimeSeriesStore,
-    UINT64_MAX,
     WriteResult,
     declared_fields,
     field_type,

@@ -17,9 +17,8 @@ import pytest
 from lab_helpers import skip_reason
 
 from lab import control_trials as tc
-
-from lab.agent_procs import agents_dir
 from lab import faults, paths
+from lab.agent_procs import agents_dir
 from lab.jobtraffic import steered_ports
 
 pytestmark = pytest.mark.root

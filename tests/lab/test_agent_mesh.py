@@ -19,7 +19,6 @@ from lab_helpers import skip_reason
 from hostprobe import wire
 from lab import faults, netns, paths, traffic
 from lab.inventory import probe_key_file
-
 from lab.mesh import MeshLab, legs_through  # the harness the agent benchmarks share
 
 pytestmark = pytest.mark.root

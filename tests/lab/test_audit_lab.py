@@ -14,9 +14,8 @@ import pytest
 import yaml
 from lab_helpers import skip_reason, wait_for
 
-from lab.mesh import MeshLab
-
 from lab import faults, paths, traffic
+from lab.mesh import MeshLab
 
 pytestmark = pytest.mark.root
 AUDITS = {"cabling", "mtu", "speed", "errors", "ecmp_balance", "clock", "config_drift", "probe_coverage"}

@@ -19,10 +19,10 @@ import yaml
 from lab_helpers import build_lab, new_lab_dir, skip_reason
 
 from collectors.cli import CliCollector
-from nms.app.polling import Poller
-from nms.config.loader import parse_config
 from lab import inventory
 from lab import lab as lab_mod
+from nms.app.polling import Poller
+from nms.config.loader import parse_config
 from nms.store.embedded import EmbeddedStore
 
 PREFIX = "nmsk-"

@@ -18,9 +18,9 @@ from lab_helpers import build_lab, new_lab_dir, skip_reason
 from pygnmi.spec.v080 import gnmi_pb2 as g
 from pygnmi.spec.v080 import gnmi_pb2_grpc
 
-from nms.config import load_config
 from lab import lab as lab_mod
 from lab import traffic as traffic_mod
+from nms.config import load_config
 
 PREFIX = "nmsn-"
 MGMT = "198.18.248.0/24"

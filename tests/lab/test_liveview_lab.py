@@ -24,9 +24,8 @@ import pytest
 import yaml
 from lab_helpers import skip_reason, wait_for
 
-from lab.mesh import MeshLab
-
 from lab import faults
+from lab.mesh import MeshLab
 
 pytestmark = pytest.mark.root
 PREFIX, MGMT = "nmsv-", "198.18.245.0/24"

@@ -17,8 +17,8 @@ import time
 import pytest
 from lab_helpers import skip_reason
 
-from lab.mesh import MeshLab
 from lab.correlator_trials import SERVICE, incidents, trial, wait_quiet
+from lab.mesh import MeshLab
 
 pytestmark = pytest.mark.root
 PREFIX, MGMT = "nmsq-", "198.18.247.0/24"

@@ -15,8 +15,20 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from nms import __version__
-from nms.app.api import (actions, agents, audits, clock, fabric, incidents, ingest, jobs, notifications, system,
-                         telemetry, ui)
+from nms.app.api import (
+    actions,
+    agents,
+    audits,
+    clock,
+    fabric,
+    incidents,
+    ingest,
+    jobs,
+    notifications,
+    system,
+    telemetry,
+    ui,
+)
 from nms.app.auth import SessionStore, TokenRegistry
 from nms.app.service import Service
 from nms.store import StoreError, StoreUnavailable

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 
-from fastapi import APIRouter, Depends, Query as Param, Request
+from fastapi import APIRouter, Depends, Request
+from fastapi import Query as Param
 from pydantic import BaseModel, Field
 
 from nms.app.auth import AUTH_RESPONSES, require

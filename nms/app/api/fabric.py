@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Query as Param, Request
+from fastapi import APIRouter, Depends, Header, HTTPException, Request
+from fastapi import Query as Param
 from pydantic import BaseModel
 
 from nms.app.api.fabric_view import LINK_STREAM_DOC, FabricViews, link_stream

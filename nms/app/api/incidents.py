@@ -11,12 +11,19 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from correlator.incidents import StreamEvent, Subscription
 from nms.app.api.sse import HEADERS, KEEPALIVE_S, EventStream, should_end
 from nms.app.api.sse import sse as _sse
-from nms.app.auth import (AUTH_RESPONSES, BAD_BODY_RESPONSE, STREAM_AUTH_RESPONSES, ErrorDetail, Principal, require,
-                          require_ui)
+from nms.app.auth import (
+    AUTH_RESPONSES,
+    BAD_BODY_RESPONSE,
+    STREAM_AUTH_RESPONSES,
+    ErrorDetail,
+    Principal,
+    require,
+    require_ui,
+)
 from nms.app.binding import require_unbound
-from correlator.incidents import StreamEvent, Subscription
 from nms.records import FaultKind, Incident, IncidentState, TimestampNs
 from nms.state import IncidentEventEntry
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import platform
 import time
-
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Query as Param, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import Query as Param
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from nms.app.auth import AUTH_RESPONSES, BAD_BODY_RESPONSE, require

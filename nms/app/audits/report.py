@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import html
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from nms.app.audits.model import AuditReport
 
@@ -11,7 +11,7 @@ FORMATS = ("json", "md", "html")
 
 
 def _when(ns: int) -> str:
-    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).isoformat(timespec="seconds")
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC).isoformat(timespec="seconds")
 
 
 def _status(r) -> str:

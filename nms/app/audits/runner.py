@@ -7,7 +7,7 @@ import asyncio
 import logging
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from nms.app.audits import CHECKS
 from nms.app.audits.escalation import can_escalate, to_finding
@@ -89,7 +89,7 @@ class AuditRunner:
         """One APScheduler job per enabled audit (interval or cron), first runs after start_delay."""
         from apscheduler.triggers.cron import CronTrigger
 
-        first = datetime.now(timezone.utc) + timedelta(seconds=self.config.start_delay)
+        first = datetime.now(UTC) + timedelta(seconds=self.config.start_delay)
         for name in self.names():
             s = self.config.settings(name)
             trigger = (CronTrigger.from_crontab(s.cron, timezone="UTC") if s.cron else None)

@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime, timezone
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -15,20 +15,22 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from lab.cli import app as lab_app
 from nms import __version__
+from nms.app.cli.actions import actions_app
 from nms.app.cli.agents import agents_app
 from nms.app.cli.audits import audit_app
 from nms.app.cli.client import ApiClient, TokenOpt, UrlOpt, err_console, fmt_time
 from nms.app.cli.clock import clock as clock_cmd
 from nms.app.cli.dashboards import dashboards_app
-from nms.app.cli.fabric import collect_app, devices as devices_cmd, topology as topology_cmd
-from nms.app.cli.actions import actions_app
+from nms.app.cli.fabric import collect_app
+from nms.app.cli.fabric import devices as devices_cmd
+from nms.app.cli.fabric import topology as topology_cmd
 from nms.app.cli.incidents import incidents_app
 from nms.app.cli.jobs import jobs_app
 from nms.app.cli.store import store_app
 from nms.config import ConfigError, NmsConfig, detect_model, load_config
 from nms.config.models import parse_duration
-from lab.cli import app as lab_app
 from nms.store import parse_tag_filters
 
 app = typer.Typer(help="Open network management for AI GPU fabrics.", no_args_is_help=True,
@@ -152,9 +154,9 @@ def _listen_socket(host: str, port: int):
 
 
 @app.command()
-def version(url: Optional[str] = typer.Option(None, "--url", envvar="NMS_URL",
+def version(url: str | None = typer.Option(None, "--url", envvar="NMS_URL",
                                               help="also ask this service for its version"),
-            token: Optional[str] = TokenOpt) -> None:
+            token: str | None = TokenOpt) -> None:
     """Print the version (and the service's, with --url)."""
     console.print(f"nms {__version__}")
     if url:
@@ -165,15 +167,15 @@ def version(url: Optional[str] = typer.Option(None, "--url", envvar="NMS_URL",
 
 @token_app.command("create")
 def token_create(name: str = typer.Option(..., help="token name (shown in logs and errors)"),
-                 scopes: Optional[str] = typer.Option(
+                 scopes: str | None = typer.Option(
                      None, help="comma-separated: read,ingest,act,admin (default: read; ingest with --host)"),
-                 host: Optional[str] = typer.Option(
+                 host: str | None = typer.Option(
                      None, help="bind the token to this host of fabric.hosts (an agent's token): it may use only "
                                 "/agents/HOST/... and ingest only HOST's records")) -> None:
     """Make a new random token; print it once, and the config entry that stores only its hash."""
-    from nms.app.auth import SCOPES, hash_token, new_token
     from pydantic import ValidationError
 
+    from nms.app.auth import SCOPES, hash_token, new_token
     from nms.config.models import TokenConfig
 
     if scopes is None:
@@ -211,7 +213,7 @@ def _parse_time(value: str, now_ns: int) -> int:
     except ValueError:
         raise typer.BadParameter(f"{value!r}: use now, a duration like 15m, ns, or RFC 3339") from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return int(dt.timestamp()) * 10**9 + dt.microsecond * 1000
 
 
@@ -228,12 +230,12 @@ def query(measurement: str = typer.Argument(..., help="e.g. port_rates, probe_wi
           end: str = typer.Option("now", help="end (exclusive)"),
           tag: list[str] = typer.Option([], "--tag", "-t", help="key=value filter (repeatable)"),
           field: list[str] = typer.Option([], "--field", "-f", help="field to show (repeatable)"),
-          window: Optional[str] = typer.Option(None, help="aggregation window, e.g. 10s (needs --agg, --field)"),
-          agg: Optional[str] = typer.Option(None, help="mean, min, max, sum, count, first, last"),
+          window: str | None = typer.Option(None, help="aggregation window, e.g. 10s (needs --agg, --field)"),
+          agg: str | None = typer.Option(None, help="mean, min, max, sum, count, first, last"),
           latest: bool = typer.Option(False, "--latest", help="only the newest row of each series"),
           limit: int = typer.Option(10_000, help="rows per series"),
           as_json: bool = typer.Option(False, "--json", help="print JSON instead of tables"),
-          url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+          url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """Read telemetry from the service (works the same on either store backend)."""
     client = ApiClient(url, token)
     with console.status(f"querying {measurement}..."):

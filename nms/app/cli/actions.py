@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -32,12 +31,12 @@ def _print(action: dict, verb: str) -> None:
 
 
 @actions_app.command("list")
-def list_actions(state: Optional[str] = typer.Option(None, help="e.g. awaiting_approval, applied"),
-                 kind: Optional[str] = typer.Option(None, help="host_reroute, drain_link or isolate_port"),
-                 incident: Optional[int] = typer.Option(None, help="only actions for this incident"),
+def list_actions(state: str | None = typer.Option(None, help="e.g. awaiting_approval, applied"),
+                 kind: str | None = typer.Option(None, help="host_reroute, drain_link or isolate_port"),
+                 incident: int | None = typer.Option(None, help="only actions for this incident"),
                  limit: int = typer.Option(1000, min=1),
                  as_json: bool = typer.Option(False, "--json", help="print JSON"),
-                 wide: bool = WideOpt, url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+                 wide: bool = WideOpt, url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """List actions, newest first (--wide: every column, exact times)."""
     params: dict = {"limit": limit}
     for name, value in (("state", state), ("kind", kind), ("incident_id", incident)):
@@ -62,7 +61,7 @@ def list_actions(state: Optional[str] = typer.Option(None, help="e.g. awaiting_a
 @actions_app.command("show")
 def show_action(action_id: int = typer.Argument(..., help="action id"),
                 as_json: bool = typer.Option(False, "--json", help="print the action and its audit log as JSON"),
-                url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+                url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """One action: what, why, before/after, and its audit log."""
     client = ApiClient(url, token)
     a = client.call("GET", f"/actions/{action_id}")
@@ -91,11 +90,11 @@ def show_action(action_id: int = typer.Argument(..., help="action id"),
 
 
 @actions_app.command("request")
-def request_action(incident: Optional[int] = typer.Option(None, help="plan for this incident"),
-                   element: Optional[str] = typer.Option(None, help="a link dev:port--dev:port"),
-                   kind: Optional[str] = typer.Option(None, help="host_reroute, drain_link or isolate_port"),
+def request_action(incident: int | None = typer.Option(None, help="plan for this incident"),
+                   element: str | None = typer.Option(None, help="a link dev:port--dev:port"),
+                   kind: str | None = typer.Option(None, help="host_reroute, drain_link or isolate_port"),
                    dry_run: bool = typer.Option(False, "--dry-run", help="record the proposal, send nothing"),
-                   url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+                   url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """Request actions (needs an act token, which counts as the approval)."""
     body = {k: v for k, v in (("incident_id", incident), ("element", element), ("kind", kind)) if v is not None}
     for a in ApiClient(url, token).call("POST", "/actions", json=body | {"dry_run": dry_run}):
@@ -104,7 +103,7 @@ def request_action(incident: Optional[int] = typer.Option(None, help="plan for t
 
 @actions_app.command("approve")
 def approve(action_id: int = typer.Argument(..., help="action id"),
-            url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+            url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """Approve an action awaiting approval; it is applied at once."""
     _print(ApiClient(url, token).call("POST", f"/actions/{action_id}/approve"), "approved")
 
@@ -112,7 +111,7 @@ def approve(action_id: int = typer.Argument(..., help="action id"),
 @actions_app.command("reject")
 def reject(action_id: int = typer.Argument(..., help="action id"),
            reason: str = typer.Option("", help="kept in the audit log"),
-           url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+           url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """Reject a proposal."""
     _print(ApiClient(url, token).call("POST", f"/actions/{action_id}/reject", json={"reason": reason}), "rejected")
 
@@ -120,7 +119,7 @@ def reject(action_id: int = typer.Argument(..., help="action id"),
 @actions_app.command("rollback")
 def rollback(action_id: int = typer.Argument(..., help="action id"),
              reason: str = typer.Option("", help="kept in the audit log"),
-             url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+             url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """Undo an applied action."""
     _print(ApiClient(url, token).call("POST", f"/actions/{action_id}/rollback", json={"reason": reason}),
            "rolled back")

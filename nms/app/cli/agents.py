@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -37,7 +36,7 @@ def _print_commands(commands: list[dict], wide: bool = False) -> None:
 
 @agents_app.command("list")
 def list_agents(as_json: bool = typer.Option(False, "--json"), wide: bool = WideOpt, url: str = UrlOpt,
-                token: Optional[str] = TokenOpt) -> None:
+                token: str | None = TokenOpt) -> None:
     """Agents registered with this run of the service (--wide: every column, exact times)."""
     agents = ApiClient(url, token).call("GET", "/agents")
     if as_json:
@@ -57,11 +56,11 @@ def list_agents(as_json: bool = typer.Option(False, "--json"), wide: bool = Wide
 
 
 @agents_app.command("commands")
-def list_commands(host: Optional[str] = typer.Option(None, help="only this host's commands"),
-                  status: Optional[str] = typer.Option(None, help="pending, delivered, done, failed or expired"),
+def list_commands(host: str | None = typer.Option(None, help="only this host's commands"),
+                  status: str | None = typer.Option(None, help="pending, delivered, done, failed or expired"),
                   limit: int = typer.Option(100, min=1, max=10_000, help="newest this many"),
                   as_json: bool = typer.Option(False, "--json"), wide: bool = WideOpt, url: str = UrlOpt,
-                  token: Optional[str] = TokenOpt) -> None:
+                  token: str | None = TokenOpt) -> None:
     """Commands sent to agents, newest first, with their status and result (--wide: every column)."""
     params = {k: v for k, v in {"host": host, "status": status, "limit": limit}.items() if v is not None}
     commands = ApiClient(url, token).call("GET", "/agents/commands", params=params)
@@ -72,7 +71,7 @@ def list_commands(host: Optional[str] = typer.Option(None, help="only this host'
 
 
 @agents_app.command("show")
-def show_command(host: str, command_id: int, url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+def show_command(host: str, command_id: int, url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """Print one command (status, result message and details) as JSON."""
     print(json.dumps(ApiClient(url, token).call("GET", f"/agents/{host}/commands/{command_id}"), indent=2))
 
@@ -80,9 +79,9 @@ def show_command(host: str, command_id: int, url: str = UrlOpt, token: Optional[
 @agents_app.command("send")
 def send(hosts: str = typer.Argument(..., help="host, or comma-separated hosts"),
          kind: str = typer.Argument(..., help="reprobe_paths, set_rate or refresh_peers"),
-         rate: Optional[float] = typer.Option(None, help="set_rate: exchanges/s per path"),
+         rate: float | None = typer.Option(None, help="set_rate: exchanges/s per path"),
          wait: float = typer.Option(0.0, help="seconds to wait for the agents' results (0: do not wait)"),
-         url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+         url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """Send agents a command; with --wait, show what they did (exit 1 if one failed or none answered)."""
     client = ApiClient(url, token)
     body: dict = {"kind": kind, "args": {} if rate is None else {"rate": rate}}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -46,7 +45,7 @@ def print_report(report: dict, wide: bool = False) -> None:
 
 @audit_app.command("list")
 def list_audits(as_json: bool = typer.Option(False, "--json", help="print JSON"),
-                wide: bool = WideOpt, url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+                wide: bool = WideOpt, url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """The audits, their schedule and last result (--wide: every column)."""
     audits = ApiClient(url, token).call("GET", "/audits")
     if as_json:
@@ -61,9 +60,9 @@ def list_audits(as_json: bool = typer.Option(False, "--json", help="print JSON")
 
 
 @audit_app.command("run")
-def run(name: Optional[str] = typer.Argument(None, help="one audit (default: every enabled one)"),
+def run(name: str | None = typer.Argument(None, help="one audit (default: every enabled one)"),
         as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
-        wide: bool = WideOpt, url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+        wide: bool = WideOpt, url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """Run audits now; exit status 3 when something was found."""
     report = ApiClient(url, token, timeout=120).call("POST", "/audits/run", json={"name": name} if name else {})
     if as_json:
@@ -75,11 +74,11 @@ def run(name: Optional[str] = typer.Argument(None, help="one audit (default: eve
 
 
 @audit_app.command("report")
-def report(report_id: Optional[int] = typer.Argument(None, help="report id (default: the newest)"),
+def report(report_id: int | None = typer.Argument(None, help="report id (default: the newest)"),
            fmt: str = typer.Option("md", "--format", help="md, json or html"),
-           audit: Optional[str] = typer.Option(None, help="without an id: the newest report that ran this audit"),
+           audit: str | None = typer.Option(None, help="without an id: the newest report that ran this audit"),
            list_: bool = typer.Option(False, "--list", help="list the report history instead"),
-           wide: bool = WideOpt, url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+           wide: bool = WideOpt, url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """Print one report as Markdown, JSON or HTML (or the history with --list)."""
     if fmt not in ("md", "json", "html"):
         err_console.print(f"[red]error:[/] --format must be md, json or html, not {fmt!r}")

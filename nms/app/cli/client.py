@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Any, Optional
+from datetime import UTC, datetime
+from typing import Any
 
 import httpx
 import typer
@@ -11,11 +11,11 @@ from rich.console import Console
 
 err_console = Console(stderr=True, soft_wrap=True)
 UrlOpt: str = typer.Option("http://127.0.0.1:8080", "--url", envvar="NMS_URL", help="service URL")
-TokenOpt: Optional[str] = typer.Option(None, "--token", envvar="NMS_TOKEN", help="API token (or env NMS_TOKEN)")
+TokenOpt: str | None = typer.Option(None, "--token", envvar="NMS_TOKEN", help="API token (or env NMS_TOKEN)")
 
 
 def fmt_time(ns: int) -> str:
-    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC).isoformat(timespec="milliseconds")
 
 
 class ApiClient:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -16,7 +15,7 @@ console = Console(soft_wrap=True)
 
 def clock(as_json: bool = typer.Option(False, "--json"),
           host: list[str] = typer.Option([], "--host", help="only these hosts (repeatable)"),
-          wide: bool = WideOpt, url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+          wide: bool = WideOpt, url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """Clock offset and drift per host vs fabric time (the mean clock), from the network-effect solve
     (--wide: every column, exact slot times)."""
     status = ApiClient(url, token).call("GET", "/clock", params={"host": host} if host else None)

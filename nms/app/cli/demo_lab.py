@@ -15,10 +15,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from nms.app.cli.client import err_console
-from nms.app.cli.interrupt import signals_as_ctrl_c
 from lab import faults
 from lab.stack import LabStack
+from nms.app.cli.client import err_console
+from nms.app.cli.interrupt import signals_as_ctrl_c
 
 console = Console()
 

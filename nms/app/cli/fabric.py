@@ -7,7 +7,6 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -125,7 +124,7 @@ WideOpt = typer.Option(False, "--wide", "-w", help="every column (the default sh
 
 def topology(as_json: bool = typer.Option(False, "--json"), problems: bool = typer.Option(
         False, "--problems", help="only missing, miscabled and unexpected cables"),
-        wide: bool = WideOpt, url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+        wide: bool = WideOpt, url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """The fabric from LLDP, reconciled with the configured inventory (--wide: every column)."""
 
     topo = ApiClient(url, token).call("GET", "/topology")
@@ -152,7 +151,7 @@ def topology(as_json: bool = typer.Option(False, "--json"), problems: bool = typ
 
 
 def devices(as_json: bool = typer.Option(False, "--json", help="everything /devices returns, as JSON"),
-            wide: bool = WideOpt, url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+            wide: bool = WideOpt, url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """Collector status per device: state, last success, failures, error (--wide: address, poll time,
     polls, exact times)."""
     items = ApiClient(url, token).call("GET", "/devices")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from typing import Optional
 
 import httpx
 import typer
@@ -13,7 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from nms.app.cli.client import ApiClient, TokenOpt, UrlOpt, err_console, fmt_time
-from nms.app.cli.tables import Col, ListTable, WideOpt, ago, severity as short_severity
+from nms.app.cli.tables import Col, ListTable, WideOpt, ago
+from nms.app.cli.tables import severity as short_severity
 from nms.config.models import parse_duration
 
 incidents_app = typer.Typer(help="Incidents: what the correlator found, open until N clean windows.",
@@ -51,14 +51,14 @@ def _severity(value: str) -> str:
 
 
 @incidents_app.command("list")
-def list_incidents(state: Optional[str] = typer.Option(None, help="open or resolved"),
-                   kind: Optional[str] = typer.Option(None, help="e.g. link_down, congestion"),
-                   job: Optional[str] = typer.Option(None, help="only incidents that affect this job"),
-                   element: Optional[str] = typer.Option(None, help="an element, a port (dev:port) or a device"),
-                   since: Optional[str] = typer.Option(None, help="active since: a duration ago (1h), ns or RFC 3339"),
+def list_incidents(state: str | None = typer.Option(None, help="open or resolved"),
+                   kind: str | None = typer.Option(None, help="e.g. link_down, congestion"),
+                   job: str | None = typer.Option(None, help="only incidents that affect this job"),
+                   element: str | None = typer.Option(None, help="an element, a port (dev:port) or a device"),
+                   since: str | None = typer.Option(None, help="active since: a duration ago (1h), ns or RFC 3339"),
                    limit: int = typer.Option(1000, min=1),
                    as_json: bool = typer.Option(False, "--json", help="print JSON"),
-                   wide: bool = WideOpt, url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+                   wide: bool = WideOpt, url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """List incidents, newest first (at 80 columns: id, state, kind, element, severity, opened; --wide: every
     column, exact times)."""
     params: dict = {"limit": limit}
@@ -86,7 +86,7 @@ def list_incidents(state: Optional[str] = typer.Option(None, help="open or resol
 @incidents_app.command("show")
 def show_incident(incident_id: int = typer.Argument(..., help="incident id"),
                   as_json: bool = typer.Option(False, "--json", help="print the incident and its events as JSON"),
-                  url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+                  url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """One incident: what, where, evidence, affected paths and jobs, and its history."""
     client = ApiClient(url, token)
     i = client.call("GET", f"/incidents/{incident_id}")
@@ -122,8 +122,8 @@ def show_incident(incident_id: int = typer.Argument(..., help="incident id"),
 
 @incidents_app.command("ack")
 def ack_incident(incident_id: int = typer.Argument(..., help="incident id"),
-                 comment: Optional[str] = typer.Option(None, help="kept with the acknowledgement"),
-                 url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+                 comment: str | None = typer.Option(None, help="kept with the acknowledgement"),
+                 url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """Acknowledge an incident (the first acknowledgement counts)."""
     i = ApiClient(url, token).call("POST", f"/incidents/{incident_id}/ack",
                                    json={"comment": comment} if comment else None)
@@ -190,7 +190,7 @@ def _follow(url: str, token: str | None, params: dict, seen: dict, as_json: bool
 @incidents_app.command("watch")
 def watch(open_first: bool = typer.Option(False, "--open", help="first print the incidents open now"),
           as_json: bool = typer.Option(False, "--json", help="one JSON object per event"),
-          url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+          url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """Follow incident events as they happen (Ctrl-C stops); reconnects and resumes where it left off."""
     seen: dict = {"connected": False, "last_id": None}
     delay = 1.0

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -21,9 +20,9 @@ console = Console()
 
 @jobs_app.command("list")
 def list_jobs(active: bool = typer.Option(False, "--active", help="only jobs running now"),
-              host: Optional[str] = typer.Option(None, help="only jobs on this host"),
+              host: str | None = typer.Option(None, help="only jobs on this host"),
               as_json: bool = typer.Option(False, "--json"),
-              wide: bool = WideOpt, url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+              wide: bool = WideOpt, url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """List jobs (--wide: exact start and end times)."""
     params: dict = {}
     if active:
@@ -47,7 +46,7 @@ def list_jobs(active: bool = typer.Option(False, "--active", help="only jobs run
 @jobs_app.command("show")
 def show_job(job_id: str, last: int = typer.Option(20, "--last", min=1, max=10_000, help="collectives to list"),
              as_json: bool = typer.Option(False, "--json", help="everything below as one JSON object"),
-             url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+             url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """One job: ranks and hosts, its recent collectives (duration, bus bandwidth), slowdowns, incidents."""
     client = ApiClient(url, token)
     job = client.call("GET", f"/jobs/{job_id}")
@@ -94,7 +93,7 @@ def _qps(qps: list[int]) -> str:
 
 @jobs_app.command("add")
 def add_jobs(file: Path = typer.Argument(..., help="JSON file: one job object or a list of them"),
-             url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+             url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """Create or replace jobs from a JSON file (a progress bar shows large imports)."""
     try:
         data = json.loads(file.read_text())
@@ -112,7 +111,7 @@ def add_jobs(file: Path = typer.Argument(..., help="JSON file: one job object or
 
 
 @jobs_app.command("delete")
-def delete_job(job_id: str, url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+def delete_job(job_id: str, url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """Delete a job."""
     ApiClient(url, token).call("DELETE", f"/jobs/{job_id}")
     console.print(f"[green]ok[/] job {job_id} deleted")

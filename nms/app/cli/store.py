@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -19,7 +18,7 @@ store_app = typer.Typer(help="The telemetry store: health, counters, quarantined
 @store_app.command("status")
 def status(as_json: bool = typer.Option(False, "--json"),
            limit: int = typer.Option(5, "--limit", "-n", help="quarantined points shown"),
-           url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+           url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """Backend, health, write counters and the newest quarantined points; exits 1 when unhealthy."""
     state = ApiClient(url, token).call("GET", "/store", params={"limit": limit})
     if as_json:
@@ -53,7 +52,7 @@ def _print(state: dict) -> None:
 
 
 @store_app.command("replay")
-def replay(url: str = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+def replay(url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """Send the quarantined points again (admin scope). Points still refused return to the quarantine."""
     n = ApiClient(url, token).call("POST", "/store/quarantine/replay")["replayed"]
     console.print(f"{n} quarantined points queued for writing again")

@@ -8,7 +8,6 @@ plus each downsampled tier), so the result imports into Chronograf as is.
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from importlib.resources import files

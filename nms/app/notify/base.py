@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit, urlunsplit
 
@@ -41,7 +41,7 @@ def incident_key(site: str, incident_id: int) -> str:
 
 def iso_utc(ns: int, millis: bool = True) -> str:
     """RFC 3339 / ISO 8601 UTC, e.g. 2023-11-14T22:13:20.123Z."""
-    dt = datetime.fromtimestamp(ns // 10**9, tz=timezone.utc)
+    dt = datetime.fromtimestamp(ns // 10**9, tz=UTC)
     if millis:
         return dt.strftime("%Y-%m-%dT%H:%M:%S") + f".{(ns // 10**6) % 1000:03d}Z"
     return dt.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -21,7 +21,7 @@ import random
 import re
 import time
 from collections.abc import Iterator
-from datetime import timezone
+from datetime import UTC
 from pathlib import Path
 
 import httpx
@@ -66,7 +66,7 @@ def retry_after_s(value: str | None, now: float) -> float | None:
     except (TypeError, ValueError, IndexError):
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
+        when = when.replace(tzinfo=UTC)
     return max(0.0, when.timestamp() - now)
 
 

@@ -11,7 +11,7 @@ description 4000. Basic auth when username and secret (the password) are set.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from nms.app.notify.base import HttpRequest, Sink, element_node, incident_key, iso_utc, truncate
 from nms.records import IncidentEvent
@@ -42,7 +42,7 @@ class ServiceNowSink(Sink):
             "message_key": incident_key(self.site, inc.id),
             "description": truncate(f"{'RESOLVED: ' if resolved else ''}{inc.summary}", 4000),
             "additional_info": json.dumps(info, default=str),
-            "time_of_event": datetime.fromtimestamp(event.ts / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+            "time_of_event": datetime.fromtimestamp(event.ts / 1e9, tz=UTC).strftime("%Y-%m-%d %H:%M:%S"),
         }
         auth = None
         if self.config.username is not None and self.config.secret is not None:

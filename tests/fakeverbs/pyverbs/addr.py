@@ -10,9 +10,9 @@ def _gid_str_to_raw(val) -> bytes:
     """pyverbs.utils.gid_str_to_array: only the 8-word form 'xxxx:xxxx:...:xxxx' (four hex digits each)."""
     words = val.split(':')
     if len(words) != 8:
-        raise PyverbsUserError('Invalid GID value ({val})'.format(val=words))
+        raise PyverbsUserError(f'Invalid GID value ({words})')
     if any(len(w) != 4 for w in words):
-        raise PyverbsUserError('Invalid GID value ({val})'.format(val=words))
+        raise PyverbsUserError(f'Invalid GID value ({words})')
     int(''.join(words), 16)  # ValueError on a non-hex digit, like the real one
     return bytes.fromhex(''.join(words))
 

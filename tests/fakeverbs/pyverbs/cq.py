@@ -12,9 +12,9 @@ created for (e.g. read_timestamp without IBV_WC_EX_WITH_COMPLETION_TIMESTAMP) ra
 import collections
 import errno
 
+import pyverbs.enums as e
 from pyverbs import _fabric
 from pyverbs.pyverbs_error import PyverbsError, PyverbsRDMAError, PyverbsUserError
-import pyverbs.enums as e
 
 
 def _check_context(context):
@@ -84,7 +84,7 @@ class CQ(_CqBase):
         return len(wcs), wcs
 
     def req_notify(self, solicited_only=False):
-        raise PyverbsRDMAError('Request notify CQ returned {rc}'.format(rc=errno.EOPNOTSUPP), errno.EOPNOTSUPP)
+        raise PyverbsRDMAError(f'Request notify CQ returned {errno.EOPNOTSUPP}', errno.EOPNOTSUPP)
 
     @property
     def comp_channel(self):

@@ -10,10 +10,10 @@ reports an empty entry), a free-running HCA clock read by query_rt_values_ex as 
 import errno
 import time
 
+import pyverbs.enums as e
 from pyverbs import _fabric
 from pyverbs.addr import GID, _gid_raw_to_str
 from pyverbs.pyverbs_error import PyverbsRDMAError, PyverbsUserError
-import pyverbs.enums as e
 
 
 class Device(_fabric.PyverbsObject):
@@ -99,7 +99,7 @@ class Context(_fabric.PyverbsCM):
     def query_port(self, port_num, /):
         cfg = self._cfg()
         if port_num != 1:
-            raise PyverbsRDMAError('Failed to query port {p}'.format(p=port_num), errno.EINVAL)
+            raise PyverbsRDMAError(f'Failed to query port {port_num}', errno.EINVAL)
         return _attrs(PortAttr, cfg)
 
     def query_pkey(self, port_num, index):
@@ -111,7 +111,7 @@ class Context(_fabric.PyverbsCM):
     def query_gid(self, port_num, index):
         cfg = self._cfg()
         if port_num != 1 or not 0 <= index < _fabric.GID_TBL_LEN:
-            raise PyverbsRDMAError('Failed to query gid {idx} of port {port}'.format(idx=index, port=port_num))
+            raise PyverbsRDMAError(f'Failed to query gid {index} of port {port_num}')
         gid = GID()
         if index < len(cfg.gids):
             gid.gid = _gid_raw_to_str(cfg.gids[index][0])
@@ -120,7 +120,7 @@ class Context(_fabric.PyverbsCM):
     def query_gid_type(self, port_num, index):
         cfg = self._cfg()
         if port_num != 1 or not 0 <= index < _fabric.GID_TBL_LEN:
-            raise PyverbsRDMAError('Failed to query gid type of port {p} and gid index {g}'.format(p=port_num, g=index),
+            raise PyverbsRDMAError(f'Failed to query gid type of port {port_num} and gid index {index}',
                                    errno.EINVAL)
         if index < len(cfg.gids):
             return int(cfg.gids[index][1])
@@ -167,7 +167,7 @@ class DeviceAttr(_fabric.PyverbsObject):
     phys_port_cnt = property(lambda self: 1)
 
     def __str__(self):
-        return 'Device attributes:\nFW version: {}\nPhysical ports: {}\n'.format(self.fw_version, self.phys_port_cnt)
+        return f'Device attributes:\nFW version: {self.fw_version}\nPhysical ports: {self.phys_port_cnt}\n'
 
 
 class DeviceAttrEx(_fabric.PyverbsObject):
@@ -209,5 +209,4 @@ class PortAttr(_fabric.PyverbsObject):
     flags = property(lambda self: 1)  # IBV_QPF_GRH_REQUIRED
 
     def __str__(self):
-        return 'Port state: {}\nActive MTU: {}\nGID table len: {}\n'.format(self.state, self.active_mtu,
-                                                                         self.gid_tbl_len)
+        return f'Port state: {self.state}\nActive MTU: {self.active_mtu}\nGID table len: {self.gid_tbl_len}\n'

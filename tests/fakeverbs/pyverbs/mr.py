@@ -21,10 +21,10 @@ class MR(_fabric.PyverbsCM):
             raise PyverbsRDMAError('Failed to register a MR (user addresses, implicit and imported MRs are not '
                                    'supported by the fake)', errno.EOPNOTSUPP)
         if not isinstance(creator, PD) or creator._dev is None:
-            raise PyverbsRDMAError('Failed to register a MR. length: {l}, access flags: {a}'.format(l=length, a=access),
+            raise PyverbsRDMAError(f'Failed to register a MR. length: {length}, access flags: {access}',
                                    errno.EINVAL)
         if length <= 0:  # ibv_reg_mr(NULL, 0): the kernel refuses
-            raise PyverbsRDMAError('Failed to register a MR. length: {l}, access flags: {a}'.format(l=length, a=access),
+            raise PyverbsRDMAError(f'Failed to register a MR. length: {length}, access flags: {access}',
                                    errno.EINVAL)
         self._addr, self._key = _fabric.alloc_region(length)
         self._data = bytearray(length)

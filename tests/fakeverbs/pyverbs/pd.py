@@ -16,7 +16,7 @@ class PD(_fabric.PyverbsCM):
         if creator is None:
             raise TypeError("Argument 'creator' must not be None")
         if not isinstance(creator, Context):
-            raise PyverbsUserError('Cannot create PD from {type}'.format(type=type(creator)))
+            raise PyverbsUserError(f'Cannot create PD from {type(creator)}')
         if kwargs.get('handle') is not None:
             raise PyverbsRDMAError('Failed to import PD (not supported by the fake)', errno.EOPNOTSUPP)
         if creator._dev is None:

@@ -9,7 +9,7 @@ class PyverbsError(Exception):
 
     def __init__(self, msg, error_code=-1):
         if error_code != -1:
-            msg = '{msg}. Errno: {err}, {err_str}'.format(msg=msg, err=error_code, err_str=os.strerror(error_code))
+            msg = f'{msg}. Errno: {error_code}, {os.strerror(error_code)}'
         super().__init__(msg)
 
 

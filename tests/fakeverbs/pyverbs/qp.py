@@ -14,9 +14,9 @@ import collections
 import errno
 import time
 
+import pyverbs.enums as e
 from pyverbs import _fabric
 from pyverbs.pyverbs_error import PyverbsRDMAError, PyverbsUserError
-import pyverbs.enums as e
 
 
 class QPCap(_fabric.PyverbsObject):
@@ -68,7 +68,7 @@ class QPInitAttr(_CapsMixin, _fabric.PyverbsObject):
         from pyverbs.cq import CQ, CQEX
         for arg, val in (('scq', scq), ('rcq', rcq)):
             if val is not None and not isinstance(val, (CQ, CQEX)):
-                raise PyverbsUserError('Expected CQ/CQEX, got {t}'.format(t=type(val)))
+                raise PyverbsUserError(f'Expected CQ/CQEX, got {type(val)}')
         self._caps = dict.fromkeys(_CAP_FIELDS, 0)
         self._set_caps(cap)
         self._qp_context = qp_context
@@ -85,7 +85,7 @@ class QPInitAttr(_CapsMixin, _fabric.PyverbsObject):
     max_inline_data = _cap_property('max_inline_data')
 
     def __str__(self):
-        return 'QP type: {}\nSQ sig. all: {}\n'.format(self.qp_type, self.sq_sig_all) + str(self.cap)
+        return f'QP type: {self.qp_type}\nSQ sig. all: {self.sq_sig_all}\n' + str(self.cap)
 
 
 class QPAttr(_CapsMixin, _fabric.PyverbsObject):
@@ -126,8 +126,7 @@ class QPAttr(_CapsMixin, _fabric.PyverbsObject):
             self._alt_ah_attr = val
 
     def __str__(self):
-        return 'QP state: {}\nqkey: {}\nport: {}\npkey index: {}\n'.format(self.qp_state, self.qkey, self.port_num,
-                                                                         self.pkey_index)
+        return f'QP state: {self.qp_state}\nqkey: {self.qkey}\nport: {self.port_num}\npkey index: {self.pkey_index}\n'
 
 
 RESET, INIT, RTR, RTS, SQD, SQE, ERR = (e.IBV_QPS_RESET, e.IBV_QPS_INIT, e.IBV_QPS_RTR, e.IBV_QPS_RTS, e.IBV_QPS_SQD,

@@ -2,9 +2,9 @@
 when built; the data an SGE points at is read when the send is posted, written when a datagram is
 received."""
 
+import pyverbs.enums as e
 from pyverbs import _fabric
 from pyverbs.pyverbs_error import PyverbsUserError
-import pyverbs.enums as e
 
 
 class SGE(_fabric.PyverbsCM):
