@@ -49,9 +49,9 @@ def main() -> None:
             for n in range(args.trials):
                 r = trial(mesh, kind, rng)
                 results.append(r)
-                print(f"  {kind} {n + 1}/{args.trials} {r['target']} {r['opts']}: "
-                      f"{'%.2f s' % r['latency_s'] if r['detected'] else 'MISSED'}"
-                      f"{', resolved %.1f s after heal' % r['resolved_s'] if r['resolved_s'] is not None else ''}"
+                latency = f"{r['latency_s']:.2f} s" if r["detected"] else "MISSED"
+                resolved = f", resolved {r['resolved_s']:.1f} s after heal" if r["resolved_s"] is not None else ""
+                print(f"  {kind} {n + 1}/{args.trials} {r['target']} {r['opts']}: {latency}{resolved}"
                       f"{', false: ' + '; '.join(r['wrong']) if r['wrong'] else ''}", flush=True)
     finally:
         mesh.down()

@@ -154,5 +154,5 @@ class Collector(ABC):
         raise CollectorError when the stream fails or goes stale."""
         raise NotImplementedError(f"{self.name} does not stream")
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027  (optional: collectors without resources keep it)
         """Release engines, sockets, sessions."""

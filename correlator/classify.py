@@ -255,7 +255,7 @@ def switch_findings(index: FabricIndex, view: SwitchView, covered: set[str]) -> 
             out.append(Draft("link_down", name, "link", 0.8, f"link {name} is down (switch status)", lid, None,
                              {"oper": view.link_oper(lid), "topology_state": topo.state if topo else None}))
         else:
-            for src, dst in ((a, b), (b, a)):
+            for _src, dst in ((a, b), (b, a)):
                 if view.erroring(dst):
                     did = index.into(lid, dst)
                     out.append(Draft("corrupting_link", name, "link", 0.7,

@@ -199,8 +199,8 @@ def allreduce(ring: Ring, prof: Profiler, buf: np.ndarray, seq: int, rate_bps: f
         else:  # all-gather: pass the summed chunks on
             s = step - (n - 1)
             out_i, in_i = (r - s + 1) % n, (r - s) % n
-        s_step = prof.start(PROXY_STEP, send_op, lambda u: setattr(u, "step", step))
-        r_step = prof.start(PROXY_STEP, recv_op, lambda u: setattr(u, "step", step))
+        s_step = prof.start(PROXY_STEP, send_op, lambda u, step=step: setattr(u, "step", step))
+        r_step = prof.start(PROXY_STEP, recv_op, lambda u, step=step: setattr(u, "step", step))
         prof.state(s_step, SEND_GPU_WAIT)
         prof.state(s_step, SEND_PEER_WAIT)
         prof.state(r_step, RECV_WAIT)

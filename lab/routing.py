@@ -47,8 +47,8 @@ def compute(topo: Topology, withdrawn: Iterable[str] = (), weights: Weights | No
         }
     # a drained uplink is avoided both ways, as a BGP graceful shutdown of its session would: its
     # leaf stops sending over it, and every other leaf stops reaching that leaf through its spine
-    drained = {(l, s) for (l, s), link in uplink.items()
-               if weights.get(f"leaf{l}", {}).get(link.a.name, 1) == 0}
+    drained = {(leaf, s) for (leaf, s), link in uplink.items()
+               if weights.get(f"leaf{leaf}", {}).get(link.a.name, 1) == 0}
     for l in leaves:  # noqa: E741
         routes: Routes = {}
         for m in leaves:

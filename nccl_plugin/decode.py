@@ -150,7 +150,7 @@ def to_records(batch: Batch, host: str) -> tuple[list[tuple[str, Any]], list[str
     """(ingest kind, record) for every good event of the batch, and why each bad one was dropped."""
     good: list[tuple[str, Any]] = []
     errors = list(batch.errors)
-    for index, event in enumerate(batch.events):
+    for _index, event in enumerate(batch.events):
         kind = event["kind"]
         data = {k: v for k, v in event.items() if v is not None}
         data.update(host=host, pid=batch.pid, rank=str(event["rank"]))

@@ -222,7 +222,7 @@ class Synth:
         rtt_ns = ((fwd_us + rev_us) * 1e3 + 15_000).astype(np.int64)
         out = []
         start = t * NS
-        for i, (key, s, r, f, v, rt) in enumerate(zip(self.keys, sent.tolist(), recv.tolist(), fwd_ns.tolist(),
+        for _i, (key, s, r, f, v, rt) in enumerate(zip(self.keys, sent.tolist(), recv.tolist(), fwd_ns.tolist(),
                                                       rev_ns.tolist(), rtt_ns.tolist())):
             has = r > 0
             out.append(self._make(ProbeWindow, {

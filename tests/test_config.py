@@ -124,8 +124,8 @@ def test_cli_config_check_exit_codes(tmp_path):
     good.write_text("site: ok\n")
     bad = tmp_path / "bad.yaml"
     bad.write_text("site: ok\napi:\n  port: -1\n")
-    run = lambda f: subprocess.run([sys.executable, "-m", "nms", "config", "check", str(f)],
-                                   capture_output=True, text=True)
+    def run(f):
+        return subprocess.run([sys.executable, "-m", "nms", "config", "check", str(f)], capture_output=True, text=True)
     ok = run(good)
     assert ok.returncode == 0 and "ok" in ok.stdout
     failed = run(bad)

@@ -105,7 +105,7 @@ def test_each_new_second_of_windows_triggers_one_step(tmp_path):
             time.sleep(0.3)
             before, posted = len(steps), time.monotonic()
             _post(client, windows[: len(windows) // 2])  # the first agents of second t
-            _until(lambda: len(steps) > before, timeout=1.0)
+            _until(lambda before=before: len(steps) > before, timeout=1.0)
             assert steps[-1] - posted < 0.6
             _post(client, windows[len(windows) // 2:])  # the rest, after the step: no step of its own
             time.sleep(0.6)

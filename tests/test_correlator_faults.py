@@ -87,7 +87,7 @@ def test_failover_link_down_seen_by_switches_only():
 def test_flapping_link():
     run = Run()
     link = link_of(run.s.up_link(2, 1))
-    for cycle in range(3):  # period 4 s, down 2 s
+    for _cycle in range(3):  # period 4 s, down 2 s
         run.s.down.add(link)
         run.steps(2)
         run.s.down.discard(link)

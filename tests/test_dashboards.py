@@ -238,7 +238,6 @@ def test_downsampling_created_at_start_and_filled_by_the_continuous_queries(pipe
 
 
 def test_reconcile_is_idempotent_and_replaces_changed_definitions(pipeline, tmp_path):
-    server, db = pipeline["server"], pipeline["db"]
     base = pipeline["service"].config.store.influxdb.model_dump(mode="json")
     base["password"] = base["token"] = None
 

@@ -350,7 +350,7 @@ async def test_a_slow_subscriber_is_dropped_without_blocking_apply(state, caplog
     with caplog.at_level(logging.WARNING, logger="correlator.incidents"):
         for i in range(6):  # each window opens one incident
             done = threading.Event()
-            threading.Thread(target=lambda i=i: (m.apply([finding(element=f"leaf{i}:swp1--spine1:swp1")],
+            threading.Thread(target=lambda i=i, done=done: (m.apply([finding(element=f"leaf{i}:swp1--spine1:swp1")],
                                                          T0 + i * W), done.set())).start()
             assert await asyncio.to_thread(done.wait, 5)  # apply never waits for a subscriber
             await asyncio.sleep(0.01)

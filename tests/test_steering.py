@@ -90,7 +90,7 @@ def test_choose_breaks_max_ties_by_the_other_links():
 def loads_after(paths, assign, load, weight, current):
     """The loads once the subflows moved from `current` to `assign` (weight per subflow)."""
     out = dict(load)
-    for i, (a, b) in enumerate(zip(current, assign)):
+    for _i, (a, b) in enumerate(zip(current, assign)):
         for e in paths[a]:
             out[e] = out.get(e, 0.0) - weight
         for e in paths[b]:
@@ -146,14 +146,14 @@ def test_rebalance_only_lowers_the_bottleneck_and_ends_where_no_single_move_help
     after = loads_after(paths, assign, load, weight, current)
     used = {e for p in paths for e in p}
     limit = 1.0
-    for i, (a, b) in enumerate(zip(current, assign)):
+    for _i, (a, b) in enumerate(zip(current, assign)):
         if a != b:
             assert not (paths[b] & avoid)  # never onto avoid
             assert max(load[e] for e in paths[a]) > limit  # only subflows over the limit move
     top = max((load[e] for e in used), default=0.0)
     assert max((after[e] for e in used), default=0.0) <= top + 1e-9  # the bottleneck never rises
     # no subflow still over the limit has a single move that strictly lowers its highest load
-    for i, a in enumerate(assign):
+    for _i, a in enumerate(assign):
         peak = max(after[e] for e in paths[a])
         if peak <= limit + 1e-9:
             continue

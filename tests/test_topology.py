@@ -14,7 +14,7 @@ T0 = 1_700_000_000 * 10**9
 def fabric(spines=2, leaves=2, hosts_per_leaf=1) -> FabricConfig:
     """Leaf-spine cabled like the lab: leafL swp1..H to hosts, swpH+s to spine s (its swpL)."""
     switches = [{"name": f"spine{s}", "mgmt_address": f"127.0.1.{s}", "role": "spine"} for s in range(1, spines + 1)]
-    switches += [{"name": f"leaf{l}", "mgmt_address": f"127.0.2.{l}", "role": "leaf"} for l in range(1, leaves + 1)]
+    switches += [{"name": f"leaf{n}", "mgmt_address": f"127.0.2.{n}", "role": "leaf"} for n in range(1, leaves + 1)]
     hosts, links = [], []
     for l in range(1, leaves + 1):  # noqa: E741
         for k in range(1, hosts_per_leaf + 1):

@@ -19,11 +19,11 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-FieldValue = Union[bool, int, float, str]
+FieldValue = bool | int | float | str
 FieldType = Literal["float", "integer", "unsigned", "boolean", "string"]
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -283,7 +283,7 @@ class TimeSeriesStore(ABC):
         """Make every accepted write durable (or spooled). True when nothing is left in memory."""
         return True
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (optional: a backend without resources keeps it)
         """Flush and release resources."""
 
     def stats(self) -> dict[str, float]:

@@ -72,7 +72,7 @@ def test_discovered_paths_match_kernel_routes_for_every_source_port(mesh):
     per_pair = {pair: sum(1 for s, d, _ in seen if (s, d) == pair) for pair in pairs}
     assert set(per_pair.values()) == {32}, per_pair  # every source port of every agent was traced
     # every ECMP path is probed: both spines between hosts under different leaves
-    for (src, dst, pid), sport in probed_paths(mesh).items():
+    for (src, dst, _pid), sport in probed_paths(mesh).items():
         assert (src, dst, sport) in seen
     spines = {}
     for (src, dst, _pid), sport in probed_paths(mesh).items():

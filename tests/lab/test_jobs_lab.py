@@ -25,11 +25,12 @@ from pathlib import Path
 import pytest
 from lab_helpers import skip_reason
 
-REPO = Path(__file__).resolve().parents[2]
 from lab import agent_procs as agents
 from lab import faults, paths
 from lab.correlator_trials import SERVICE, incidents, link_element, wait_quiet
 from lab.mesh import MeshLab
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.root
 PREFIX, MGMT = "nmsj-", "198.18.242.0/24"

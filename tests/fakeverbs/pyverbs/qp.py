@@ -66,7 +66,7 @@ class QPInitAttr(_CapsMixin, _fabric.PyverbsObject):
     def __init__(self, qp_type=e.IBV_QPT_UD, qp_context=None, scq=None, rcq=None, srq=None, cap=None, sq_sig_all=1):
         super().__init__()
         from pyverbs.cq import CQ, CQEX
-        for arg, val in (('scq', scq), ('rcq', rcq)):
+        for _arg, val in (('scq', scq), ('rcq', rcq)):
             if val is not None and not isinstance(val, (CQ, CQEX)):
                 raise PyverbsUserError(f'Expected CQ/CQEX, got {type(val)}')
         self._caps = dict.fromkeys(_CAP_FIELDS, 0)
