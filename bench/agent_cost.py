@@ -10,11 +10,11 @@ cost per answered exchange is reported too.
 
 Baseline, same lab, same packet rate, agents stopped: a bare Python UDP ping in host1's namespace
 (two sends per "pair", replies drained every 10 ms like the agent's loop; no timestamps, no MAC, no
-windows, no follow-ups) against bare echo processes on the same peers. Its CPU is the floor any Python prober pays for the same
-packets, the kernel's forwarding of them through the lab included: in the lab the sender's system
-time carries the softirq work of every namespace its packets cross (veth forwarding runs in the
-sending context), which a real host does not pay. The ratio agent / baseline is the agent's own
-overhead; absolute numbers are % of one core.
+windows, no follow-ups) against bare echo processes on the same peers. Its CPU is the floor any
+Python prober pays for the same packets, the kernel's forwarding of them through the lab included:
+in the lab the sender's system time carries the softirq work of every namespace its packets cross
+(veth forwarding runs in the sending context), which a real host does not pay. The ratio agent /
+baseline is the agent's own overhead; absolute numbers are % of one core.
 """
 
 from __future__ import annotations

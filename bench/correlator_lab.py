@@ -6,8 +6,8 @@ A 2-spine, 3-leaf lab with 4 hosts per leaf (`--hosts-per-leaf`) with the servic
 every second, the correlator) and an agent on every host. Loss is found from the probes that cross a
 link, so its latency is set by how many do: with 4 hosts per leaf about 640 exchanges a second
 cross each leaf-spine direction, a fifth of what 32 hosts per leaf probing 16 peers over 8 uplinks
-send through one (docs/correlator.md); with 2 per leaf, 160. Each trial injects one fault on a randomly chosen element, waits for the
-incident, heals, and waits for it to resolve:
+send through one (docs/correlator.md); with 2 per leaf, 160. Each trial injects one fault on a
+randomly chosen element, waits for the incident, heals, and waits for it to resolve:
 
 * latency: the correlator window in which the element's incident first had the expected kind
   (from its event history; a link first seen down becomes link_flapping) - the fault's start_ns;
@@ -58,7 +58,9 @@ def main() -> None:
     print(f"\ncorrelator on the lab (2 spines, 3 leaves, {3 * args.hosts_per_leaf} hosts; SNMP every 1 s), "
           f"{args.trials} trials per kind")
     print(f"  soak {args.soak:.0f} s: {len(false_soak)} false incidents {false_soak if false_soak else ''}")
-    print(f"  {'fault':<11} {'recall':>7} {'precision':>9} {'p50 s':>6} {'p99 s':>6} {'max s':>6} {'resolve p50 s':>13}")
+    print(
+        f"  {'fault':<11} {'recall':>7} {'precision':>9} {'p50 s':>6} {'p99 s':>6} {'max s':>6} {'resolve p50 s':>13}"
+    )
     for kind in args.kinds.split(","):
         rs = [r for r in results if r["kind"] == kind]
         if not rs:

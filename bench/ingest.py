@@ -157,7 +157,9 @@ def main() -> None:
             if influx:
                 influx.stop()
         ratio = api / direct
-        print(f"{backend:<10} {direct:>14,.0f} {api:>12,.0f} {ratio:>11.2f}  {'ok' if ratio >= 0.5 else 'BELOW TARGET'}")
+        print(
+            f"{backend:<10} {direct:>14,.0f} {api:>12,.0f} {ratio:>11.2f}  {'ok' if ratio >= 0.5 else 'BELOW TARGET'}"
+        )
 
 
 if __name__ == "__main__":

@@ -70,8 +70,13 @@ def main() -> None:
     store.close()
     n = args.writers * args.rounds
     print(f"{args.writers} writers x {args.points} points, {args.rounds} rounds, store of 300,000 rows")
-    print(f"  baseline, one after another: {sequential * 1000:7.1f} ms per round ({seq_groups:.0f} statements for {n} batches)")
-    print(f"  at once, group commit:       {grouped * 1000:7.1f} ms per round ({groups:.0f} statements for {n} batches)")
+    print(
+        f"  baseline, one after another: {sequential * 1000:7.1f} ms per round "
+        f"({seq_groups:.0f} statements for {n} batches)"
+    )
+    print(
+        f"  at once, group commit:       {grouped * 1000:7.1f} ms per round ({groups:.0f} statements for {n} batches)"
+    )
     print(f"  ratio baseline / group commit: {sequential / grouped:.1f}x")
 
 

@@ -9,9 +9,10 @@ device at `schedule(device).interval_s`; each call returns a `PollResult` of sha
 config). Messages name the device and the address, never a secret.
 
 A streaming collector (gNMI) sets `streaming` and implements `stream(device, emit)`: the service
-keeps one stream per device for which `streams(device)` holds open instead of scheduling polls, and ingests each PollResult the
-stream emits as it comes; a stream that fails raises a CollectorError and is reopened with the same
-backoff as a failing poll. Its `collect` still answers one-shot polls (`nms collect ... --once`).
+keeps one stream per device for which `streams(device)` holds open instead of scheduling polls, and
+ingests each PollResult the stream emits as it comes; a stream that fails raises a CollectorError
+and is reopened with the same backoff as a failing poll. Its `collect` still answers one-shot polls
+(`nms collect ... --once`).
 
 With several collectors on one device, `link_state_rank` picks the one whose samples give the
 device's link state (events, flaps, the topology's oper status); the others give rates only.

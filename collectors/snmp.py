@@ -181,8 +181,11 @@ class SnmpCollector(Collector):
         chassis = None
         if LLDP_LOC_CHASSIS_ID in system:
             value = system[LLDP_LOC_CHASSIS_ID]
-            chassis = (bytes(value.asOctets()).hex(":") if int(system.get(LLDP_LOC_CHASSIS_SUBTYPE, 0)) == CHASSIS_IS_MAC
-                       else as_text(value))
+            chassis = (
+                bytes(value.asOctets()).hex(":")
+                if int(system.get(LLDP_LOC_CHASSIS_SUBTYPE, 0)) == CHASSIS_IS_MAC
+                else as_text(value)
+            )
         records.append(DeviceFacts(
             device=device.name, ts=ts, uptime_ticks=uptime, interfaces=len(rows),
             sys_name=as_text(system[SYS_NAME])[:255] if SYS_NAME in system else None,

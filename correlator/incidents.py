@@ -75,8 +75,8 @@ def _opened(f: Finding, window_ns: int) -> Incident:
 
 def _refreshed(incident: Incident, f: Finding, window_ns: int) -> Incident:
     return incident.model_copy(update={
-        "kind": f.kind, "element_kind": f.element_kind, "direction": f.direction, "severity": f.severity, "summary": f.summary,
-        "confidence": f.confidence, "evidence": f.evidence, "paths": f.paths, "jobs": f.jobs,
+        "kind": f.kind, "element_kind": f.element_kind, "direction": f.direction, "severity": f.severity,
+        "summary": f.summary, "confidence": f.confidence, "evidence": f.evidence, "paths": f.paths, "jobs": f.jobs,
         "last_seen_ns": window_ns, "clean_windows": 0})
 
 

@@ -162,7 +162,10 @@ class Agent:
                 handlers[sock.fileno()] = (lambda s=sock: self.prober.on_readable(s),
                                            lambda s=sock: self.prober.on_errqueue(s))
             if nic.verbs is not None:
-                pollers += [lambda q=nic.verbs: self.prober.on_errqueue(q), lambda q=nic.verbs: self.prober.on_readable(q)]
+                pollers += [
+                    lambda q=nic.verbs: self.prober.on_errqueue(q),
+                    lambda q=nic.verbs: self.prober.on_readable(q),
+                ]
         max_wait = BATCH if pollers else float("inf")
         handlers[self.links.fileno()] = (self._on_links, lambda: None)
         for fd in handlers:

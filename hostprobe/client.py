@@ -81,8 +81,9 @@ class ServiceClient:
 
 
 class Control(threading.Thread):
-    """Registration, peer list and commands; posts ('peers', list), ('registered', n: the how-manyth registration) and ('command', dict) to `inbox`,
-    and posts the commands' results handed to `result()` to the service."""
+    """Registration, peer list and commands; posts ('peers', list), ('registered', n: the how-manyth
+    registration) and ('command', dict) to `inbox`, and posts the commands' results handed to
+    `result()` to the service."""
 
     def __init__(self, client: ServiceClient, info: dict, refresh: float, cache_dir: Path, inbox: queue.Queue,
                  verifier=None):

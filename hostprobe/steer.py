@@ -276,7 +276,9 @@ class Steering:
             paths = [frozenset(h) if h is not None and len(h) == full else frozenset({"?"}) for _, h in found]
             unknown = {"?"}  # a trace with a silent router could cross anything
             # least loaded first, by the busiest hop (hop_loads: the planner's view of the links)
-            keep = choose(paths, parsed["avoid_hops"] | unknown, load=parsed["hop_loads"], n=self.settings.ports_per_dst)
+            keep = choose(
+                paths, parsed["avoid_hops"] | unknown, load=parsed["hop_loads"], n=self.settings.ports_per_dst
+            )
             ports = sorted(found[i][0] for i in keep)
             entry = result.setdefault(host, {"ports": [], "candidates": 0, "kept": 0})
             entry["ports"] += ports

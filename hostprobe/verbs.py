@@ -200,7 +200,9 @@ class VerbsDevice:
                 break
             ctx.close()
         else:
-            raise VerbsError(f"no RDMA device has {ipv4} as an active RoCE v2 GID (devices: {', '.join(names) or 'none'})")
+            raise VerbsError(
+                f"no RDMA device has {ipv4} as an active RoCE v2 GID (devices: {', '.join(names) or 'none'})"
+            )
         self.ipv4 = ipv4
         try:
             self.pd = pv.pd.PD(self.ctx)

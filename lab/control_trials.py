@@ -62,7 +62,9 @@ def wait_mapped(mesh: MeshLab, timeout: float = 60.0) -> dict:
                   timeout, 0.5)
     status = mesh.agent_status()
     if not ok:
-        raise TimeoutError(f"port maps not warm: { {h: a.get('stats', {}).get('steer_map') for h, a in status.items()} }")
+        raise TimeoutError(
+            f"port maps not warm: { {h: a.get('stats', {}).get('steer_map') for h, a in status.items()} }"
+        )
     return status
 
 

@@ -222,7 +222,9 @@ def _heal(topo: Topology, lab: LabDir, state: dict, f: dict) -> None:
     elif kind == "nic-down":
         set_carrier(topo, topo.link(p["link"]), up=True)
         sh.ip_batch(topo.netns(p["host"]), ["link set eth0 up"])
-        routing.apply(topo, state["withdrawn"], nodes=[p["host"]], weights=state.get("ecmp_weights"))  # admin-down deleted its route
+        routing.apply(
+            topo, state["withdrawn"], nodes=[p["host"]], weights=state.get("ecmp_weights")
+        )  # admin-down deleted its route
     elif kind == "clock":
         state.get("clocks", {}).pop(p["host"], None)
 

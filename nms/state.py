@@ -152,7 +152,9 @@ class StateStore:
         self._lock = threading.Lock()
         self._db = open_sqlite(path)
         self._db.execute(
-            "CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, start INTEGER NOT NULL, end INTEGER, body TEXT NOT NULL)")
+            "CREATE TABLE IF NOT EXISTS jobs "
+            "(id TEXT PRIMARY KEY, start INTEGER NOT NULL, end INTEGER, body TEXT NOT NULL)"
+        )
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS agent_commands (id INTEGER PRIMARY KEY AUTOINCREMENT, host TEXT NOT NULL, "
             "kind TEXT NOT NULL, args TEXT NOT NULL, issued_ns INTEGER NOT NULL, by TEXT NOT NULL, "
@@ -305,7 +307,9 @@ class StateStore:
         with self._transaction() as db:
             old = "SELECT id FROM incidents WHERE state = 'resolved' AND resolved_ns < ?"
             db.execute(f"DELETE FROM incident_events WHERE incident_id IN ({old})", (before_ns,))
-            return db.execute("DELETE FROM incidents WHERE state = 'resolved' AND resolved_ns < ?", (before_ns,)).rowcount
+            return db.execute(
+                "DELETE FROM incidents WHERE state = 'resolved' AND resolved_ns < ?", (before_ns,)
+            ).rowcount
 
     def get_incident(self, incident_id: int) -> Incident | None:
         with self._lock:

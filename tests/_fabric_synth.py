@@ -103,7 +103,9 @@ class Synth:
         self.offset_ns = self.rng.uniform(-1, 1, n) * self.clock_offset_us * 1e3
         self.drift = self.rng.uniform(-1, 1, n) * self.drift_ppm * 1e-6
         self.host_idx = {h: i for i, h in enumerate(self.hosts)}
-        self.base_util = {end: float(u) for end, u in zip(self.switch_ports, self.rng.uniform(0.05, 0.3, len(self.switch_ports)))}
+        self.base_util = {
+            end: float(u) for end, u in zip(self.switch_ports, self.rng.uniform(0.05, 0.3, len(self.switch_ports)))
+        }
         self.prev_down = np.zeros(len(self.keys), bool)
 
     # -- topology ---------------------------------------------------------------------------
@@ -124,7 +126,11 @@ class Synth:
         first = f"leaf{ls}:swp{self.port_of[src]}"
         if spine is None:
             return [self.access(src)[0], self.access(dst)[1]], [self.addr[first]]
-        hops = [self.addr[first], self.addr[f"spine{spine}:swp{ls}"], self.addr[f"leaf{ld}:swp{self.hosts_per_leaf + spine}"]]
+        hops = [
+            self.addr[first],
+            self.addr[f"spine{spine}:swp{ls}"],
+            self.addr[f"leaf{ld}:swp{self.hosts_per_leaf + spine}"],
+        ]
         return [self.access(src)[0], self.up_link(ls, spine), self.down_link(spine, ld), self.access(dst)[1]], hops
 
     def _build_paths(self) -> None:

@@ -39,8 +39,14 @@ def test_corrupting_and_flapping_links_are_drained_and_rerouted():
 def test_a_flapping_link_caught_down_is_still_drained():
     # the topology is refreshed every few seconds: half the time it catches a flapping link down
     topo = topology(4)
-    topo = topo.model_copy(update={"links": [x.model_copy(update={"state": "down"}) if f"{x.a}--{x.b}" == uplink("leaf1", 1)
-                                             else x for x in topo.links]})
+    topo = topo.model_copy(
+        update={
+            "links": [
+                x.model_copy(update={"state": "down"}) if f"{x.a}--{x.b}" == uplink("leaf1", 1) else x
+                for x in topo.links
+            ]
+        }
+    )
     p = plan(incident("link_flapping"), topo, addresses(4))
     assert [x.kind for x in p.proposals] == ["drain_link", "host_reroute"], p.notes
 

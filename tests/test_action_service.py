@@ -40,15 +40,23 @@ def bed(tmp_path_factory):
     agents = {}
 
     def start(host: str, signing: dict | None = None) -> None:
-        conf = {"host": host, "service": {"url": url, "token": TOKENS["ingest"]},
-                "nics": [{"name": "lo", "address": HOSTS[host]}], "probe": {"key": KEY, "port": probe_port, "sports": 2},
-                "report": {"buffer_dir": str(tmp / host)}, "clock_sync": {"enabled": False},
-                "nccl": {"enabled": False}}
+        conf = {
+            "host": host,
+            "service": {"url": url, "token": TOKENS["ingest"]},
+            "nics": [{"name": "lo", "address": HOSTS[host]}],
+            "probe": {"key": KEY, "port": probe_port, "sports": 2},
+            "report": {"buffer_dir": str(tmp / host)},
+            "clock_sync": {"enabled": False},
+            "nccl": {"enabled": False},
+        }
         if signing:
             conf["signing"] = signing
         (tmp / f"{host}.yaml").write_text(yaml.safe_dump(conf))
-        agents[host] = subprocess.Popen([sys.executable, "-m", "hostprobe.agent", "--config", str(tmp / f"{host}.yaml")],
-                                        stdout=open(tmp / f"{host}.log", "ab"), stderr=subprocess.STDOUT)
+        agents[host] = subprocess.Popen(
+            [sys.executable, "-m", "hostprobe.agent", "--config", str(tmp / f"{host}.yaml")],
+            stdout=open(tmp / f"{host}.log", "ab"),
+            stderr=subprocess.STDOUT,
+        )
 
     for host in HOSTS:
         start(host)

@@ -121,8 +121,11 @@ def test_results_show_in_the_listing(client):
                  {"status": "expired"}, {"status": "done", "extra": 1}):
         assert client.post(f"/agents/h1-2/commands/{other['id']}/result", json=body,
                            headers=auth("ingest")).status_code == 422, body
-    nan = client.post(f"/agents/h1-2/commands/{other['id']}/result", content=b'{"status": "done", "details": {"x": NaN}}',
-                      headers={**auth("ingest"), "Content-Type": "application/json"})
+    nan = client.post(
+        f"/agents/h1-2/commands/{other['id']}/result",
+        content=b'{"status": "done", "details": {"x": NaN}}',
+        headers={**auth("ingest"), "Content-Type": "application/json"},
+    )
     assert nan.status_code == 422 and "no NaN" in nan.text  # it could be stored but never be read back as JSON
     for args in (b'{"rate": NaN}', b'{"x": Infinity}'):
         r = client.post("/agents/h1-1/commands", content=b'{"kind": "set_rate", "args": %s}' % args,

@@ -111,7 +111,9 @@ def test_all_bad_batch_is_422(client):
     (b'{"items": [], "extra": 1}', 400),
 ])
 def test_malformed_envelopes(client, body, status):
-    r = client.post("/ingest/port_samples", content=body, headers={**auth("ingest"), "Content-Type": "application/json"})
+    r = client.post(
+        "/ingest/port_samples", content=body, headers={**auth("ingest"), "Content-Type": "application/json"}
+    )
     assert r.status_code == status, r.text
 
 

@@ -108,7 +108,9 @@ def test_points_influxdb_refuses_are_quarantined_and_shown(influxd, tmp_path):
         assert r.status_code == 204
         items = [{"device": "leaf1", "port": "swp1", "ts": T0 + i, "in_octets": i, "out_octets": i} for i in range(4)]
         items += [{"device": "leaf1", "port": "swp2", "ts": T0 + i, "out_octets": i} for i in range(4)]
-        assert client.post("/ingest/port_samples", json={"items": items}, headers=auth("ingest")).json()["accepted"] == 8
+        assert (
+            client.post("/ingest/port_samples", json={"items": items}, headers=auth("ingest")).json()["accepted"] == 8
+        )
         assert service.store.flush(timeout=10)
         state = client.get("/store", params={"limit": 2}, headers=auth("read")).json()
         assert state["stats"]["quarantine_points"] == 4 and state["stats"]["points_written"] == 4

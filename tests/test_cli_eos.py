@@ -78,7 +78,11 @@ def test_lldp_neighbours_port_names_and_mac_port_ids():
     found = {n.port: n for n in eos.neighbors("leaf1", text("show_lldp_neighbors_detail.json"), TS, every, notes)}
     assert sorted(found) == ["Ethernet1/1", "Ethernet8"]
     spine = found["Ethernet1/1"]
-    assert (spine.remote_name, spine.remote_port, spine.remote_chassis_id) == ("spine1", "Ethernet3/1", "2c60.0cad.3034")
+    assert (spine.remote_name, spine.remote_port, spine.remote_chassis_id) == (
+        "spine1",
+        "Ethernet3/1",
+        "2c60.0cad.3034",
+    )
     host = found["Ethernet8"]  # port id is a MAC: the description names the port
     assert (host.remote_name, host.remote_port) == ("gpu-node-17", "ens1f0np0")
     assert notes == ["Ethernet13: a neighbour without name, port or chassis id"]

@@ -142,7 +142,11 @@ def test_tls_when_a_certificate_is_configured(tmp_path):
                    check=True, capture_output=True)
     srv = start_server(tmp_path, tls={"cert": str(cert), "key": str(key)})
     try:
-        r = httpx.get(f"{srv['url']}/version", verify=ssl.create_default_context(cafile=str(cert)), headers={"Authorization": f"Bearer {TOKEN}"})
+        r = httpx.get(
+            f"{srv['url']}/version",
+            verify=ssl.create_default_context(cafile=str(cert)),
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
         assert r.status_code == 200 and r.json()["store_backend"] == "embedded"
         with pytest.raises(httpx.HTTPError):  # plain HTTP is not served on the TLS port
             httpx.get(f"http://127.0.0.1:{srv['port']}/health", timeout=2)

@@ -49,7 +49,9 @@ def nms(service, monkeypatch):
         monkeypatch.setattr(cli_client.ApiClient, "__init__", init)
         _populate(service, client)
         runner = CliRunner(env={"COLUMNS": "80"})
-        yield lambda *args: runner.invoke(cli, [*args, *(["--token", TOKENS["admin"]] if args[0] != "dashboards" else [])])
+        yield lambda *args: runner.invoke(
+            cli, [*args, *(["--token", TOKENS["admin"]] if args[0] != "dashboards" else [])]
+        )
 
 
 def _populate(service, client) -> None:

@@ -76,8 +76,11 @@ fabric:
     # Whole-inventory checks run once every entry is valid on its own.
     issues = _issues(text.replace("auth_key: short", "auth_key: longenough"))
     assert any("line 1: fabric" in i and "duplicate device names: ['s1']" in i for i in issues)
-    issues = _issues(text.replace("auth_key: short", "auth_key: longenough").replace("name: s1, mgmt_address: 192.0.2.2",
-                                                                                     "name: s2, mgmt_address: 192.0.2.2"))
+    issues = _issues(
+        text.replace("auth_key: short", "auth_key: longenough").replace(
+            "name: s1, mgmt_address: 192.0.2.2", "name: s2, mgmt_address: 192.0.2.2"
+        )
+    )
     assert any("link end 'ghost:e1' names an unknown device" in i for i in issues)
 
 
@@ -105,7 +108,9 @@ store:
 def test_secret_that_fails_validation_is_not_echoed(monkeypatch):
     monkeypatch.setenv("SHORT_TOKEN", "tiny-secret")
     monkeypatch.setenv("PORT_SECRET", "not-a-port-secret-xyz")
-    issues = _issues('api:\n  port: "${PORT_SECRET}"\n  tokens:\n    - {name: a, scopes: [read], token: "${SHORT_TOKEN}"}\n')
+    issues = _issues(
+        'api:\n  port: "${PORT_SECRET}"\n  tokens:\n    - {name: a, scopes: [read], token: "${SHORT_TOKEN}"}\n'
+    )
     text = "\n".join(issues)
     assert "api.port" in text and "too short" in text
     assert "tiny-secret" not in text and "not-a-port-secret-xyz" not in text

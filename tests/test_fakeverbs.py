@@ -242,24 +242,38 @@ print(json.dumps(out))
 
 # constructors both pyverbs can run without a device: same arguments, same resulting attributes
 CASES = [
-    "qp.QPCap()", "qp.QPCap(max_send_wr=5, max_recv_wr=7, max_send_sge=2, max_recv_sge=3, max_inline_data=64)",
-    "qp.QPInitAttr()", "qp.QPInitAttr(qp_type=e.IBV_QPT_UD, qp_context=None, scq=None, rcq=None, srq=None, "
+    "qp.QPCap()",
+    "qp.QPCap(max_send_wr=5, max_recv_wr=7, max_send_sge=2, max_recv_sge=3, max_inline_data=64)",
+    "qp.QPInitAttr()",
+    "qp.QPInitAttr(qp_type=e.IBV_QPT_UD, qp_context=None, scq=None, rcq=None, srq=None, "
     "cap=qp.QPCap(max_send_wr=3), sq_sig_all=0)",
-    "qp.QPAttr()", "qp.QPAttr(qp_state=e.IBV_QPS_RTS, cur_qp_state=e.IBV_QPS_INIT, port_num=2, path_mtu=e.IBV_MTU_4096)",
-    "cq.CqInitAttrEx()", "cq.CqInitAttrEx(cqe=7, channel=None, comp_vector=0, wc_flags=e.IBV_WC_STANDARD_FLAGS, "
+    "qp.QPAttr()",
+    "qp.QPAttr(qp_state=e.IBV_QPS_RTS, cur_qp_state=e.IBV_QPS_INIT, port_num=2, path_mtu=e.IBV_MTU_4096)",
+    "cq.CqInitAttrEx()",
+    "cq.CqInitAttrEx(cqe=7, channel=None, comp_vector=0, wc_flags=e.IBV_WC_STANDARD_FLAGS, "
     "comp_mask=0, flags=0, parent_domain=None)",
     "cq.CqInitAttrEx(cq_context=None)",  # not a v44 keyword: both must refuse it
-    "cq.PollCqAttr()", "cq.WC()", "cq.WC(wr_id=5, status=1, opcode=128, byte_len=60, src_qp=77, wc_flags=1)",
-    "addr.GID()", "addr.GID('fe80:0000:0000:0000:0202:C9FF:FE00:0001')", "addr.GID(val='0000:0000:0000:0000:0000:ffff:0a01:0203')",
-    "addr.GID('::ffff:10.1.2.3')", "addr.GID('fe80::1')", "addr.GID('fe80:0000:0000:0000:0202:c9ff:fe00')",
+    "cq.PollCqAttr()",
+    "cq.WC()",
+    "cq.WC(wr_id=5, status=1, opcode=128, byte_len=60, src_qp=77, wc_flags=1)",
+    "addr.GID()",
+    "addr.GID('fe80:0000:0000:0000:0202:C9FF:FE00:0001')",
+    "addr.GID(val='0000:0000:0000:0000:0000:ffff:0a01:0203')",
+    "addr.GID('::ffff:10.1.2.3')",
+    "addr.GID('fe80::1')",
+    "addr.GID('fe80:0000:0000:0000:0202:c9ff:fe00')",
     "addr.GlobalRoute(dgid=addr.GID('fe80:0000:0000:0000:0202:c9ff:fe00:0001'))",
     "addr.GlobalRoute(dgid=addr.GID('0000:0000:0000:0000:0000:ffff:0a01:0203'), flow_label=0xABCDE, sgid_index=3, "
     "hop_limit=64, traffic_class=32)",
-    "addr.AHAttr()", "addr.AHAttr(is_global=1)",
+    "addr.AHAttr()",
+    "addr.AHAttr(is_global=1)",
     "addr.AHAttr(dlid=0, sl=3, src_path_bits=0, static_rate=0, is_global=1, port_num=1, "
     "gr=addr.GlobalRoute(dgid=addr.GID('0000:0000:0000:0000:0000:ffff:0a01:0203'), flow_label=5, hop_limit=9))",
-    "wr.SGE(4096, 64, 7)", "wr.RecvWR()", "wr.RecvWR(wr_id=3, num_sge=1, sg=[wr.SGE(4096, 64, 7)], next_wr=None)",
-    "wr.SendWR()", "wr.SendWR(num_sge=1, sg=[wr.SGE(4096, 64, 7)])",
+    "wr.SGE(4096, 64, 7)",
+    "wr.RecvWR()",
+    "wr.RecvWR(wr_id=3, num_sge=1, sg=[wr.SGE(4096, 64, 7)], next_wr=None)",
+    "wr.SendWR()",
+    "wr.SendWR(num_sge=1, sg=[wr.SGE(4096, 64, 7)])",
     "wr.SendWR(wr_id=9, opcode=e.IBV_WR_SEND_WITH_IMM, num_sge=1, imm_data=0x1234, sg=[wr.SGE(4096, 64, 7)], "
     "send_flags=e.IBV_SEND_SIGNALED | e.IBV_SEND_INLINE, next_wr=None)",
 ]

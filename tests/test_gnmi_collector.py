@@ -431,10 +431,28 @@ def test_inventory_answers_in_other_vendors_shapes():
         return pb.Path(elem=[pb.PathElem(name=n) for n in names])
 
     now = 2_000_000_000 * 10**9
-    at_system = pb.GetResponse(notification=[pb.Notification(update=[pb.Update(
-        path=elems("openconfig-system:system"),
-        val=pb.TypedValue(json_ietf_val=json.dumps({"openconfig-system:state": {
-            "hostname": "spine3", "software-version": "EOS-4.31.1F", "boot-time": str(now - 86_400 * 10**9)}}).encode()))])])
+    at_system = pb.GetResponse(
+        notification=[
+            pb.Notification(
+                update=[
+                    pb.Update(
+                        path=elems("openconfig-system:system"),
+                        val=pb.TypedValue(
+                            json_ietf_val=json.dumps(
+                                {
+                                    "openconfig-system:state": {
+                                        "hostname": "spine3",
+                                        "software-version": "EOS-4.31.1F",
+                                        "boot-time": str(now - 86_400 * 10**9),
+                                    }
+                                }
+                            ).encode()
+                        ),
+                    )
+                ]
+            )
+        ]
+    )
     problems: list[str] = []
     state = system_state(at_system, now, problems)
     assert (state.hostname, state.software_version, problems) == ("spine3", "EOS-4.31.1F", [])

@@ -18,8 +18,11 @@ T0 = 1_800_000_000 * 10**9
 
 
 def fabric(leaves: int, per_leaf: int) -> dict:
-    hosts = [{"name": f"h{leaf}-{i}", "nics": [{"name": "eth0", "address": f"10.{leaf}.0.{i}", "switch": f"leaf{leaf}"}]}
-             for leaf in range(1, leaves + 1) for i in range(1, per_leaf + 1)]
+    hosts = [
+        {"name": f"h{leaf}-{i}", "nics": [{"name": "eth0", "address": f"10.{leaf}.0.{i}", "switch": f"leaf{leaf}"}]}
+        for leaf in range(1, leaves + 1)
+        for i in range(1, per_leaf + 1)
+    ]
     return {"switches": [{"name": f"leaf{leaf}", "mgmt_address": f"192.0.2.{leaf}", "role": "leaf"}
                          for leaf in range(1, leaves + 1)], "hosts": hosts}
 
@@ -57,7 +60,12 @@ def test_peer_plan_same_leaf_plus_k_random_stable_and_connected():
 
 
 def test_register_and_peers(client):
-    body = {"session": "00ab", "version": "0.1.0", "probe_port": 33434, "nics": [{"name": "eth0", "address": "10.1.0.1"}]}
+    body = {
+        "session": "00ab",
+        "version": "0.1.0",
+        "probe_port": 33434,
+        "nics": [{"name": "eth0", "address": "10.1.0.1"}],
+    }
     r = client.post("/agents/h1-1/register", json=body, headers=auth("ingest"))
     assert r.status_code == 200, r.text
     got = r.json()
@@ -102,7 +110,9 @@ def test_commands_long_poll(client):
     client.get(f"/agents/h2-1/commands?after={first}&wait=3600", headers=auth("ingest"))
     assert time.monotonic() - t < 3.5
     # operators need `act`; bad commands are refused
-    assert client.post("/agents/h2-1/commands", json={"kind": "reprobe_paths"}, headers=auth("ingest")).status_code == 403
+    assert (
+        client.post("/agents/h2-1/commands", json={"kind": "reprobe_paths"}, headers=auth("ingest")).status_code == 403
+    )
     bad = client.post("/agents/h2-1/commands", json={"kind": "set_rate", "args": {"rate": -1}}, headers=auth("act"))
     assert bad.status_code == 422
     assert client.post("/agents/h2-1/commands", json={"kind": "reboot"}, headers=auth("act")).status_code == 422

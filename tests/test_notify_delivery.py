@@ -276,7 +276,9 @@ def test_sinks_api_needs_read_scope(tmp_path):
         assert client.get("/notifications/sinks").status_code == 401
         assert client.get("/notifications/sinks", headers=auth("ingest")).status_code == 403
         assert client.get("/notifications/sinks", headers=auth("read")).json() == []
-        assert client.get("/notifications/deliveries", params={"state": "bogus"}, headers=auth("read")).status_code == 422
+        assert (
+            client.get("/notifications/deliveries", params={"state": "bogus"}, headers=auth("read")).status_code == 422
+        )
 
 
 async def test_attempt_cut_by_shutdown_stays_pending_and_resumes(make, rx):

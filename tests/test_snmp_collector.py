@@ -566,7 +566,9 @@ BEGIN
 END
 END
 """)
-    (d / "SNMPv2-TC.txt").write_text("SNMPv2-TC DEFINITIONS ::= BEGIN\nDisplayString ::= OCTET STRING (SIZE (0..255))\nEND\n")
+    (d / "SNMPv2-TC.txt").write_text(
+        "SNMPv2-TC DEFINITIONS ::= BEGIN\nDisplayString ::= OCTET STRING (SIZE (0..255))\nEND\n"
+    )
     (d / "SNMPv2-CONF.txt").write_text("SNMPv2-CONF DEFINITIONS ::= BEGIN\nEND\n")
     (d / "NMS-TEST-MIB.txt").write_text("""NMS-TEST-MIB DEFINITIONS ::= BEGIN
 IMPORTS OBJECT-TYPE, mib-2 FROM SNMPv2-SMI

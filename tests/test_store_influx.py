@@ -256,7 +256,9 @@ def test_query_errors(influx_store, tmp_path):
 
 
 def test_from_config_uses_data_dir_spool(influxd, tmp_path):
-    cfg = NmsConfig(data_dir=tmp_path, store={"backend": "influxdb", "influxdb": {"url": influxd.url, "database": "fc"}})
+    cfg = NmsConfig(
+        data_dir=tmp_path, store={"backend": "influxdb", "influxdb": {"url": influxd.url, "database": "fc"}}
+    )
     store = InfluxStore.from_config(cfg)
     try:
         assert store._spool.directory == tmp_path / "spool"
@@ -528,7 +530,10 @@ def test_spool_survives_a_store_restart(own_influxd, tmp_path):
     assert first.drain(10)  # the database exists now
     own_influxd.stop()
     for k in range(5):
-        assert first.write([Point("sr", {"k": str(k)}, {"v": i}, T0 + 1 + k * 100 + i) for i in range(100)]).accepted == 100
+        assert (
+            first.write([Point("sr", {"k": str(k)}, {"v": i}, T0 + 1 + k * 100 + i) for i in range(100)]).accepted
+            == 100
+        )
     first.close()  # influxd is down: everything unsent goes to the spool
     segments = list((tmp_path / "spool").glob("*.lp"))
     assert segments
@@ -552,7 +557,9 @@ def test_full_spool_refuses_writes_and_keeps_nothing_of_them(tmp_path):
     try:
         with pytest.raises(StoreUnavailable, match="full"):
             for k in range(1000):
-                accepted += store.write([Point("full", {"k": str(k)}, {"v": float(i)}, T0 + i) for i in range(10)]).accepted
+                accepted += store.write(
+                    [Point("full", {"k": str(k)}, {"v": float(i)}, T0 + i) for i in range(10)]
+                ).accepted
         before = store.stats()
         assert 0 < accepted < 10_000
         with pytest.raises(StoreUnavailable):

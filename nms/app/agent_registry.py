@@ -178,7 +178,9 @@ class AgentRegistry:
                 break
             async with cond:
                 try:
-                    await asyncio.wait_for(cond.wait_for(lambda issued=issued: self._issued[host] != issued), min(0.5, remaining))
+                    await asyncio.wait_for(
+                        cond.wait_for(lambda issued=issued: self._issued[host] != issued), min(0.5, remaining)
+                    )
                 except TimeoutError:
                     pass
             if self._issued[host] != issued:

@@ -1,12 +1,13 @@
 """Scheduled polling: one APScheduler job per (collector, device), isolated from each other.
 
-Each job runs the collector with the device's deadline. A failure (timeout, auth, bad response)
-is recorded on that device only; the device is then retried with exponential backoff (interval x
+Each job runs the collector with the device's deadline. A failure (timeout, auth, bad response) is
+recorded on that device only; the device is then retried with exponential backoff (interval x
 2^(failures-1), at most `polling.backoff_max`), and no other device or later cycle waits for it.
-Results become rates (nms.counters: PortRates, and QueueRates of egress queues), link events and flap counts (nms.linkstate), go to the store
-and to an in-memory recent window that the API's /topology, /devices and /ports read (and that
-keeps each device's latest interface addresses for the correlator). `on_records`, when set, sees
-every poll's records plus the derived ones (PortRates, QueueRates, LinkEvent).
+Results become rates (nms.counters: PortRates, and QueueRates of egress queues), link events and
+flap counts (nms.linkstate), go to the store and to an in-memory recent window that the API's
+/topology, /devices and /ports read (and that keeps each device's latest interface addresses for the
+correlator). `on_records`, when set, sees every poll's records plus the derived ones (PortRates,
+QueueRates, LinkEvent).
 
 A poll may report several devices: a fabric manager (UFM) is polled as one device and returns the
 records of the switches it manages. The devices a poll covers are the ones its DeviceFacts name
@@ -111,7 +112,9 @@ class RecentWindow:
 
 class _Metrics:
     def __init__(self, registry) -> None:
-        self.polls = Counter("nms_collector_polls", "device polls", ["collector", "device", "result"], registry=registry)
+        self.polls = Counter(
+            "nms_collector_polls", "device polls", ["collector", "device", "result"], registry=registry
+        )
         self.seconds = Histogram("nms_collector_poll_seconds", "time to poll one device", ["collector"],
                                  buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60), registry=registry)
         self.up = Gauge("nms_collector_device_up", "1 when the device's last poll succeeded",
@@ -121,8 +124,12 @@ class _Metrics:
         self.last_success = Gauge("nms_collector_last_success_timestamp_seconds", "end of the last good poll",
                                   ["collector", "device"], registry=registry)
         self.records = Counter("nms_collector_records", "records produced", ["collector", "kind"], registry=registry)
-        self.dropped = Counter("nms_collector_rate_intervals_dropped",
-                               "rate intervals dropped (reboot, reset, discontinuity)", ["collector"], registry=registry)
+        self.dropped = Counter(
+            "nms_collector_rate_intervals_dropped",
+            "rate intervals dropped (reboot, reset, discontinuity)",
+            ["collector"],
+            registry=registry,
+        )
         self.store_errors = Counter("nms_collector_store_errors", "batches the store refused", ["collector"],
                                     registry=registry)
 
@@ -232,7 +239,9 @@ class Poller:
 
     def _failed(self, st: _Status, error: Exception, duration: float) -> None:
         kind = getattr(error, "kind", "internal")
-        message = str(error) if kind != "internal" else f"{st.device.name}: internal error: {type(error).__name__}: {error}"
+        message = (
+            str(error) if kind != "internal" else f"{st.device.name}: internal error: {type(error).__name__}: {error}"
+        )
         if kind == "internal":
             log.error("collector %s crashed on %s", st.collector, st.device.name, exc_info=error)
         st.failures += 1

@@ -545,7 +545,9 @@ class GnmiSettings(Strict):
     interval: Seconds = 10.0  # SAMPLE interval of the counters (and the schedule of `--once` polls)
     timeout: Seconds = 5.0  # to connect, and for one Get / ONCE answer
     deadline: Seconds | None = None  # a ONCE poll still running then is cancelled (default: 0.8 x interval)
-    stale_after: Seconds | None = None  # a stream silent this long is dropped and reopened (default: 2 x interval + 2 s)
+    stale_after: Seconds | None = (
+        None  # a stream silent this long is dropped and reopened (default: 2 x interval + 2 s)
+    )
     interfaces: list[str] = []  # fnmatch patterns of interface names to keep (all when empty)
     mode: Literal["stream", "poll", "once"] = "stream"
     inventory: bool = True  # Get /system/state (openconfig-system) for hostname, version, uptime

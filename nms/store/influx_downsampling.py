@@ -128,7 +128,9 @@ def _retention_policies(run: Run, db: str) -> dict[str, tuple[float, bool]]:
     return {r["name"]: (parse_go_duration(r["duration"]), bool(r["default"])) for r in rows}
 
 
-def _ensure_policy(run: Run, db: str, name: str, seconds: float, existing: dict[str, tuple[float, bool]], outcome: Outcome) -> None:
+def _ensure_policy(
+    run: Run, db: str, name: str, seconds: float, existing: dict[str, tuple[float, bool]], outcome: Outcome
+) -> None:
     duration = influx_duration(seconds)
     if name not in existing:
         run(f"CREATE RETENTION POLICY {_q(name)} ON {_q(db)} DURATION {duration} REPLICATION 1")

@@ -157,7 +157,11 @@ def test_miscabling_is_found_by_the_cabling_audit_only(mesh):
     swp3 -> spine2, swp4 -> spine1): LLDP contradicts both cables."""
     config = yaml.safe_load(mesh.config.read_text())
     links = config["fabric"]["links"]
-    uplinks = {(lk["a"], lk["b"]): i for i, lk in enumerate(links) if "leaf1:" in lk["a"] + lk["b"] and "spine" in lk["a"] + lk["b"]}
+    uplinks = {
+        (lk["a"], lk["b"]): i
+        for i, lk in enumerate(links)
+        if "leaf1:" in lk["a"] + lk["b"] and "spine" in lk["a"] + lk["b"]
+    }
     ends = sorted(uplinks)
     assert len(ends) == 2
     original = yaml.safe_dump(config)

@@ -122,12 +122,28 @@ def test_a_fabric_fault_names_the_job_and_a_host_side_slowdown_is_not_blamed_on_
     ring = Ring(mesh, order)
     try:
         # the job appears on its own, with ranks on their hosts, peers and sockets
-        job = _wait("the job", lambda: (r := mesh.api("GET", f"/jobs/{JOB}")).status_code == 200
-                    and len(r.json()["ranks"]) == len(order) and all(x["qps"] for x in r.json()["ranks"])
-                    and r.json(), 60, why=lambda: mesh.api("GET", f"/jobs/{JOB}").text[:2000] + " agents: " + json.dumps(
-                        {h: {k: v for k, v in (a.get("stats") or {}).items() if k.startswith("nccl")}
-                         for h, a in mesh.agent_status().items()}) + " ranks: " + json.dumps(
-                        [p.poll() for p in ring.procs]))
+        job = _wait(
+            "the job",
+            lambda: (
+                (r := mesh.api("GET", f"/jobs/{JOB}")).status_code == 200
+                and len(r.json()["ranks"]) == len(order)
+                and all(x["qps"] for x in r.json()["ranks"])
+                and r.json()
+            ),
+            60,
+            why=lambda: (
+                mesh.api("GET", f"/jobs/{JOB}").text[:2000]
+                + " agents: "
+                + json.dumps(
+                    {
+                        h: {k: v for k, v in (a.get("stats") or {}).items() if k.startswith("nccl")}
+                        for h, a in mesh.agent_status().items()
+                    }
+                )
+                + " ranks: "
+                + json.dumps([p.poll() for p in ring.procs])
+            ),
+        )
         assert job["labels"]["source"] == "nccl"
         assert {(x["rank"], x["host"]) for x in job["ranks"]} == set(enumerate(order))
         n = len(order)

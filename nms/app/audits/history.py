@@ -30,7 +30,9 @@ class AuditHistory:
                                        "VALUES (?, ?, ?, ?, '')", (report.trigger, report.started_ns,
                                                                    report.finished_ns, len(report.findings)))
                 report = report.model_copy(update={"id": cur.lastrowid})
-                self._db.execute("UPDATE audit_reports SET body = ? WHERE id = ?", (report.model_dump_json(), report.id))
+                self._db.execute(
+                    "UPDATE audit_reports SET body = ? WHERE id = ?", (report.model_dump_json(), report.id)
+                )
                 self._db.executemany("INSERT INTO audit_results VALUES (?, ?, ?, ?)",
                                      [(report.id, r.audit, r.status, len(r.findings)) for r in report.results])
                 old = "SELECT id FROM audit_reports ORDER BY id DESC LIMIT -1 OFFSET ?"

@@ -72,12 +72,19 @@ def check_speed(snap: Snapshot, settings: SpeedAudit) -> AuditResult:
     for link, a, b in links:
         if speeds[a] != speeds[b]:
             ends = {f"{e[0]}:{e[1]}": speeds[e] for e in (a, b)}
-            findings.append(AuditFinding(
-                audit=name, severity="major", element=_element(link), element_kind="link",
-                evidence={"speed_bps": ends},
-                message="speed differs across the cable: " + ", ".join(f"{k} {v / 1e9:g} Gb/s" for k, v in ends.items()),
-                remediation="Check auto-negotiation and the optics on both ends; force both ports to the "
-                            "speed the cable is rated for."))
+            findings.append(
+                AuditFinding(
+                    audit=name,
+                    severity="major",
+                    element=_element(link),
+                    element_kind="link",
+                    evidence={"speed_bps": ends},
+                    message="speed differs across the cable: "
+                    + ", ".join(f"{k} {v / 1e9:g} Gb/s" for k, v in ends.items()),
+                    remediation="Check auto-negotiation and the optics on both ends; force both ports to the "
+                    "speed the cable is rated for.",
+                )
+            )
     return result(name, findings, len(links), notes)
 
 

@@ -34,16 +34,24 @@ def list_dashboards(wide: bool = WideOpt) -> None:
 
 
 @dashboards_app.command("export")
-def export(name: str | None = typer.Argument(None, help="one dashboard (default: all)"),
-           directory: Path = typer.Option(Path("."), "--dir", help="where the JSON files go"),
-           config: Path | None = typer.Option(None, "--config", "-c", help=(
-               "service config: database, retention policy and downsampling tiers from store.influxdb")),
-           database: str | None = typer.Option(None, "--database", help="InfluxDB database (default: config, else nms)"),
-           retention_policy: str | None = typer.Option(None, "--retention-policy", help=(
-               "raw data's retention policy (default: config, else autogen)")),
-           hosts: str | None = typer.Option(None, "--hosts", help="job view: comma-separated hosts of the job"),
-           job: str | None = typer.Option(None, "--job", help="job view: a job id; its hosts come from the service"),
-           url: str = UrlOpt, token: str | None = TokenOpt) -> None:
+def export(
+    name: str | None = typer.Argument(None, help="one dashboard (default: all)"),
+    directory: Path = typer.Option(Path("."), "--dir", help="where the JSON files go"),
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        "-c",
+        help=("service config: database, retention policy and downsampling tiers from store.influxdb"),
+    ),
+    database: str | None = typer.Option(None, "--database", help="InfluxDB database (default: config, else nms)"),
+    retention_policy: str | None = typer.Option(
+        None, "--retention-policy", help=("raw data's retention policy (default: config, else autogen)")
+    ),
+    hosts: str | None = typer.Option(None, "--hosts", help="job view: comma-separated hosts of the job"),
+    job: str | None = typer.Option(None, "--job", help="job view: a job id; its hosts come from the service"),
+    url: str = UrlOpt,
+    token: str | None = TokenOpt,
+) -> None:
     """Write importable Chronograf dashboard files (Chronograf: Dashboards > Import Dashboard)."""
     influx = None
     if config is not None:

@@ -132,9 +132,19 @@ def topology(as_json: bool = typer.Option(False, "--json"), problems: bool = typ
         print(json.dumps(topo, indent=2))
         return
     links = [link for link in topo["links"] if not problems or link["check"] in ("missing", "miscabled", "unexpected")]
-    table = ListTable("a", "b", "check", "state", Col("rates at", drop=2), Col("in", justify="right"),
-                      Col("out", justify="right"), Col("seen by", wrap=not wide, drop=3), Col("note", wrap=True, drop=1),
-                      title="cables", title_justify="left")
+    table = ListTable(
+        "a",
+        "b",
+        "check",
+        "state",
+        Col("rates at", drop=2),
+        Col("in", justify="right"),
+        Col("out", justify="right"),
+        Col("seen by", wrap=not wide, drop=3),
+        Col("note", wrap=True, drop=1),
+        title="cables",
+        title_justify="left",
+    )
     for link in links:
         table.add_row(link["a"], link["b"], _styled(link["check"], CHECK_STYLE), _styled(link["state"], STATE_STYLE),
                       link["rate_port"] or "", _bps(link["in_bps"]), _bps(link["out_bps"]),

@@ -83,7 +83,9 @@ def render(query: str, values: dict[str, tuple[str, str]]) -> str:
     inserted bare; csv/constant/influxql values go in as they are."""
     for var, (kind, value) in values.items():
         if kind in ("tagKey", "fieldKey", "measurement", "tagValue"):
-            query = re.sub(r"(/[.^/]*)(" + re.escape(var) + r")([.^/]*/)", lambda m, value=value: m[1] + value + m[3], query)
+            query = re.sub(
+                r"(/[.^/]*)(" + re.escape(var) + r")([.^/]*/)", lambda m, value=value: m[1] + value + m[3], query
+            )
         if kind in ("tagKey", "fieldKey", "measurement", "database"):
             query = query.replace(var, f'"{value}"')
         elif kind in ("tagValue", "timeStamp"):

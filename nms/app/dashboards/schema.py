@@ -28,7 +28,8 @@ _WRITERS = {
     "interface_address": "the poller (SNMP IP-MIB)",
     "clock_solution": "the service's clock solve (from clock_edge)",
     "probe_window": "host agents (stored with *_corr_ns filled by the service's clock sync)",
-    "nccl_collective_perf": "the service (correlator/jobs_nccl.py: a collective assembled from its ranks' nccl_* records)",
+    "nccl_collective_perf": "the service (correlator/jobs_nccl.py: a collective assembled from its ranks' "
+                            "nccl_* records)",
 }
 
 

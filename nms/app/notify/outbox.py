@@ -59,9 +59,10 @@ class Outbox:
                             (inc.id, name)).fetchone() is None):
                         continue
                     cur = self._db.execute(
-                        "INSERT OR IGNORE INTO deliveries (dedup, incident_id, event, sink, sink_kind, state, created_ns, "
-                        "next_attempt_ns, body) VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
-                        (dedup_key(event, name), inc.id, event.event, name, kind, now_ns, now_ns, body))
+                        "INSERT OR IGNORE INTO deliveries (dedup, incident_id, event, sink, sink_kind, state, "
+                        "created_ns, next_attempt_ns, body) VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
+                        (dedup_key(event, name), inc.id, event.event, name, kind, now_ns, now_ns, body),
+                    )
                     if cur.rowcount:
                         new.append(cur.lastrowid)
             except BaseException:

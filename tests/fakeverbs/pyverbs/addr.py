@@ -50,7 +50,9 @@ class GlobalRoute(_fabric.PyverbsObject):
     def __init__(self, dgid=None, flow_label=0, sgid_index=0, hop_limit=1, traffic_class=0):
         super().__init__()
         if dgid is not None and not isinstance(dgid, GID):
-            raise TypeError(f"Argument 'dgid' has incorrect type (expected pyverbs.addr.GID, got {type(dgid).__name__})")
+            raise TypeError(
+                f"Argument 'dgid' has incorrect type (expected pyverbs.addr.GID, got {type(dgid).__name__})"
+            )
         self._dgid = dgid._raw if dgid is not None else bytes(16)
         self.flow_label = flow_label
         self.sgid_index = sgid_index
@@ -83,7 +85,9 @@ class AHAttr(_fabric.PyverbsObject):
     def __init__(self, dlid=0, sl=0, src_path_bits=0, static_rate=0, is_global=0, port_num=1, gr=None):
         super().__init__()
         if gr is not None and not isinstance(gr, GlobalRoute):
-            raise TypeError(f"Argument 'gr' has incorrect type (expected pyverbs.addr.GlobalRoute, got {type(gr).__name__})")
+            raise TypeError(
+                f"Argument 'gr' has incorrect type (expected pyverbs.addr.GlobalRoute, got {type(gr).__name__})"
+            )
         self.port_num, self.sl, self.src_path_bits, self.dlid = port_num, sl, src_path_bits, dlid
         self.static_rate, self.is_global = static_rate, is_global
         self._dgid, self._flow_label, self._sgid_index, self._hop_limit, self._traffic_class = bytes(16), 0, 0, 0, 0

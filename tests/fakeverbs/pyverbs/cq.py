@@ -264,7 +264,13 @@ class WC(_fabric.PyverbsObject):
     def __init__(self, wr_id=0, status=0, opcode=0, vendor_err=0, byte_len=0, qp_num=0, src_qp=0, imm_data=0,
                  wc_flags=0, pkey_index=0, slid=0, sl=0, dlid_path_bits=0):
         super().__init__()
-        self.wr_id, self.status, self.opcode, self.vendor_err, self.byte_len = wr_id, status, opcode, vendor_err, byte_len
+        self.wr_id, self.status, self.opcode, self.vendor_err, self.byte_len = (
+            wr_id,
+            status,
+            opcode,
+            vendor_err,
+            byte_len,
+        )
         self.qp_num, self.src_qp, self.imm_data, self.wc_flags = qp_num, src_qp, imm_data, wc_flags
         self.pkey_index, self.slid, self.sl, self.dlid_path_bits = pkey_index, slid, sl, dlid_path_bits
 

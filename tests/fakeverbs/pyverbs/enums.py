@@ -214,7 +214,25 @@ class ibv_mig_state(IntEnum):
     IBV_MIG_ARMED = 2
 
 
-for _cls in (ibv_qp_type, ibv_qp_state, ibv_wc_status, ibv_wc_opcode, ibv_wr_opcode, ibv_send_flags, ibv_access_flags, ibv_create_cq_wc_flags, ibv_wc_flags, ibv_values_mask, ibv_gid_type_sysfs, ibv_port_state, ibv_mtu, ibv_qp_attr_mask, ibv_node_type, ibv_transport_type, ibv_mig_state):
+for _cls in (
+    ibv_qp_type,
+    ibv_qp_state,
+    ibv_wc_status,
+    ibv_wc_opcode,
+    ibv_wr_opcode,
+    ibv_send_flags,
+    ibv_access_flags,
+    ibv_create_cq_wc_flags,
+    ibv_wc_flags,
+    ibv_values_mask,
+    ibv_gid_type_sysfs,
+    ibv_port_state,
+    ibv_mtu,
+    ibv_qp_attr_mask,
+    ibv_node_type,
+    ibv_transport_type,
+    ibv_mig_state,
+):
     globals().update(_cls.__members__)
 del _cls
 
