@@ -1,2 +1,3 @@
-from _influx import influx_store, influxd  # noqa: F401
-from test_notify_support import notify_make as make  # noqa: F401  (notification test fixtures)
+from _influx import influx_store, influxd  # noqa: F401  (influxd fixtures)
+from _notify import notify_make as make  # noqa: F401  (notification test fixtures)
+from _notify import notify_rx as rx  # noqa: F401

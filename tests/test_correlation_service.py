@@ -13,7 +13,7 @@ from nms.app.api import create_app
 from nms.app.service import Service
 from tests._fabric_synth import NS, Synth
 from tests.helpers import auth, make_config
-from tests.test_notify_support import Receiver
+from tests._notify import Receiver
 
 SECOND = 10**9
 

@@ -19,8 +19,8 @@ from pydantic import ValidationError
 from nms.app.api import create_app
 from nms.app.notify.dispatcher import retry_after_s
 from nms.app.service import Service
+from tests._notify import T0, event, incident, notifications, until
 from tests.helpers import auth, make_config
-from tests.test_notify_support import T0, event, incident, notifications, until
 
 JSON = {"Content-Type": "application/json"}
 

@@ -11,7 +11,7 @@ import time
 
 from nms.app.notify import NOTIFIER_GROUP
 from nms.app.plugins import load_plugin
-from tests.test_notify_support import T0, event, incident, notifications, until
+from tests._notify import T0, event, incident, notifications, until
 
 KINDS = ["webhook", "pagerduty", "slack", "alertmanager", "servicenow"]
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")

@@ -1,4 +1,4 @@
-"""Shared pieces of the notification tests (no tests here): a real HTTP receiver on 127.0.0.1 that
+"""Shared pieces of the notification tests: a real HTTP receiver on 127.0.0.1 that
 records every request and answers as scripted, incident events, and a Notifier factory."""
 
 from __future__ import annotations
