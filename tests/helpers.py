@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -16,6 +17,21 @@ def make_config(data_dir: Path, **overrides):
     api.update(overrides.pop("api", {}))
     doc = {"data_dir": str(data_dir), "api": api, **overrides}
     return parse_config(yaml.safe_dump(doc))
+
+
+@contextmanager
+def api_client(config_or_service):
+    """A TestClient on a started service (its lifespan runs: scheduler, correlator loop, store);
+    `client.service` is the service. Give a config, or a Service set up beforehand."""
+    from fastapi.testclient import TestClient
+
+    from nms.app.api import create_app
+    from nms.app.service import Service
+
+    service = config_or_service if isinstance(config_or_service, Service) else Service(config_or_service)
+    with TestClient(create_app(service)) as client:
+        client.service = service
+        yield client
 
 
 def auth(scope: str) -> dict[str, str]:
@@ -42,14 +58,26 @@ def serve_in_thread(app, timeout: float = 15.0):
     return f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}", server, thread
 
 
-def wait_until(cond, timeout: float, step: float = 0.2):
-    """Poll `cond` until it returns something truthy (returned) or `timeout` seconds pass (then its
-    last value). For what a test waits on, never a fixed sleep: a loaded machine is slower."""
+def wait_until(cond, timeout: float, step: float = 0.2, what: str | None = None, why=None,
+               ignore: tuple[type[BaseException], ...] = ()):
+    """Poll `cond` until it returns something truthy, and return that. For what a test waits on,
+    never a fixed sleep: a loaded machine is slower. On timeout: with `what`, fail saying what was
+    awaited (plus `why()`, e.g. a log's tail); without, return cond's last value. Exceptions in
+    `ignore` (a server still starting) count as not yet."""
     import time
+
+    import pytest
 
     deadline = time.monotonic() + timeout
     while True:
-        got = cond()
-        if got or time.monotonic() >= deadline:
+        try:
+            got = cond()
+        except ignore:
+            got = None
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            if what is not None:
+                pytest.fail(f"timed out after {timeout:g} s waiting for {what}" + (f": {why()}" if why else ""))
             return got
         time.sleep(step)

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from nms.app.api import create_app
 from nms.app.service import Service
-from tests.helpers import TOKENS, auth, make_config
+from tests.helpers import TOKENS, api_client, auth, make_config
 from tests.test_hostprobe_service import fabric
 
 BOUND = "bound-admin-token-h1-1-0123456789"
@@ -31,7 +31,7 @@ def service(tmp_path):
 
 @pytest.fixture
 def client(service):
-    with TestClient(create_app(service)) as c:
+    with api_client(service) as c:
         yield c
 
 

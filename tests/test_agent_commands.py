@@ -22,7 +22,7 @@ from nms.app.cli import app as cli
 from nms.app.cli import client as cli_client
 from nms.app.service import Service
 from nms.state import StateStore
-from tests.helpers import TOKENS, auth, make_config
+from tests.helpers import TOKENS, api_client, auth, make_config, wait_until
 from tests.test_hostprobe_service import T0, fabric
 
 BOUND = "bound-agent-token-h1-1-0123456789"  # ingest, bound to h1-1
@@ -44,7 +44,7 @@ def bearer(token: str) -> dict[str, str]:
 
 @pytest.fixture
 def client(tmp_path):
-    with TestClient(create_app(Service(config(tmp_path)))) as c:
+    with api_client(config(tmp_path)) as c:
         yield c
 
 
@@ -309,10 +309,7 @@ class StubService:
 
 
 def _until(check, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
+    wait_until(check, timeout, 0.01, what="the control thread")
 
 
 def test_the_control_thread_posts_results_and_keeps_its_cursor(tmp_path):

@@ -6,20 +6,16 @@ import gzip
 import json
 
 import pytest
-from fastapi.testclient import TestClient
 from openapi_spec_validator import validate
 
-from nms.app.api import create_app
-from nms.app.service import Service
-from tests.helpers import TOKENS, auth, make_config
+from tests.helpers import TOKENS, api_client, auth, make_config
 
 T0 = 1_700_000_000 * 10**9
 
 
 @pytest.fixture
 def client(tmp_path):
-    service = Service(make_config(tmp_path, api={"max_body_bytes": 200_000, "max_items_per_batch": 1000}))
-    with TestClient(create_app(service)) as c:
+    with api_client(make_config(tmp_path, api={"max_body_bytes": 200_000, "max_items_per_batch": 1000})) as c:
         yield c
 
 

@@ -25,7 +25,7 @@ from nms.app.service import Service
 from nms.config import ConfigError, parse_config
 from nms.config.models import AuditsConfig
 from nms.state import StateStore
-from tests.helpers import TOKENS, auth, make_config, serve_in_thread
+from tests.helpers import TOKENS, api_client, auth, make_config, serve_in_thread
 
 W = 10**9
 ALL = ["cabling", "mtu", "speed", "errors", "ecmp_balance", "clock", "config_drift", "probe_coverage"]
@@ -38,7 +38,7 @@ def config(tmp_path, **audits):
 
 @pytest.fixture
 def client(tmp_path):
-    with TestClient(create_app(Service(config(tmp_path)))) as c:
+    with api_client(config(tmp_path)) as c:
         yield c
 
 

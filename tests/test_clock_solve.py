@@ -21,7 +21,7 @@ from nms.app.service import Service
 from nms.clock_solve import clock_offset, correct_window, slot_of, solve, solve_window
 from nms.records import ClockSolution, ProbeWindow
 from tests._clocktruth import W_NS, W_S, Fabric, ring_with_chords
-from tests.helpers import auth, make_config
+from tests.helpers import auth, make_config, wait_until
 
 REF = 850_000_000 * W_NS  # a slot start (2026)
 NOISE = 20.0
@@ -314,12 +314,5 @@ def _free_port() -> int:
 
 
 def _wait(check, tmp_path, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    pytest.fail((tmp_path / "server.log").read_text()[-3000:])
+    wait_until(check, timeout, 0.1, what="the served clock", why=lambda: (tmp_path / "server.log").read_text()[-3000:],
+               ignore=(httpx.HTTPError,))

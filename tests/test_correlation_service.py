@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 from nms.app.api import create_app
 from nms.app.service import Service
 from tests._fabric_synth import NS, Synth
-from tests.helpers import auth, make_config
 from tests._notify import Receiver
+from tests.helpers import auth, make_config, wait_until
 
 SECOND = 10**9
 
@@ -31,12 +31,7 @@ def _post(client: TestClient, records: list) -> None:
 
 
 def _until(predicate, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.1)
-    raise AssertionError("timed out")
+    return wait_until(predicate, timeout, 0.1, what="the service")
 
 
 def test_ingested_telemetry_opens_an_incident_that_resolves_and_is_delivered(tmp_path):

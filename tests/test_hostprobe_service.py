@@ -7,12 +7,9 @@ import threading
 import time
 
 import pytest
-from fastapi.testclient import TestClient
 
 from nms.app.agent_registry import plan_peers
-from nms.app.api import create_app
-from nms.app.service import Service
-from tests.helpers import auth, make_config
+from tests.helpers import api_client, auth, make_config
 
 T0 = 1_800_000_000 * 10**9
 
@@ -29,8 +26,7 @@ def fabric(leaves: int, per_leaf: int) -> dict:
 
 @pytest.fixture
 def client(tmp_path):
-    service = Service(make_config(tmp_path, fabric=fabric(3, 2), agents={"peers_random": 2, "command_wait_max": 2}))
-    with TestClient(create_app(service)) as c:
+    with api_client(make_config(tmp_path, fabric=fabric(3, 2), agents={"peers_random": 2, "command_wait_max": 2})) as c:
         yield c
 
 

@@ -27,7 +27,7 @@ from nms.app.cli import app as cli
 from nms.app.service import Service
 from nms.records import IncidentEvent
 from nms.state import StateStore
-from tests.helpers import TOKENS, auth, make_config, serve_in_thread
+from tests.helpers import TOKENS, api_client, auth, make_config, serve_in_thread
 from tests.test_hostprobe_service import fabric
 from tests.test_incidents import LINK, T0, W, finding, paths
 
@@ -48,7 +48,7 @@ def config(tmp_path):
 
 @pytest.fixture
 def client(tmp_path):
-    with TestClient(create_app(Service(config(tmp_path)))) as c:
+    with api_client(config(tmp_path)) as c:
         yield c
 
 

@@ -13,6 +13,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.helpers import wait_until
 from tests.nccl.harness import build_driver, run_driver
 from tests.test_cli_service import _free_port
 
@@ -59,15 +60,8 @@ def bed(tmp_path_factory):
 
 
 def _wait(check, log, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except (OSError, httpx.HTTPError):
-            pass
-        time.sleep(0.1)
-    pytest.fail(f"not ready: {log.read_text()[-3000:]}")
+    wait_until(check, timeout, 0.1, what="the agent and service", why=lambda: log.read_text()[-3000:],
+               ignore=(OSError, httpx.HTTPError))
 
 
 def _rows(url: str, measurement: str, start: int) -> list[dict]:

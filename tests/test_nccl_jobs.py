@@ -6,12 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from fastapi.testclient import TestClient
 
 from correlator.job_impact import SlowdownJoin, join
 from correlator.jobs_nccl import NcclJobs, merge_jobs
 from correlator.slowdown import DetectorConfig, SlowdownDetector, bandwidths, op_bytes, size_bucket
-from nms.app.api import create_app
 from nms.app.service import Service
 from nms.records import (
     Finding,
@@ -26,7 +24,7 @@ from nms.records import (
     RankPlacement,
 )
 from nms.state import StateStore
-from tests.helpers import auth, make_config
+from tests.helpers import api_client, auth, make_config
 
 T0 = 1_700_000_000 * 10**9
 COMM = "00000000000000aa"
@@ -304,8 +302,7 @@ def client(tmp_path):
     service = Service(make_config(tmp_path))
     service.nccl_jobs.settle_s = 0.0
     service.nccl_jobs.detector.config = DetectorConfig(min_samples=5, k=3)
-    with TestClient(create_app(service)) as c:
-        c.service = service
+    with api_client(service) as c:
         yield c
 
 

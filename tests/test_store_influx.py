@@ -20,6 +20,7 @@ from nms.store.base import Point, Query, StoreError, StoreUnavailable
 from nms.store.influx import InfluxStore
 from nms.store.lineprotocol import encode_point
 from nms.store.spool import Spool, SpoolFull
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.influx
 
@@ -35,11 +36,7 @@ def make_store(url: str, spool_parent: Path, database: str | None = None, **kw) 
 
 
 def wait_for(cond, timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    wait_until(cond, timeout, 0.02, what=what)
 
 
 def count_points(server: InfluxServer, db: str, measurement: str, field: str = "v") -> int:

@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from lab import lab as lab_mod
 from lab.sh import INSTALL_HINT, REQUIRED
 from lab.state import LabDir, topology_of
 from lab.topology import Spec
+from tests.helpers import wait_until
 
 PREFIX = "nmst-"
 MGMT = "198.18.250.0/24"
@@ -95,12 +95,7 @@ class Lab:
 
 
 def wait_for(predicate, timeout: float = 15.0, interval: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval)
+    return wait_until(predicate, timeout, interval)
 
 
 def new_lab_dir() -> Path:

@@ -29,6 +29,7 @@ from lab import agent_procs as agents
 from lab import faults, paths
 from lab.correlator_trials import SERVICE, incidents, link_element, wait_quiet
 from lab.mesh import MeshLab
+from tests.helpers import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -91,13 +92,7 @@ class Ring:
 
 
 def _wait(what: str, check, timeout: float, every: float = 0.5, why=lambda: ""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    pytest.fail(f"timed out waiting for {what}: {why()}")
+    return wait_until(check, timeout, every, what=what, why=why)
 
 
 def _slowdowns(mesh) -> dict:
