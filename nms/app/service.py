@@ -17,6 +17,7 @@ from nms.app.agent_registry import AgentRegistry
 from nms.app.audits.escalation import IncidentFeed
 from nms.app.audits.history import AuditHistory
 from nms.app.audits.runner import AuditRunner
+from nms.app.audits.snapshot import SnapshotSource
 from nms.app.clock_service import ClockService
 from nms.app.correlation import MIN_GAP_S, CorrelationService
 from nms.app.dashboards.incident_points import IncidentPoints
@@ -72,6 +73,10 @@ class Service:
             self.correlation = CorrelationService(config, self.state, self.incident_feed, self.metrics.registry)
             self.correlation.job_slowdowns = self._job_slowdowns
             self.poller.on_records = lambda records: self.correlation.add(records, "collectors")
+        # what the audits read: the poller's view, the inventory, the store, the clock, the correlator's findings
+        self.audit_source = SnapshotSource(config.fabric, self.poller, self.store,
+                                           clock=self.clock if config.clock.enabled else None,
+                                           feed=self.incident_feed if self.correlation is not None else None)
 
     def _action_context(self):
         """The planner's view: the topology and the switches' interface addresses (for avoid_hops)."""
@@ -134,7 +139,7 @@ class Service:
         if self.config.clock.enabled:
             self.scheduler.add_job(self.solve_clock, "interval", seconds=self.config.clock.window_s, id="clock-solve")
         if self.config.audits.enabled:
-            self.audits.schedule(self.scheduler, self)
+            self.audits.schedule(self.scheduler, self.audit_source, self.metrics.scheduler_runs)
             if self.correlation is None:  # no correlator windows: the audits' incidents get their own
                 self.scheduler.add_job(self._audit_incidents, "interval", seconds=self.config.correlator.interval,
                                        id="audit-incidents")

@@ -29,6 +29,7 @@ from nms.app.api import (
     telemetry,
     ui,
 )
+from nms.app.api.fabric_view import FabricViews
 from nms.app.auth import SessionStore, TokenRegistry
 from nms.app.service import Service
 from nms.store import StoreError, StoreUnavailable
@@ -185,6 +186,8 @@ def create_app(service: Service, manage_lifecycle: bool = True) -> FastAPI:
     app.state.tokens = TokenRegistry(service.config.api.tokens)
     app.state.sessions = SessionStore(service.config.api.session_ttl)  # the live view's logins (/ui)
     app.state.metrics = service.metrics
+    app.state.agents = service.agents
+    app.state.fabric_views = FabricViews(service.poller, service.state)  # shared by every /fabric/stream
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):

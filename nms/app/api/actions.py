@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from correlator.actions.manager import ActionRefused
+from correlator.actions.manager import ActionManager, ActionRefused
+from nms.app.api.deps import ActionsDep
 from nms.app.auth import AUTH_RESPONSES, BAD_BODY_RESPONSE, ErrorDetail, Principal, require
 from nms.app.binding import require_unbound
 from nms.records import Action, ActionKind, ActionState
@@ -55,36 +56,32 @@ class Reason(Strict):
     reason: str = Field("", max_length=1024, description="kept in the audit log")
 
 
-def _manager(request: Request):
-    return request.app.state.service.actions
-
-
-def _action(request: Request, action_id: int) -> Action:
-    action = _manager(request).get(action_id)
+def _action(actions: ActionManager, action_id: int) -> Action:
+    action = actions.get(action_id)
     if action is None:
         raise HTTPException(404, f"no action {action_id}")
     return action
 
 
 @router.get("", response_model=list[Action], dependencies=[Depends(require("read"))], summary="Actions, newest first")
-def list_actions(request: Request, state: ActionState | None = None, kind: ActionKind | None = None,
+def list_actions(actions: ActionsDep, state: ActionState | None = None, kind: ActionKind | None = None,
                  incident_id: int | None = Query(None, ge=1, le=2**63 - 1), element: str | None = Query(None, max_length=512),
                  limit: int = Query(1000, ge=1, le=100_000)) -> list[Action]:
-    return _manager(request).state.list_actions(state=state, kind=kind, incident_id=incident_id, element=element,
-                                                limit=limit)
+    return actions.state.list_actions(state=state, kind=kind, incident_id=incident_id, element=element,
+                                      limit=limit)
 
 
 @router.get("/{action_id}", response_model=Action, dependencies=[Depends(require("read"))], responses=NOT_FOUND,
             summary="One action")
-def get_action(action_id: ActionId, request: Request) -> Action:
-    return _action(request, action_id)
+def get_action(action_id: ActionId, actions: ActionsDep) -> Action:
+    return _action(actions, action_id)
 
 
 @router.get("/{action_id}/events", response_model=list[ActionEventEntry], dependencies=[Depends(require("read"))],
             responses=NOT_FOUND, summary="An action's audit log, oldest first: who, what, why, before/after")
-def action_events(action_id: ActionId, request: Request) -> list[ActionEventEntry]:
-    _action(request, action_id)
-    return _manager(request).events(action_id)
+def action_events(action_id: ActionId, actions: ActionsDep) -> list[ActionEventEntry]:
+    _action(actions, action_id)
+    return actions.events(action_id)
 
 
 async def _change(coro):
@@ -98,24 +95,25 @@ async def _change(coro):
 
 @router.post("", response_model=list[Action], responses=CHANGE,
              summary="Request actions for an incident, or one kind on an element (approved by the requester)")
-async def request_actions(body: ActionRequest, request: Request,
+async def request_actions(body: ActionRequest, actions: ActionsDep,
                           who: Principal = Depends(require_unbound("act"))) -> list[Action]:
-    return await _change(_manager(request).request(who.name, incident_id=body.incident_id, element=body.element,
-                                                   kind=body.kind, dry_run=body.dry_run))
+    return await _change(actions.request(who.name, incident_id=body.incident_id, element=body.element,
+                                         kind=body.kind, dry_run=body.dry_run))
 
 
 @router.post("/{action_id}/approve", response_model=Action, responses=CHANGE, summary="Approve and apply")
-async def approve(action_id: ActionId, request: Request, who: Principal = Depends(require_unbound("act"))) -> Action:
-    return await _change(_manager(request).approve(action_id, who.name))
+async def approve(action_id: ActionId, actions: ActionsDep,
+                  who: Principal = Depends(require_unbound("act"))) -> Action:
+    return await _change(actions.approve(action_id, who.name))
 
 
 @router.post("/{action_id}/reject", response_model=Action, responses=CHANGE, summary="Reject a proposal")
-async def reject(action_id: ActionId, request: Request, body: Reason | None = None,
+async def reject(action_id: ActionId, actions: ActionsDep, body: Reason | None = None,
                  who: Principal = Depends(require_unbound("act"))) -> Action:
-    return await _change(_manager(request).reject(action_id, who.name, body.reason if body else ""))
+    return await _change(actions.reject(action_id, who.name, body.reason if body else ""))
 
 
 @router.post("/{action_id}/rollback", response_model=Action, responses=CHANGE, summary="Undo an applied action")
-async def rollback(action_id: ActionId, request: Request, body: Reason | None = None,
+async def rollback(action_id: ActionId, actions: ActionsDep, body: Reason | None = None,
                    who: Principal = Depends(require_unbound("act"))) -> Action:
-    return await _change(_manager(request).rollback(action_id, who.name, body.reason if body else ""))
+    return await _change(actions.rollback(action_id, who.name, body.reason if body else ""))

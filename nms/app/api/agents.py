@@ -6,13 +6,13 @@ Reports go through /ingest/<kind>. A host-bound token may use only /agents/<its 
 from __future__ import annotations
 
 import json
-import threading
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nms.app.agent_registry import COMMANDS, AgentInfo, AgentRegistry, NicInfo
+from nms.app.api.deps import AgentsDep
 from nms.app.auth import AUTH_RESPONSES, BAD_BODY_RESPONSE, ErrorDetail, Principal, require
 from nms.app.binding import check_agent_path
 from nms.state import AgentCommand, CommandStatus
@@ -24,17 +24,6 @@ HostName = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0
 UNKNOWN = {404: {"model": ErrorDetail, "description": "host not in the fabric inventory"}}
 NO_COMMAND = {404: {"model": ErrorDetail, "description": "host not in the inventory, or no such command for it"}}
 DETAILS_MAX = 4096  # bytes of JSON (command args, result details)
-_lock = threading.Lock()
-
-
-def registry(request: Request) -> AgentRegistry:
-    state = request.app.state
-    with _lock:  # sync routes run in a thread pool
-        if getattr(state, "agents", None) is None:  # built on first use from the service's config
-            config = state.service.config
-            state.agents = getattr(state.service, "agents", None) or AgentRegistry(
-                config.fabric, config.agents, state.service.state)
-    return state.agents
 
 
 def access(scope: str):
@@ -149,9 +138,8 @@ def _known(reg: AgentRegistry, host: str) -> None:
 
 
 @router.post("/{host}/register", response_model=Registered, responses=UNKNOWN, summary="An agent announces itself")
-async def register(host: HostName, body: Registration, request: Request,
+async def register(host: HostName, body: Registration, reg: AgentsDep,
                    who: Principal = Depends(access("ingest"))) -> Registered:
-    reg = registry(request)
     _known(reg, host)
     if reg.register(host, body.model_dump(), who.name):
         # its RDMA UD QPs are new: the hosts probing it fetch their peer lists now, not at the next refresh
@@ -163,8 +151,7 @@ async def register(host: HostName, body: Registration, request: Request,
 
 @router.get("/{host}/peers", response_model=PeerList, responses=UNKNOWN, summary="Whom this host probes",
             dependencies=[Depends(access("ingest"))])
-def peers(host: HostName, request: Request) -> PeerList:
-    reg = registry(request)
+def peers(host: HostName, reg: AgentsDep) -> PeerList:
     _known(reg, host)
     reg.seen(host)
     return PeerList(host=host, generation=reg.generation, peers=reg.peers(host))
@@ -173,9 +160,8 @@ def peers(host: HostName, request: Request) -> PeerList:
 @router.get("/{host}/commands", response_model=Commands, responses=UNKNOWN,
             summary="Long-poll: commands newer than `after`, waiting up to `wait` seconds",
             dependencies=[Depends(access("ingest"))])
-async def commands(host: HostName, request: Request, after: Annotated[int, Query(ge=0)] = 0,
+async def commands(host: HostName, request: Request, reg: AgentsDep, after: Annotated[int, Query(ge=0)] = 0,
                    wait: Annotated[float, Query(ge=0, le=3600)] = 0.0) -> Commands:
-    reg = registry(request)
     _known(reg, host)
     if host not in reg.agents:  # not registered with this instance: answer at once, the agent registers
         return Commands(instance=reg.instance, last_id=reg.state.last_command_id(), commands=[])
@@ -190,9 +176,8 @@ async def commands(host: HostName, request: Request, after: Annotated[int, Query
 
 @router.post("/{host}/commands/{command_id}/result", response_model=AgentCommand, summary="An agent's result",
              responses={**NO_COMMAND, 409: {"model": ErrorDetail, "description": "the command already has an outcome"}})
-def command_result(host: HostName, command_id: int, body: CommandResult, request: Request,
+def command_result(host: HostName, command_id: int, body: CommandResult, reg: AgentsDep,
                    who: Principal = Depends(access("ingest"))) -> AgentCommand:
-    reg = registry(request)
     _known(reg, host)
     plain_json(body.details, "details")
     cmd, changed = reg.finish(host, command_id, body.status, body.message, body.details)
@@ -206,8 +191,7 @@ def command_result(host: HostName, command_id: int, body: CommandResult, request
 
 @router.get("/{host}/commands/{command_id}", response_model=AgentCommand, responses=NO_COMMAND,
             summary="One command with its status and result", dependencies=[Depends(access("read"))])
-def command_status(host: HostName, command_id: int, request: Request) -> AgentCommand:
-    reg = registry(request)
+def command_status(host: HostName, command_id: int, reg: AgentsDep) -> AgentCommand:
     _known(reg, host)
     cmd = reg.command(host, command_id)
     if cmd is None:
@@ -217,16 +201,15 @@ def command_status(host: HostName, command_id: int, request: Request) -> AgentCo
 
 @router.get("/commands", response_model=list[AgentCommand], summary="Commands, newest first",
             dependencies=[Depends(access("read"))])
-def list_commands(request: Request, host: Annotated[str | None, Query(max_length=128)] = None,
+def list_commands(reg: AgentsDep, host: Annotated[str | None, Query(max_length=128)] = None,
                   status: CommandStatus | None = None,
                   limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> list[AgentCommand]:
-    return registry(request).commands(host, status, limit)
+    return reg.commands(host, status, limit)
 
 
 @router.post("/{host}/commands", response_model=AgentCommand, responses=UNKNOWN, summary="Send one agent a command")
-async def command_one(host: HostName, body: CommandIn, request: Request,
+async def command_one(host: HostName, body: CommandIn, reg: AgentsDep,
                       who: Principal = Depends(access("act"))) -> AgentCommand:
-    reg = registry(request)
     _known(reg, host)
     if body.hosts is not None:
         raise HTTPException(422, [{"loc": ["body", "hosts"], "msg": "hosts is only for POST /agents/commands",
@@ -238,9 +221,8 @@ async def command_one(host: HostName, body: CommandIn, request: Request,
 
 @router.post("/commands", response_model=list[AgentCommand], responses=UNKNOWN,
              summary="Send several agents a command")
-async def command_many(body: CommandIn, request: Request,
+async def command_many(body: CommandIn, reg: AgentsDep,
                        who: Principal = Depends(access("act"))) -> list[AgentCommand]:
-    reg = registry(request)
     plain_json(body.args, "args")
     hosts = sorted(reg.agents) if body.hosts is None else body.hosts
     for host in hosts:
@@ -249,5 +231,5 @@ async def command_many(body: CommandIn, request: Request,
 
 
 @router.get("", response_model=list[AgentInfo], summary="Registered agents", dependencies=[Depends(access("read"))])
-def list_agents(request: Request) -> list[AgentInfo]:
-    return list(registry(request).agents.values())
+def list_agents(reg: AgentsDep) -> list[AgentInfo]:
+    return list(reg.agents.values())

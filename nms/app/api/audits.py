@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from fastapi.responses import HTMLResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from nms.app.api.deps import AuditsDep, AuditSourceDep
 from nms.app.audits import CHECKS
 from nms.app.audits.model import AuditReport, AuditResult
 from nms.app.audits.report import render
@@ -46,14 +47,9 @@ class RunBody(BaseModel):
     name: str | None = Field(None, description="one audit; all enabled audits when absent")
 
 
-def _runner(request: Request):
-    return request.app.state.service.audits
-
-
 @router.get("", response_model=list[AuditInfo], summary="Audits, their settings and last result",
             dependencies=[Depends(require("read"))])
-def list_audits(request: Request) -> list[AuditInfo]:
-    runner = _runner(request)
+def list_audits(runner: AuditsDep) -> list[AuditInfo]:
     last = runner.history.last_results()
     out = []
     for name in CHECKS:
@@ -67,18 +63,18 @@ def list_audits(request: Request) -> list[AuditInfo]:
 
 @router.get("/reports", response_model=list[ReportSummary], summary="Report history, newest first",
             dependencies=[Depends(require("read"))])
-def list_reports(request: Request, audit: str | None = Query(None, description="only reports that ran this audit"),
+def list_reports(runner: AuditsDep, audit: str | None = Query(None, description="only reports that ran this audit"),
                  limit: int = Query(100, ge=1, le=10_000)) -> list[ReportSummary]:
     return [ReportSummary(id=r.id, trigger=r.trigger, started_ns=r.started_ns, finished_ns=r.finished_ns,
                           audits={x.audit: x.status for x in r.results}, findings=len(r.findings))
-            for r in _runner(request).history.list(audit, limit)]
+            for r in runner.history.list(audit, limit)]
 
 
 @router.get("/reports/{report_id}", response_model=AuditReport, summary="One report (JSON, Markdown or HTML)",
             responses={**NOT_FOUND, 200: {"content": {"text/markdown": {}, "text/html": {}}}},
             dependencies=[Depends(require("read"))])
-def get_report(report_id: ReportId, request: Request, format: Literal["json", "md", "html"] = "json"):
-    report = _runner(request).history.get(report_id)
+def get_report(report_id: ReportId, runner: AuditsDep, format: Literal["json", "md", "html"] = "json"):
+    report = runner.history.get(report_id)
     if report is None:
         raise HTTPException(404, f"no audit report {report_id}")
     if format == "md":
@@ -90,11 +86,10 @@ def get_report(report_id: ReportId, request: Request, format: Literal["json", "m
 
 @router.post("/run", response_model=AuditReport, summary="Run one audit, or all enabled ones, now",
              responses=NOT_FOUND)
-async def run(request: Request, body: RunBody | None = None,
+async def run(runner: AuditsDep, source: AuditSourceDep, body: RunBody | None = None,
               who: Principal = Depends(require_unbound("act"))) -> AuditReport:
-    runner = _runner(request)
     try:
         names = runner.names(body.name if body else None)
     except UnknownAudit as e:
         raise HTTPException(404, str(e)) from None
-    return await runner.run_on(request.app.state.service, names, "manual")
+    return await runner.run_on(source, names, "manual")

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import time
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from fastapi import Query as Param
 from pydantic import BaseModel, Field
 
+from nms.app.api.deps import ClockDep, ConfigDep
 from nms.app.auth import AUTH_RESPONSES, require
 from nms.app.clock_service import SolveStats
 
@@ -39,9 +40,9 @@ class ClockStatus(BaseModel):
 
 
 @router.get("/clock", response_model=ClockStatus, summary="Newest clock solution per host, last solve counts")
-def clock(request: Request, host: list[str] = Param([], description="only these hosts (repeatable)")) -> ClockStatus:
-    service = request.app.state.service
-    clk, cfg = service.clock, service.config.clock
+def clock(clk: ClockDep, config: ConfigDep,
+          host: list[str] = Param([], description="only these hosts (repeatable)")) -> ClockStatus:
+    cfg = config.clock
     now = time.time_ns()
     solutions, last, pending = clk.snapshot()
     wanted = set(host)

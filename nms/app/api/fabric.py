@@ -14,7 +14,8 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi import Query as Param
 from pydantic import BaseModel
 
-from nms.app.api.fabric_view import LINK_STREAM_DOC, FabricViews, link_stream
+from nms.app.api.deps import FabricViewsDep, PollerDep, RunningDep
+from nms.app.api.fabric_view import LINK_STREAM_DOC, link_stream
 from nms.app.api.sse import HEADERS, EventStream
 from nms.app.auth import AUTH_RESPONSES, STREAM_AUTH_RESPONSES, ErrorDetail, require, require_ui
 from nms.records import DeviceStatus, FabricPath, FabricTopology, LinkEvent, PortRates, PortSample
@@ -41,16 +42,16 @@ class PathSet(BaseModel):
 
 @reads.get("/topology", response_model=FabricTopology,
            summary="Nodes and cables from LLDP, reconciled with the inventory (ok/missing/miscabled/...)")
-def topology(request: Request) -> FabricTopology:
-    return request.app.state.service.poller.topology()
+def topology(poller: PollerDep) -> FabricTopology:
+    return poller.topology()
 
 
 @reads.get("/topology/paths", response_model=PathSet, summary="The equal-cost paths between two hosts",
            responses={404: {"model": ErrorDetail, "description": "unknown node"}})
-def paths(request: Request, src: str = Param(min_length=1, max_length=128),
+def paths(poller: PollerDep, src: str = Param(min_length=1, max_length=128),
           dst: str = Param(min_length=1, max_length=128),
           include_down: bool = Param(False, description="also use cables that are down")) -> PathSet:
-    topo = request.app.state.service.poller.topology()
+    topo = poller.topology()
     names = {n.name for n in topo.nodes}
     for host in (src, dst):
         if host not in names:
@@ -59,13 +60,13 @@ def paths(request: Request, src: str = Param(min_length=1, max_length=128),
 
 
 @reads.get("/devices", response_model=list[DeviceStatus], summary="Collector status per device")
-def devices(request: Request) -> list[DeviceStatus]:
-    return request.app.state.service.poller.devices()
+def devices(poller: PollerDep) -> list[DeviceStatus]:
+    return poller.devices()
 
 
 @reads.get("/ports", response_model=list[PortView], summary="Latest counters, rates and flap count per port")
-def ports(request: Request, device: list[str] = Param([], description="only these devices (repeatable)")) -> list[PortView]:
-    poller = request.app.state.service.poller
+def ports(poller: PollerDep,
+          device: list[str] = Param([], description="only these devices (repeatable)")) -> list[PortView]:
     recent = poller.recent
     wanted = set(device)
     out = []
@@ -79,10 +80,10 @@ def ports(request: Request, device: list[str] = Param([], description="only thes
 
 
 @reads.get("/links/events", response_model=list[LinkEvent], summary="Recent link state changes (newest last)")
-def link_events(request: Request, device: list[str] = Param([], description="only these devices (repeatable)"),
+def link_events(poller: PollerDep, device: list[str] = Param([], description="only these devices (repeatable)"),
                 limit: int = Param(1000, ge=1, le=10_000)) -> list[LinkEvent]:
     wanted = set(device)
-    events = [e for e in request.app.state.service.poller.recent.events if not wanted or e.device in wanted]
+    events = [e for e in poller.recent.events if not wanted or e.device in wanted]
     return events[-limit:]
 
 
@@ -95,12 +96,9 @@ router.include_router(reads)
                 "type": "object", "description": "one event",
                 "properties": {"event": {"enum": ["topology", "jobs", "links", "link_event"]},
                                "data": {"type": "string", "description": "JSON"}, "id": {"type": "string"}}}}}}})
-async def fabric_stream(request: Request,
+async def fabric_stream(request: Request, views: FabricViewsDep, running: RunningDep,
                         # int, not int | None: a header has no null (a schema saying so gets "null" sent)
                         last_event_id: Annotated[int, Header(ge=0, le=2**63 - 1,
                                                              description="resume: the link state changes after "
                                                                          "this id (ns) come first")] = None):
-    views = getattr(request.app.state, "fabric_views", None)
-    if views is None:
-        views = request.app.state.fabric_views = FabricViews(request.app.state.service)
-    return EventStream(link_stream(request, views, last_event_id), headers=HEADERS)
+    return EventStream(link_stream(request, views, last_event_id, running), headers=HEADERS)

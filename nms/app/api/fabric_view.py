@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 from pydantic import BaseModel, Field
@@ -19,6 +20,10 @@ from pydantic import BaseModel, Field
 from nms.app.api.sse import KEEPALIVE_S, should_end, sse
 from nms.records import FabricTopology, Job, LinkCheck, LinkEvent, LinkState, PortRates
 from nms.topology import parse_end
+
+if TYPE_CHECKING:
+    from nms.app.polling import Poller
+    from nms.state import StateStore
 
 TICK_S = 1.0  # a `links` event at least this often
 CHECK_S = 0.25  # how often the stream looks for changes: a link state change goes out within this
@@ -106,10 +111,12 @@ def views_of(topo: FabricTopology, rates: dict[tuple[str, str], PortRates]) -> t
 
 
 class FabricViews:
-    """The current views, shared by every stream of one app."""
+    """The current views, shared by every stream of one app: from the poller's recent window and
+    topology, and the jobs in the state database."""
 
-    def __init__(self, service):
-        self.service = service
+    def __init__(self, poller: Poller, state: StateStore):
+        self.poller = poller
+        self.state = state
         self._views: tuple[TopologyView, LinksUpdate] | None = None
         self._views_at = -1e9
         self._jobs: JobsView | None = None
@@ -117,7 +124,7 @@ class FabricViews:
 
     def current(self) -> tuple[TopologyView, LinksUpdate]:
         if self._views is None or time.monotonic() - self._views_at >= REFRESH_S:
-            poller = self.service.poller
+            poller = self.poller
             self._views = views_of(poller.topology(), poller.recent.rates)
             self._views_at = time.monotonic()
         return self._views
@@ -125,18 +132,18 @@ class FabricViews:
     async def jobs(self) -> JobsView:
         if self._jobs is None or time.monotonic() - self._jobs_at >= JOBS_REFRESH_S:
             now = time.time_ns()
-            jobs = await asyncio.to_thread(self.service.state.list_jobs, active_at=now, limit=1000)
+            jobs = await asyncio.to_thread(self.state.list_jobs, active_at=now, limit=1000)
             self._jobs, self._jobs_at = JobsView(ts=now, jobs=jobs), time.monotonic()
         return self._jobs
 
     def events_after(self, ts_ns: int) -> list[LinkEvent]:
-        return [e for e in self.service.poller.recent.events if e.ts > ts_ns][-MAX_EVENTS_PER_CHECK:]
+        return [e for e in self.poller.recent.events if e.ts > ts_ns][-MAX_EVENTS_PER_CHECK:]
 
     def new_events(self, last: LinkEvent | None) -> tuple[list[LinkEvent], LinkEvent | None]:
         """The link events that arrived after `last` (arrival order; `last` None: all), and the new
         cursor. Events leave the recent window oldest first, so when `last` is gone every event
         still there came after it."""
-        events = self.service.poller.recent.events
+        events = self.poller.recent.events
         out = []
         for event in reversed(events):
             if event is last:
@@ -150,7 +157,8 @@ def _signature(update: LinksUpdate) -> dict[str, tuple]:
     return {k: (s.state, s.check, s.flapping) for k, s in update.links.items()}
 
 
-async def link_stream(request: Request, views: FabricViews, last_event_id: int | None) -> AsyncIterator[str]:
+async def link_stream(request: Request, views: FabricViews, last_event_id: int | None,
+                      running: Callable[[], bool]) -> AsyncIterator[str]:
     yield f"retry: {RETRY_MS}\n: fabric links\n\n"
     topo, links = views.current()
     _, cursor = views.new_events(None)
@@ -162,7 +170,7 @@ async def link_stream(request: Request, views: FabricViews, last_event_id: int |
     yield sse("jobs", jobs.model_dump_json())
     yield sse("links", links.model_dump_json(), links.ts)
     sent_id, sent_at, signature = links.ts, time.monotonic(), _signature(links)
-    while not await should_end(request):
+    while not await should_end(request, running):
         await asyncio.sleep(CHECK_S)
         new_topo, links = views.current()
         if (new_topo.nodes, new_topo.links) != (topo.nodes, topo.links):

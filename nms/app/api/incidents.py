@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from correlator.incidents import StreamEvent, Subscription
+from correlator.incidents import IncidentManager, StreamEvent, Subscription
+from nms.app.api.deps import IncidentsDep, RunningDep
 from nms.app.api.sse import HEADERS, KEEPALIVE_S, EventStream, should_end
 from nms.app.api.sse import sse as _sse
 from nms.app.auth import (
@@ -39,12 +40,8 @@ class AckBody(BaseModel):
     comment: str | None = Field(None, max_length=1024, description="kept with the acknowledged event")
 
 
-def _manager(request: Request):
-    return request.app.state.service.incidents
-
-
-def _incident(request: Request, incident_id: int) -> Incident:
-    incident = _manager(request).get(incident_id)
+def _incident(incidents: IncidentManager, incident_id: int) -> Incident:
+    incident = incidents.get(incident_id)
     if incident is None:
         raise HTTPException(404, f"no incident {incident_id}")
     return incident
@@ -54,7 +51,8 @@ def _item(item: StreamEvent) -> str:
     return _sse(item.event.event, item.event.model_dump_json(), item.id)
 
 
-async def _stream(request: Request, sub: Subscription, snapshot: bool) -> AsyncIterator[str]:
+async def _stream(request: Request, sub: Subscription, snapshot: bool,
+                  running: Callable[[], bool]) -> AsyncIterator[str]:
     """The stream follows the service: it ends when the client goes, the server is stopping, or the
     service is not running (then at once, after the snapshot and backlog: nothing live can come)."""
     try:
@@ -64,7 +62,7 @@ async def _stream(request: Request, sub: Subscription, snapshot: bool) -> AsyncI
         for item in sub.backlog:
             yield _item(item)
         written = time.monotonic()
-        while not await should_end(request):
+        while not await should_end(request, running):
             try:
                 item = await asyncio.wait_for(anext(sub), TICK_S)
             except TimeoutError:
@@ -92,18 +90,18 @@ async def _stream(request: Request, sub: Subscription, snapshot: bool) -> AsyncI
                                             "service stops (at once when it is not running). Also accepts the "
                                             "live view's session cookie (/ui)",
                              "content": {"text/event-stream": {"schema": {"type": "string"}}}}})
-async def stream(request: Request,
+async def stream(request: Request, incidents: IncidentsDep, running: RunningDep,
                  state: Literal["open"] | None = Query(None, description="open: first the incidents open now"),
                  # int, not int | None: a header has no null (a schema saying so gets "null" sent)
                  last_event_id: Annotated[int, Header(ge=0, le=2**63 - 1, description="resume: the events "
                                                                                       "after this id come first")] = None):
-    sub = _manager(request).subscribe(after=last_event_id)
-    return EventStream(_stream(request, sub, snapshot=state == "open"), headers=HEADERS)
+    sub = incidents.subscribe(after=last_event_id)
+    return EventStream(_stream(request, sub, snapshot=state == "open", running=running), headers=HEADERS)
 
 
 @router.get("", response_model=list[Incident], dependencies=[Depends(require("read"))],
             summary="Incidents, newest first")
-def list_incidents(request: Request, state: IncidentState | None = None, kind: FaultKind | None = None,
+def list_incidents(incidents: IncidentsDep, state: IncidentState | None = None, kind: FaultKind | None = None,
                    job: str | None = Query(None, max_length=128, description="only incidents that affect this job"),
                    element: str | None = Query(None, max_length=512, description="an element, a link end (dev:port) "
                                                                                  "or a device: what touches it"),
@@ -112,31 +110,31 @@ def list_incidents(request: Request, state: IncidentState | None = None, kind: F
                    limit: int = Query(1000, ge=1, le=100_000)) -> list[Incident]:
     if since is not None and until is not None and until < since:
         raise HTTPException(422, [{"loc": ["query", "until"], "msg": "until is before since", "type": "value_error"}])
-    return _manager(request).list(state=state, kind=kind, job=job, element=element, since_ns=since, until_ns=until,
-                                  limit=limit)
+    return incidents.list(state=state, kind=kind, job=job, element=element, since_ns=since, until_ns=until,
+                          limit=limit)
 
 
 @router.get("/{incident_id}", response_model=Incident, dependencies=[Depends(require("read"))],
             responses=NOT_FOUND, summary="One incident")
-def get_incident(incident_id: IncidentId, request: Request) -> Incident:
-    return _incident(request, incident_id)
+def get_incident(incident_id: IncidentId, incidents: IncidentsDep) -> Incident:
+    return _incident(incidents, incident_id)
 
 
 @router.get("/{incident_id}/events", response_model=list[IncidentEventEntry], dependencies=[Depends(require("read"))],
             responses=NOT_FOUND, summary="An incident's history, oldest first")
-def incident_events(incident_id: IncidentId, request: Request,
+def incident_events(incident_id: IncidentId, incidents: IncidentsDep,
                     limit: int = Query(1000, ge=1, le=100_000)) -> list[IncidentEventEntry]:
-    _incident(request, incident_id)
-    return _manager(request).events(incident_id, limit=limit)
+    _incident(incidents, incident_id)
+    return incidents.events(incident_id, limit=limit)
 
 
 @router.post("/{incident_id}/ack", response_model=Incident, summary="Acknowledge an incident (the first ack counts)",
              responses={**NOT_FOUND, 403: {"model": ErrorDetail,
                                            "description": "token lacks scope act, or is bound to a host"}})
-def acknowledge(incident_id: IncidentId, request: Request, body: AckBody | None = None,
+def acknowledge(incident_id: IncidentId, incidents: IncidentsDep, body: AckBody | None = None,
                 who: Principal = Depends(require_unbound("act"))) -> Incident:
     try:
-        event = _manager(request).acknowledge(incident_id, who.name, body.comment if body else None)
+        event = incidents.acknowledge(incident_id, who.name, body.comment if body else None)
     except KeyError:
         raise HTTPException(404, f"no incident {incident_id}") from None
     return event.incident

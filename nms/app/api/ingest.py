@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
@@ -11,9 +12,12 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 
+from nms.app.api.deps import ConfigDep, MetricsDep, OnIngestDep, StoreDep
 from nms.app.auth import AUTH_RESPONSES, ErrorDetail, Principal, require
 from nms.app.binding import own_records
+from nms.app.metrics import ServiceMetrics
 from nms.records import INGEST_KINDS
+from nms.store import TimeSeriesStore
 
 router = APIRouter(prefix="/ingest", tags=["ingest"], responses=AUTH_RESPONSES)
 
@@ -88,31 +92,34 @@ class Ingestor:
                 bad.append(ItemError(index=i, errors=[_error_text(err) for err in e.errors(include_input=False)]))
         return good, bad
 
-    def ingest(self, service, body: bytes, host: str | None = None) -> IngestResult:
-        good, bad = self.validate(body, service.config.api.max_items_per_batch)
+    def ingest(self, body: bytes, host: str | None, *, max_items: int, on_ingest: Callable[[str, list], list],
+               store: TimeSeriesStore, metrics: ServiceMetrics) -> IngestResult:
+        """Validate, let the service see the records (`on_ingest`), store them, count them."""
+        good, bad = self.validate(body, max_items)
         if host is not None:  # a host-bound token: only its host's records (nms.app.binding)
             good, refused = own_records(good, host)
             bad = sorted(bad + [ItemError(index=i, errors=[reason]) for i, reason in refused], key=lambda e: e.index)
         accepted = 0
         if good:
             # the service sees the validated records first (clock sync: edges in, windows corrected)
-            records = service.on_ingest(self.kind, [record for _, record in good])
-            result = service.store.write([record.to_point() for record in records])
+            records = on_ingest(self.kind, [record for _, record in good])
+            result = store.write([record.to_point() for record in records])
             accepted = result.accepted
             for point_index, reason in result.rejected:
                 bad.append(ItemError(index=good[point_index][0], errors=[reason]))
             bad.sort(key=lambda e: e.index)
-        service.metrics.ingest_items.labels(self.kind, "accepted").inc(accepted)
-        service.metrics.ingest_items.labels(self.kind, "rejected").inc(len(bad))
+        metrics.ingest_items.labels(self.kind, "accepted").inc(accepted)
+        metrics.ingest_items.labels(self.kind, "rejected").inc(len(bad))
         return IngestResult(accepted=accepted, rejected=bad)
 
 
 def _route(ingestor: Ingestor):
-    async def ingest(request: Request, who: Principal = Depends(require("ingest"))) -> JSONResponse:
-        service = request.app.state.service
-        limit = service.config.api.max_body_bytes
-        body = decode_body(await request.body(), request.headers.get("content-encoding", "").lower(), limit)
-        result = await run_in_threadpool(ingestor.ingest, service, body, who.host)
+    async def ingest(request: Request, config: ConfigDep, store: StoreDep, metrics: MetricsDep, on_ingest: OnIngestDep,
+                     who: Principal = Depends(require("ingest"))) -> JSONResponse:
+        body = decode_body(await request.body(), request.headers.get("content-encoding", "").lower(),
+                           config.api.max_body_bytes)
+        result = await run_in_threadpool(ingestor.ingest, body, who.host, max_items=config.api.max_items_per_batch,
+                                         on_ingest=on_ingest, store=store, metrics=metrics)
         # 422 only when a non-empty batch had nothing worth keeping.
         status = 422 if result.accepted == 0 and result.rejected else 200
         return JSONResponse(result.model_dump(), status_code=status)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import time
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Response
 from pydantic import BaseModel
 
+from nms.app.api.deps import NcclJobsDep, StateDep, StoreDep
 from nms.app.auth import AUTH_RESPONSES, BAD_BODY_RESPONSE, require
 from nms.app.binding import require_unbound
 from nms.records import Job, JobSlowdown, NcclCollectivePerf, TimestampNs
+from nms.state import StateStore
 from nms.store import Query as StoreQuery
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses={**AUTH_RESPONSES, **BAD_BODY_RESPONSE})
@@ -17,28 +19,27 @@ router = APIRouter(prefix="/jobs", tags=["jobs"], responses={**AUTH_RESPONSES, *
 
 @router.post("", response_model=Job, status_code=201, dependencies=[Depends(require_unbound("ingest"))],
              responses={200: {"description": "an existing job was replaced", "model": Job}})
-def put_job(job: Job, request: Request, response: Response) -> Job:
+def put_job(job: Job, nccl_jobs: NcclJobsDep, state: StateDep, response: Response) -> Job:
     """Create or replace a job. A job the NCCL plugin's data already built is merged: what this body
     states wins, the plugin's ranks/QPs stay (docs/nccl_plugin.md, "Jobs"); the merged job is returned."""
-    service = request.app.state.service
-    created = service.nccl_jobs.register(job)
+    created = nccl_jobs.register(job)
     if not created:
         response.status_code = 200
-    return service.state.get_job(job.id) or job
+    return state.get_job(job.id) or job
 
 
 @router.get("", response_model=list[Job], dependencies=[Depends(require("read"))])
-def list_jobs(request: Request,
+def list_jobs(state: StateDep,
               active_at: TimestampNs | None = Query(None, description="only jobs running at this time (ns or RFC 3339)"),
               host: str | None = Query(None, max_length=128, description="only jobs that use this host"),
               limit: int = Query(1000, ge=1, le=100_000)) -> list[Job]:
-    return request.app.state.service.state.list_jobs(active_at=active_at, host=host, limit=limit)
+    return state.list_jobs(active_at=active_at, host=host, limit=limit)
 
 
 @router.get("/{job_id}", response_model=Job, dependencies=[Depends(require("read"))],
             responses={404: {"description": "no such job"}})
-def get_job(job_id: str, request: Request) -> Job:
-    job = request.app.state.service.state.get_job(job_id)
+def get_job(job_id: str, state: StateDep) -> Job:
+    job = state.get_job(job_id)
     if job is None:
         raise HTTPException(404, f"no job {job_id!r}")
     return job
@@ -46,8 +47,8 @@ def get_job(job_id: str, request: Request) -> Job:
 
 @router.delete("/{job_id}", status_code=204, dependencies=[Depends(require_unbound("ingest"))],
                responses={404: {"description": "no such job"}})
-def delete_job(job_id: str, request: Request) -> Response:
-    if not request.app.state.service.state.delete_job(job_id):
+def delete_job(job_id: str, state: StateDep) -> Response:
+    if not state.delete_job(job_id):
         raise HTTPException(404, f"no job {job_id!r}")
     return Response(status_code=204)
 
@@ -57,8 +58,8 @@ class JobSlowdowns(BaseModel):
     cleared: list[JobSlowdown]
 
 
-def _job(request: Request, job_id: str) -> Job:
-    job = request.app.state.service.state.get_job(job_id)
+def _job(state: StateStore, job_id: str) -> Job:
+    job = state.get_job(job_id)
     if job is None:
         raise HTTPException(404, f"no job {job_id!r}")
     return job
@@ -66,19 +67,18 @@ def _job(request: Request, job_id: str) -> Job:
 
 @router.get("/{job_id}/collectives", response_model=list[NcclCollectivePerf], dependencies=[Depends(require("read"))],
             responses={404: {"description": "no such job"}})
-def job_collectives(job_id: str, request: Request,
+def job_collectives(job_id: str, state: StateDep, nccl_jobs: NcclJobsDep, store: StoreDep,
                     since: TimestampNs | None = Query(None, description="from this time (default: the job's start)"),
                     limit: int = Query(100, ge=1, le=10_000, description="the newest this many")) -> list:
     """The job's assembled collectives (duration, algbw, busbw, baseline, slow), oldest first."""
-    job = _job(request, job_id)
-    service = request.app.state.service
-    service.nccl_jobs.flush()
+    job = _job(state, job_id)
+    nccl_jobs.flush()
     start = since if since is not None else job.start
     end = time.time_ns() + 60 * 10**9
     span = 60 * 10**9
     while True:  # the store returns the oldest rows of a range: widen a range ending now until it holds `limit`
         lo = max(start, end - span)
-        rows = _collectives(service.store, job_id, lo, end, limit)
+        rows = _collectives(store, job_id, lo, end, limit)
         if len(rows) >= limit or lo == start:
             break
         span *= 8
@@ -100,9 +100,9 @@ def _collectives(store, job_id: str, start: int, end: int, limit: int) -> list[N
 
 @router.get("/{job_id}/slowdowns", response_model=JobSlowdowns, dependencies=[Depends(require("read"))],
             responses={404: {"description": "no such job"}})
-def job_slowdowns(job_id: str, request: Request) -> JobSlowdowns:
+def job_slowdowns(job_id: str, state: StateDep, nccl_jobs: NcclJobsDep) -> JobSlowdowns:
     """The job's collectives below their bus bandwidth baseline now, and the cleared ones this
     service saw (kept in memory: a restart forgets them; the series stays in the store)."""
-    _job(request, job_id)
-    active, cleared = request.app.state.service.nccl_jobs.slowdowns(job_id)
+    _job(state, job_id)
+    active, cleared = nccl_jobs.slowdowns(job_id)
     return JobSlowdowns(active=active, cleared=cleared)

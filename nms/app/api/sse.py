@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
@@ -17,10 +19,8 @@ def sse(event: str, data: str, event_id: int | None = None) -> str:
     return f"event: {event}\n" + (f"id: {event_id}\n" if event_id is not None else "") + f"data: {data}\n\n"
 
 
-async def should_end(request: Request) -> bool:
+async def should_end(request: Request, running: Callable[[], bool]) -> bool:
     """A stream follows the service: it ends when the client goes, the server is stopping, or the
-    service is not running (nothing live can come then)."""
+    service is not running (`running()` false: nothing live can come then; deps.RunningDep)."""
     server = getattr(request.app.state, "server", None)  # set by `nms serve`
-    scheduler = request.app.state.service.scheduler  # set by Service.start, stopped by Service.stop
-    return (bool(getattr(server, "should_exit", False)) or scheduler is None or not scheduler.running
-            or await request.is_disconnected())
+    return bool(getattr(server, "should_exit", False)) or not running() or await request.is_disconnected()

@@ -7,11 +7,12 @@ import platform
 import time
 from typing import Any
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
 from nms import __version__
+from nms.app.api.deps import MetricsDep, StartedAtDep, StoreDep
 from nms.app.auth import AUTH_RESPONSES, require
 
 router = APIRouter(tags=["system"])
@@ -30,18 +31,17 @@ class Version(BaseModel):
 
 
 @router.get("/health", response_model=Health, summary="Liveness and store health (no token needed)")
-def health(request: Request, response: Response) -> Health:
-    ok = bool(request.app.state.service.store.health().get("ok"))
+def health(store: StoreDep, response: Response) -> Health:
+    ok = bool(store.health().get("ok"))
     if not ok:
         response.status_code = 503
     return Health(status="ok" if ok else "degraded", store_ok=ok)
 
 
 @router.get("/version", response_model=Version, dependencies=[Depends(require("read"))], responses=AUTH_RESPONSES)
-def version(request: Request) -> Version:
-    service = request.app.state.service
-    return Version(version=__version__, python=platform.python_version(), store_backend=service.store.name,
-                   uptime_s=round(time.time() - service.started_at, 3))
+def version(store: StoreDep, started_at: StartedAtDep) -> Version:
+    return Version(version=__version__, python=platform.python_version(), store_backend=store.name,
+                   uptime_s=round(time.time() - started_at, 3))
 
 
 class QuarantinedPoint(BaseModel):
@@ -63,20 +63,19 @@ class Replayed(BaseModel):
 
 @router.get("/store", response_model=StoreState, dependencies=[Depends(require("read"))],
             responses=AUTH_RESPONSES, summary="The telemetry store's health, counters and newest quarantined points")
-def store_state(request: Request, limit: int = Query(20, ge=0, le=1000, description="quarantined points shown")):
-    store = request.app.state.service.store
+def store_state(store: StoreDep, limit: int = Query(20, ge=0, le=1000, description="quarantined points shown")):
     return StoreState(backend=store.name, health=store.health(), stats=store.stats(),
                       quarantined=store.quarantined(limit) if limit else [])
 
 
 @router.post("/store/quarantine/replay", response_model=Replayed, dependencies=[Depends(require("admin"))],
              responses=AUTH_RESPONSES, summary="Send the quarantined points again (after fixing their cause)")
-def replay_quarantine(request: Request) -> Replayed:
-    return Replayed(replayed=request.app.state.service.store.replay_quarantine())
+def replay_quarantine(store: StoreDep) -> Replayed:
+    return Replayed(replayed=store.replay_quarantine())
 
 
 @router.get("/metrics", dependencies=[Depends(require("read"))], response_class=Response,
             responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"},
                        **AUTH_RESPONSES})
-def metrics(request: Request) -> Response:
-    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+def metrics(service_metrics: MetricsDep) -> Response:
+    return Response(generate_latest(service_metrics.registry), media_type=CONTENT_TYPE_LATEST)

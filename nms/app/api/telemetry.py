@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException
 from fastapi import Query as Param
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from nms.app.api.deps import StoreDep
 from nms.app.auth import AUTH_RESPONSES, BAD_BODY_RESPONSE, require
 from nms.store import Query, Series, parse_tag_filters
 from nms.store.base import INT64_MAX
@@ -41,12 +42,12 @@ class TelemetryQuery(Query):
 
 
 @router.post("/query", response_model=QueryResult, summary="Rows or windowed aggregates of one measurement")
-def query(q: TelemetryQuery, request: Request) -> QueryResult:
-    return QueryResult(series=request.app.state.service.store.query(q))
+def query(q: TelemetryQuery, store: StoreDep) -> QueryResult:
+    return QueryResult(series=store.query(q))
 
 
 @router.get("/latest", response_model=QueryResult, summary="Newest row of each matching series")
-def latest(request: Request,
+def latest(store: StoreDep,
            measurement: str = Param(min_length=1, max_length=256),
            tag: list[Annotated[str, StringConstraints(pattern=r"^[^=]+=")]] = Param(
                [], description="key=value; repeat for OR within a key, AND across keys"),
@@ -55,4 +56,4 @@ def latest(request: Request,
         tags = parse_tag_filters(tag)
     except ValueError as e:  # same shape as FastAPI's own validation errors
         raise HTTPException(422, [{"loc": ["query", "tag"], "msg": str(e), "type": "value_error"}]) from None
-    return QueryResult(series=request.app.state.service.store.latest(measurement, tags, field or None))
+    return QueryResult(series=store.latest(measurement, tags, field or None))

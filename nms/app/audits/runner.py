@@ -13,7 +13,7 @@ from nms.app.audits import CHECKS
 from nms.app.audits.escalation import can_escalate, to_finding
 from nms.app.audits.history import AuditHistory
 from nms.app.audits.model import SEVERITY_RANK, AuditFinding, AuditReport, AuditResult, Snapshot
-from nms.app.audits.snapshot import complete, from_poller
+from nms.app.audits.snapshot import SnapshotSource, complete, from_poller
 from nms.config.models import AuditsConfig
 from nms.records import Finding
 
@@ -75,18 +75,19 @@ class AuditRunner:
             out = AuditResult(audit=name, status="error", reason=f"{type(e).__name__}: {e}")
         return out.model_copy(update={"duration_s": round(time.perf_counter() - began, 4)})
 
-    async def run_on(self, service, names: list[str], trigger: str = "manual") -> AuditReport:
-        """Snapshot the service (the poller's part on the loop), then check in a worker thread."""
-        snap = from_poller(service)
+    async def run_on(self, source: SnapshotSource, names: list[str], trigger: str = "manual") -> AuditReport:
+        """Snapshot the source (the poller's part on the loop), then check in a worker thread."""
+        snap = from_poller(source)
         max_age = self.config.probe_coverage.max_age
 
         def work() -> AuditReport:
-            return self.run(complete(snap, service, max_age), names, trigger)
+            return self.run(complete(snap, source, max_age), names, trigger)
 
         return await asyncio.to_thread(work)
 
-    def schedule(self, scheduler, service) -> None:
-        """One APScheduler job per enabled audit (interval or cron), first runs after start_delay."""
+    def schedule(self, scheduler, source: SnapshotSource, runs) -> None:
+        """One APScheduler job per enabled audit (interval or cron), first runs after start_delay;
+        each run counted in `runs` (a Counter labelled job, outcome)."""
         from apscheduler.triggers.cron import CronTrigger
 
         first = datetime.now(UTC) + timedelta(seconds=self.config.start_delay)
@@ -95,16 +96,16 @@ class AuditRunner:
             trigger = (CronTrigger.from_crontab(s.cron, timezone="UTC") if s.cron else None)
             kwargs = ({"trigger": trigger} if trigger else
                       {"trigger": "interval", "seconds": s.interval or self.config.interval, "next_run_time": first})
-            scheduler.add_job(self._scheduled, id=f"audit-{name}", args=[service, name], **kwargs)
+            scheduler.add_job(self._scheduled, id=f"audit-{name}", args=[source, runs, name], **kwargs)
 
-    async def _scheduled(self, service, name: str) -> None:
+    async def _scheduled(self, source: SnapshotSource, runs, name: str) -> None:
         try:
-            await self.run_on(service, [name], "schedule")
+            await self.run_on(source, [name], "schedule")
         except Exception:
-            service.metrics.scheduler_runs.labels(f"audit-{name}", "error").inc()
+            runs.labels(f"audit-{name}", "error").inc()
             log.exception("scheduled audit %s failed", name)
             return
-        service.metrics.scheduler_runs.labels(f"audit-{name}", "ok").inc()
+        runs.labels(f"audit-{name}", "ok").inc()
 
     # --- escalation -----------------------------------------------------------------------------
 

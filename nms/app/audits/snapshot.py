@@ -1,52 +1,74 @@
-"""The service's parts -> one Snapshot for a run: the poller's recent window and topology (on the
-event loop, where the poller changes them), then the clock's newest solutions, the correlator's
-lossy links and what the store holds (probe windows, configuration snapshots) in a worker thread."""
+"""What the audits read (a SnapshotSource, wired by the service) -> one Snapshot for a run: the
+poller's recent window and topology (on the event loop, where the poller changes them), then the
+clock's newest solutions, the correlator's lossy links and what the store holds (probe windows,
+configuration snapshots) in a worker thread."""
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from nms.app.audits.model import ProbedPath, Snapshot
-from nms.store.base import Query
+from nms.config.models import FabricConfig
+from nms.store.base import Query, TimeSeriesStore
+
+if TYPE_CHECKING:
+    from nms.app.audits.escalation import IncidentFeed
+    from nms.app.clock_service import ClockService
+    from nms.app.polling import Poller
 
 log = logging.getLogger(__name__)
 NS = 10**9
 
 
-def from_poller(service, now_ns: int | None = None) -> Snapshot:
+@dataclass
+class SnapshotSource:
+    """What the audits read, wired by the service: the poller (its recent window and topology), the
+    fabric inventory, the store (probe windows, configuration snapshots, host NICs), the clock sync
+    (None when disabled) and the feed holding the correlator's latest findings (None without a
+    correlator)."""
+
+    fabric: FabricConfig
+    poller: Poller
+    store: TimeSeriesStore
+    clock: ClockService | None = None
+    feed: IncidentFeed | None = None
+
+
+def from_poller(source: SnapshotSource, now_ns: int | None = None) -> Snapshot:
     """The in-memory part (call on the event loop)."""
-    poller = service.poller
+    poller = source.poller
     now_ns = time.time_ns() if now_ns is None else now_ns
     polled = {d for (_, d), st in poller.status.items() if st.state == "ok"}
     for device in list(polled):
         polled |= poller.recent.covered.get(device, set())
-    return Snapshot(now_ns=now_ns, fabric=service.config.fabric, topology=poller.topology() if poller.status else None,
+    return Snapshot(now_ns=now_ns, fabric=source.fabric, topology=poller.topology() if poller.status else None,
                     polled=polled, samples=dict(poller.recent.samples), rates=dict(poller.recent.rates),
                     facts=dict(poller.recent.facts))
 
 
-def complete(snap: Snapshot, service, probe_max_age_s: float) -> Snapshot:
+def complete(snap: Snapshot, source: SnapshotSource, probe_max_age_s: float) -> Snapshot:
     """The rest (blocking reads; call in a worker thread)."""
-    if service.config.clock.enabled:
-        snap.clock = service.clock.snapshot()[0]
-    feed = getattr(service, "incident_feed", None)
-    if feed is not None and service.correlation is not None:
-        snap.lossy_links = {f.element: f.evidence.get("loss", {}) for f in feed.correlator_findings
+    if source.clock is not None:
+        snap.clock = source.clock.snapshot()[0]
+    if source.feed is not None:
+        snap.lossy_links = {f.element: f.evidence.get("loss", {}) for f in source.feed.correlator_findings
                             if f.kind == "corrupting_link" and f.element_kind == "link"}
     try:
-        snap.probed = probed_paths(service.store, snap.now_ns, probe_max_age_s)
+        snap.probed = probed_paths(source.store, snap.now_ns, probe_max_age_s)
     except Exception as e:
         log.warning("audit: probe windows unreadable: %s", e)
     try:
-        for series in service.store.latest("device_config", fields=["text"]):
+        for series in source.store.latest("device_config", fields=["text"]):
             device, text = series.tags.get("device"), series.values[0][1] if series.values else None
             if device and isinstance(text, str):
                 snap.configs[device] = text
     except Exception as e:
         log.warning("audit: configuration snapshots unreadable: %s", e)
     try:
-        snap.host_nics = host_nic_settings(service.store, snap.now_ns, probe_max_age_s)
+        snap.host_nics = host_nic_settings(source.store, snap.now_ns, probe_max_age_s)
     except Exception as e:
         log.warning("audit: host NIC samples unreadable: %s", e)
     return snap
