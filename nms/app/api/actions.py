@@ -38,7 +38,9 @@ class ActionRequest(Strict):
         {"required": ["element", "kind"], "properties": {"element": {"type": "string"}, "kind": {"type": "string"},
                                                          "incident_id": {"type": "null"}}}]})
 
-    incident_id: int | None = Field(None, ge=1, le=2**63 - 1, description="plan for this incident (kind: only that kind)")
+    incident_id: int | None = Field(
+        None, ge=1, le=2**63 - 1, description="plan for this incident (kind: only that kind)"
+    )
     element: str | None = Field(None, min_length=1, max_length=512, description="a link `dev:port--dev:port`")
     kind: ActionKind | None = Field(None, description="required with element")
     dry_run: bool = Field(False, description="record the proposal, send nothing")
@@ -64,9 +66,14 @@ def _action(actions: ActionManager, action_id: int) -> Action:
 
 
 @router.get("", response_model=list[Action], dependencies=[Depends(require("read"))], summary="Actions, newest first")
-def list_actions(actions: ActionsDep, state: ActionState | None = None, kind: ActionKind | None = None,
-                 incident_id: int | None = Query(None, ge=1, le=2**63 - 1), element: str | None = Query(None, max_length=512),
-                 limit: int = Query(1000, ge=1, le=100_000)) -> list[Action]:
+def list_actions(
+    actions: ActionsDep,
+    state: ActionState | None = None,
+    kind: ActionKind | None = None,
+    incident_id: int | None = Query(None, ge=1, le=2**63 - 1),
+    element: str | None = Query(None, max_length=512),
+    limit: int = Query(1000, ge=1, le=100_000),
+) -> list[Action]:
     return actions.state.list_actions(state=state, kind=kind, incident_id=incident_id, element=element,
                                       limit=limit)
 

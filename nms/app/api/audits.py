@@ -55,9 +55,17 @@ def list_audits(runner: AuditsDep) -> list[AuditInfo]:
     for name in CHECKS:
         s = runner.config.settings(name)
         report_id, result = last.get(name, (None, None))
-        out.append(AuditInfo(name=name, enabled=s.enabled and runner.config.enabled, schedule=runner.schedule_text(name),
-                             open_incidents=runner.incident_level(name), settings=s.model_dump(mode="json"),
-                             last_report_id=report_id, last=result))
+        out.append(
+            AuditInfo(
+                name=name,
+                enabled=s.enabled and runner.config.enabled,
+                schedule=runner.schedule_text(name),
+                open_incidents=runner.incident_level(name),
+                settings=s.model_dump(mode="json"),
+                last_report_id=report_id,
+                last=result,
+            )
+        )
     return out
 
 

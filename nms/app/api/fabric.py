@@ -90,12 +90,31 @@ def link_events(poller: PollerDep, device: list[str] = Param([], description="on
 router.include_router(reads)
 
 
-@router.get("/fabric/stream", response_class=EventStream, dependencies=[Depends(require_ui("read"))],
-            summary="Live link states and utilization (Server-Sent Events)",
-            responses={**STREAM_AUTH_RESPONSES, 200: {"description": LINK_STREAM_DOC, "content": {"text/event-stream": {"schema": {
-                "type": "object", "description": "one event",
-                "properties": {"event": {"enum": ["topology", "jobs", "links", "link_event"]},
-                               "data": {"type": "string", "description": "JSON"}, "id": {"type": "string"}}}}}}})
+@router.get(
+    "/fabric/stream",
+    response_class=EventStream,
+    dependencies=[Depends(require_ui("read"))],
+    summary="Live link states and utilization (Server-Sent Events)",
+    responses={
+        **STREAM_AUTH_RESPONSES,
+        200: {
+            "description": LINK_STREAM_DOC,
+            "content": {
+                "text/event-stream": {
+                    "schema": {
+                        "type": "object",
+                        "description": "one event",
+                        "properties": {
+                            "event": {"enum": ["topology", "jobs", "links", "link_event"]},
+                            "data": {"type": "string", "description": "JSON"},
+                            "id": {"type": "string"},
+                        },
+                    }
+                }
+            },
+        },
+    },
+)
 async def fabric_stream(request: Request, views: FabricViewsDep, running: RunningDep,
                         # int, not int | None: a header has no null (a schema saying so gets "null" sent)
                         last_event_id: Annotated[int, Header(ge=0, le=2**63 - 1,

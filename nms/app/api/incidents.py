@@ -90,11 +90,16 @@ async def _stream(request: Request, sub: Subscription, snapshot: bool,
                                             "service stops (at once when it is not running). Also accepts the "
                                             "live view's session cookie (/ui)",
                              "content": {"text/event-stream": {"schema": {"type": "string"}}}}})
-async def stream(request: Request, incidents: IncidentsDep, running: RunningDep,
-                 state: Literal["open"] | None = Query(None, description="open: first the incidents open now"),
-                 # int, not int | None: a header has no null (a schema saying so gets "null" sent)
-                 last_event_id: Annotated[int, Header(ge=0, le=2**63 - 1, description="resume: the events "
-                                                                                      "after this id come first")] = None):
+async def stream(
+    request: Request,
+    incidents: IncidentsDep,
+    running: RunningDep,
+    state: Literal["open"] | None = Query(None, description="open: first the incidents open now"),
+    # int, not int | None: a header has no null (a schema saying so gets "null" sent)
+    last_event_id: Annotated[
+        int, Header(ge=0, le=2**63 - 1, description="resume: the events after this id come first")
+    ] = None,
+):
     sub = incidents.subscribe(after=last_event_id)
     return EventStream(_stream(request, sub, snapshot=state == "open", running=running), headers=HEADERS)
 

@@ -29,10 +29,12 @@ def put_job(job: Job, nccl_jobs: NcclJobsDep, state: StateDep, response: Respons
 
 
 @router.get("", response_model=list[Job], dependencies=[Depends(require("read"))])
-def list_jobs(state: StateDep,
-              active_at: TimestampNs | None = Query(None, description="only jobs running at this time (ns or RFC 3339)"),
-              host: str | None = Query(None, max_length=128, description="only jobs that use this host"),
-              limit: int = Query(1000, ge=1, le=100_000)) -> list[Job]:
+def list_jobs(
+    state: StateDep,
+    active_at: TimestampNs | None = Query(None, description="only jobs running at this time (ns or RFC 3339)"),
+    host: str | None = Query(None, max_length=128, description="only jobs that use this host"),
+    limit: int = Query(1000, ge=1, le=100_000),
+) -> list[Job]:
     return state.list_jobs(active_at=active_at, host=host, limit=limit)
 
 
