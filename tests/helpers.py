@@ -34,6 +34,15 @@ def api_client(config_or_service):
         yield client
 
 
+def sigint_as_in_a_terminal() -> None:
+    """`preexec_fn` of a child the test interrupts with SIGINT: SIGINT back to its default. A suite
+    started in the background (`cmd &`, some CI runners) has SIGINT ignored, children inherit that,
+    and Python then installs no KeyboardInterrupt handler: the child would never see the Ctrl-C."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def auth(scope: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {TOKENS[scope]}"}
 

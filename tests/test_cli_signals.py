@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import sigint_as_in_a_terminal
+
 REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent("""
@@ -33,7 +35,8 @@ SCRIPT = textwrap.dedent("""
 
 
 def _interrupted(sig: signal.Signals) -> tuple[int, str]:
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                            preexec_fn=sigint_as_in_a_terminal)
     assert proc.stdout.readline() == "ready\n"
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=30)

@@ -27,7 +27,7 @@ from nms.app.cli import app as cli
 from nms.app.service import Service
 from nms.records import IncidentEvent
 from nms.state import StateStore
-from tests.helpers import TOKENS, api_client, auth, make_config, serve_in_thread
+from tests.helpers import TOKENS, api_client, auth, make_config, serve_in_thread, sigint_as_in_a_terminal
 from tests.test_hostprobe_service import fabric
 from tests.test_incidents import LINK, T0, W, finding, paths
 
@@ -320,6 +320,7 @@ def _nms_process(*args: str, url: str, token: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("NMS_TOKEN", "NMS_URL")}
     env.update(NMS_URL=url, NMS_TOKEN=token, COLUMNS="200")
     return subprocess.Popen([sys.executable, "-m", "nms", *args], env=env, stdout=subprocess.PIPE,
+                            preexec_fn=sigint_as_in_a_terminal,
                             stderr=subprocess.PIPE, text=True)
 
 

@@ -179,8 +179,11 @@ def test_a_fabric_fault_names_the_job_and_a_host_side_slowdown_is_not_blamed_on_
         assert all(colls[s]["slow"] for s in slowed["slow_collectives"] if s in colls), \
             (slowed, [colls.get(s) for s in slowed["slow_collectives"]])
         fault_busbw = sorted(colls[s]["busbw_gbps"] for s in slowed["slow_collectives"] if s in colls)
-        # no host-side incident for the job while the fabric explained it
-        assert not [i for i in incidents(mesh, since=start) if i["kind"] == "job_slowdown"]
+        # no host-side incident for the job while the fabric explained it (one opened before the
+        # fault is the lab's own: a starved machine slows the ranks' processes)
+        host_side = [i for i in incidents(mesh, since=start) if i["kind"] == "job_slowdown"]
+        assert not [i for i in host_side if i["opened_ns"] >= start], [
+            (i["id"], (i["opened_ns"] - start) / 1e9, i["state"], i["summary"], i["evidence"]) for i in host_side]
 
         # --- heal: the slowdown clears; then the host side slows down -----------------------------------
         _wait("the slowdown to clear", lambda: not _slowdowns(mesh)["active"], 60)
