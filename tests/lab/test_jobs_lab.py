@@ -52,6 +52,7 @@ def mesh():
     try:
         m.up()
         m.wait_traced(60)
+        m.wait_service_ready(0)  # paths, windows and polls reached the service: it sees what the test does
         assert wait_quiet(m, 60), "incidents still open on the fresh lab"
         yield m
     finally:
