@@ -388,6 +388,10 @@ class Prober:
 
     def _path_up(self, path: PathState, now: float) -> None:
         previous, path.state = path.state, "up"
+        if path.target.unreachable and not path.target.tracing:
+            # traced before the peer's agent listened: trace again now rather than announce an
+            # unreached path until RETRACE_UNREACHED runs out
+            self.trace([path.target])
         if previous == "down":
             self.stats["path_up_events"] += 1
             down_for = (self.clock.now() - path.down_ns) / 1e9

@@ -123,8 +123,9 @@ def test_every_pair_reports_windows_and_paths(bed):
         assert 0 < w["owd_rev_min_ns"] + skew < 2_000_000, w
     paths = bed.rows("probe_path", bed.t0, src_host="h1")
     assert {p["dst_host"] for p in paths} == {"h2", "h3", "h4"}
-    live = [p for p in paths if p["dst_host"] != "h4"]
-    assert all(p["fwd_hops"] == "" and p["rev_hops"] == "" and p["fwd_complete"] and p["rev_complete"] for p in live)
+    latest = {p["dst_host"]: p for p in sorted(paths, key=lambda p: p["time"]) if p["dst_host"] != "h4"}
+    assert all(p["fwd_hops"] == "" and p["rev_hops"] == "" and p["fwd_complete"] and p["rev_complete"]
+               for p in latest.values()), latest  # an early trace may predate the peer's agent: re-traced
     assert all(len(p["sports"].split(",")) == 4 for p in paths)  # loopback: one path, every port on it
 
 
@@ -133,6 +134,23 @@ def test_a_peer_without_agent_is_reported_down_with_the_reason(bed):
     assert {e["src_host"] for e in events if e["state"] == "down"} == set(HOSTS)
     assert all("port unreachable" in e["reason"] for e in events)
     assert bed.status("h1")["stats"]["port_unreachable"] > 0
+
+
+def test_a_peer_whose_agent_starts_late_is_traced_again_when_it_answers(bed):
+    """h4's agent starts now: h1's first traces of h4 met "port unreachable"; its paths come up and
+    are traced again at once, not after the 15 s re-trace of unreached peers."""
+    HOSTS[SILENT[0]] = SILENT[1]
+    try:
+        started = time.time_ns()
+        bed.start_agent("h4")
+
+        def h4_traced_whole():
+            rows = bed.rows("probe_path", started, src_host="h1", dst_host="h4")
+            return rows and rows[-1]["fwd_complete"] and rows[-1]["rev_complete"]
+        assert wait_until(h4_traced_whole, 8, what="h1's path to h4 traced whole")
+    finally:
+        del HOSTS[SILENT[0]]
+        bed.agents.pop("h4").kill()
 
 
 def test_set_rate_command_reaches_the_agent(bed):

@@ -286,7 +286,9 @@ def test_clock_sync_follows_an_injected_clock_error_across_its_step(mesh):
                 after.append((err, e["method"], e["host_a"]))
         svm = [err for err, method, _ in after if method == "svm"]
         assert {a for _, m, a in after if m == "svm"} >= {"host2", "host1"}  # both sides of the pair
-        assert len(svm) >= 8 and max(svm) < 5_000, sorted(svm)
+        # a window mixing both sides of the step would be ~3 ms off; the SVM's own error on a loaded
+        # 2-core CI runner reached 5.2 us
+        assert len(svm) >= 8 and max(svm) < 20_000, sorted(svm)
         assert max(err for err, _, _ in after) < 50_000  # the baseline too: no 3 ms step inside
     finally:
         faults.heal(mesh.dir, f["id"])
