@@ -35,10 +35,6 @@ def make_store(url: str, spool_parent: Path, database: str | None = None, **kw) 
     return InfluxStore(cfg, spool_parent)
 
 
-def wait_for(cond, timeout: float = 15.0, what: str = "condition") -> None:
-    wait_until(cond, timeout, 0.02, what=what)
-
-
 def count_points(server: InfluxServer, db: str, measurement: str, field: str = "v") -> int:
     doc = server.query(f'SELECT count("{field}") FROM "{measurement}"', db=db)
     series = doc["results"][0].get("series")
@@ -335,7 +331,7 @@ def test_wrong_password_never_leaks(auth_influxd, tmp_path, caplog):
         # A write is kept (401 is retried: credentials can be fixed) and not lost.
         assert store.write([Point("au2", {}, {"v": 1.0}, T0)]).accepted == 1
         assert store.flush(5)
-        wait_for(lambda: store.stats()["write_errors"] >= 1, what="a refused write")
+        wait_until(lambda: store.stats()["write_errors"] >= 1, 15, 0.02, what="a refused write")
         assert store.stats()["spool_points"] == 1 and store.stats()["points_dropped"] == 0
         health = store.health()
         texts = [str(err.value), repr(err.value), str(health), str(store.stats()), caplog.text, repr(store.cfg)]
@@ -384,7 +380,7 @@ class Writer(threading.Thread):
 
     def wait_more(self, n: int, what: str) -> None:
         target = len(self.written) + n
-        wait_for(lambda: len(self.written) >= target or self.failures, what=what)
+        wait_until(lambda: len(self.written) >= target or self.failures, 15, 0.02, what=what)
         assert not self.failures, self.failures
 
     def finish(self) -> list[int]:
@@ -412,15 +408,15 @@ def test_outage_loses_nothing_and_duplicates_nothing(own_influxd, tmp_path):
     writer = Writer(store)
     writer.start()
     try:
-        wait_for(lambda: store.stats()["points_written"] >= 300, what="writes before the outage")
+        wait_until(lambda: store.stats()["points_written"] >= 300, 15, 0.02, what="writes before the outage")
         own_influxd.stop()
-        wait_for(lambda: store.stats()["spool_bytes"] > 0, what="the spool to be used")
+        wait_until(lambda: store.stats()["spool_bytes"] > 0, 15, 0.02, what="the spool to be used")
         writer.wait_more(500, "writes during the outage")
         during = store.stats()
         assert during["spool_segments"] >= 2 and during["spool_points"] >= 400 and during["write_errors"] >= 1
         assert store.health()["ok"] is False
         own_influxd.start()
-        wait_for(lambda: store.stats()["spool_bytes"] == 0, timeout=20, what="the spool to drain")
+        wait_until(lambda: store.stats()["spool_bytes"] == 0, 20, 0.02, what="the spool to drain")
         writer.wait_more(300, "writes after the outage")
     finally:
         written = writer.finish()
@@ -487,18 +483,18 @@ def test_server_errors_and_timeouts_lose_and_duplicate_nothing(flaky, influxd, t
     writer = Writer(store)
     writer.start()
     try:
-        wait_for(lambda: store.stats()["points_written"] >= 200, what="writes through the proxy")
+        wait_until(lambda: store.stats()["points_written"] >= 200, 15, 0.02, what="writes through the proxy")
         flaky.mode = "503"
-        wait_for(lambda: store.stats()["spool_bytes"] > 0, what="5xx answers to be spooled")
+        wait_until(lambda: store.stats()["spool_bytes"] > 0, 15, 0.02, what="5xx answers to be spooled")
         writer.wait_more(300, "writes while influxd answers 503")
         assert "503" in store.health()["last_error"]
         flaky.mode = "slow"  # replays reach influxd, but their answers come too late
         errors = store.stats()["write_errors"]
-        wait_for(lambda: store.stats()["write_errors"] >= errors + 2, what="timed-out replays")
+        wait_until(lambda: store.stats()["write_errors"] >= errors + 2, 15, 0.02, what="timed-out replays")
         assert "Timeout" in store.health()["last_error"]
         assert store.stats()["spool_segments"] >= 1
         flaky.mode = "pass"
-        wait_for(lambda: store.stats()["spool_bytes"] == 0, timeout=20, what="the spool to drain")
+        wait_until(lambda: store.stats()["spool_bytes"] == 0, 20, 0.02, what="the spool to drain")
         writer.wait_more(200, "writes after recovery")
     finally:
         written = writer.finish()

@@ -17,7 +17,6 @@ from lab import lab as lab_mod
 from lab.sh import INSTALL_HINT, REQUIRED
 from lab.state import LabDir, topology_of
 from lab.topology import Spec
-from tests.helpers import wait_until
 
 PREFIX = "nmst-"
 MGMT = "198.18.250.0/24"
@@ -92,10 +91,6 @@ class Lab:
 
     def probe(self, src: str, dst: str, sports: list[int], **kw) -> dict[int, int]:
         return paths.udp_probe(self.topo, src, dst, sports, **kw)
-
-
-def wait_for(predicate, timeout: float = 15.0, interval: float = 0.25):
-    return wait_until(predicate, timeout, interval)
 
 
 def new_lab_dir() -> Path:

@@ -12,10 +12,11 @@ import time
 
 import pytest
 import yaml
-from lab_helpers import skip_reason, wait_for
+from lab_helpers import skip_reason
 
 from lab import faults, paths, traffic
 from lab.mesh import MeshLab
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.root
 AUDITS = {"cabling", "mtu", "speed", "errors", "ecmp_balance", "clock", "config_drift", "probe_coverage"}
@@ -129,7 +130,7 @@ def test_mtu_mismatch_is_found_by_the_mtu_audit_only(mesh):
         assert sorted(result["findings"][0]["evidence"]["mtu"].values()) == [1500, 9000]
         assert findings(run(mesh)) == {"mtu": [(element(link), "major")]}
         # the finding joins the next correlator window's incidents (the correlator may have opened it already)
-        assert wait_for(lambda: [i["kind"] for i in mesh.api("GET", "/incidents", params={
+        assert wait_until(lambda: [i["kind"] for i in mesh.api("GET", "/incidents", params={
             "state": "open", "element": element(link)}).json()] == ["mtu_mismatch"], 10)
     finally:
         faults.heal(mesh.dir, fault["id"])

@@ -7,9 +7,10 @@ import os
 import stat
 
 import pytest
-from lab_helpers import RATE, wait_for
+from lab_helpers import RATE
 
 from nms.config import load_config
+from tests.helpers import wait_until
 
 IF_NAME = "1.3.6.1.2.1.31.1.1.1.1"
 IF_HIGH_SPEED = "1.3.6.1.2.1.31.1.1.1.15"
@@ -109,7 +110,7 @@ def test_lldp_neighbours_over_snmp_equal_built_links(lab):
             out |= _lldp_links(lab, sw.name)
         return out
 
-    assert wait_for(lambda: seen() == built, timeout=20), (seen() ^ built)
+    assert wait_until(lambda: seen() == built, timeout=20), (seen() ^ built)
 
 
 def test_traffic_patterns_report_every_flow(lab):

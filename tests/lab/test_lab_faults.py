@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from lab_helpers import RATE, wait_for
+from lab_helpers import RATE
 
 from lab import faults, traffic
+from tests.helpers import wait_until
 
 IF_NAME = "1.3.6.1.2.1.31.1.1.1.1"
 IF_OPER_STATUS = "1.3.6.1.2.1.2.2.1.8"
@@ -55,7 +56,7 @@ def test_link_down_blackhole_breaks_only_paths_through_it(lab):
         {"a": "down", "b": "down"}
     lab.heal(f["id"])
     # carrier is back at once; the routers' neighbour entries for the healed link may take a moment
-    assert wait_for(lambda: set(delivered(lab, flows).values()) == {1.0}, timeout=10)
+    assert wait_until(lambda: set(delivered(lab, flows).values()) == {1.0}, timeout=10)
     assert_ended(lab, f["id"])
 
 
@@ -75,7 +76,7 @@ def test_link_down_failover_reroutes_everything(lab):
 def test_flap_toggles_carrier_and_records_every_transition(lab):
     before = int(lab.sysfs("leaf1", "swp4", "carrier_changes"))
     f = lab.fault("flap", "leaf1-spine2", "--period", "1", "--down-for", "0.5", "--count", "2")
-    assert wait_for(lambda: not next(x for x in lab.status()["faults"] if x["id"] == f["id"])["active"], timeout=8)
+    assert wait_until(lambda: not next(x for x in lab.status()["faults"] if x["id"] == f["id"])["active"], timeout=8)
     done = assert_ended(lab, f["id"])
     assert [e["state"] for e in done["events"]] == ["down", "up", "down", "up"]
     downs = [e["ns"] for e in done["events"] if e["state"] == "down"]
@@ -84,7 +85,7 @@ def test_flap_toggles_carrier_and_records_every_transition(lab):
     assert "already ended" in lab.cli("heal", f["id"], check=False).stderr
     # an endless flap runs in the background until healed
     g = lab.fault("flap", "leaf1-spine2", "--period", "0.4", "--count", "0")
-    assert wait_for(lambda: len(next(x for x in lab.state()["faults"] if x["id"] == g["id"])["events"]) >= 3)
+    assert wait_until(lambda: len(next(x for x in lab.state()["faults"] if x["id"] == g["id"])["events"]) >= 3, 15)
     lab.heal(g["id"])
     assert not (lab.dir.run_dir / f"flap-{g['id']}.pid").exists()
     n = len(assert_ended(lab, g["id"])["events"])
@@ -149,7 +150,7 @@ def test_nic_down_isolates_one_host(lab):
         assert frac == (0.0 if "host1" in (src, dst) else 1.0), (src, dst, sport)
     index = {v: k for k, v in lab.snmpwalk("leaf1", IF_NAME).items()}["swp1"]
     # snmpd caches the interface table for a few seconds
-    assert wait_for(lambda: lab.snmpwalk("leaf1", IF_OPER_STATUS)[index] in ("2", "down(2)"), timeout=10)
+    assert wait_until(lambda: lab.snmpwalk("leaf1", IF_OPER_STATUS)[index] in ("2", "down(2)"), timeout=10)
     lab.heal(f["id"])
     assert set(delivered(lab, flows).values()) == {1.0}
 

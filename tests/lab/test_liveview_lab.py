@@ -22,10 +22,11 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from lab_helpers import skip_reason, wait_for
+from lab_helpers import skip_reason
 
 from lab import faults
 from lab.mesh import MeshLab
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.root
 PREFIX, MGMT = "nmsv-", "198.18.245.0/24"
@@ -130,7 +131,7 @@ def log_in(driver, url: str, token: str) -> None:
     from selenium.webdriver.common.by import By
 
     driver.get(f"{url}/ui/")  # not logged in: sent to the form
-    assert wait_for(lambda: driver.current_url.endswith("/ui/login"), 10), driver.current_url
+    assert wait_until(lambda: driver.current_url.endswith("/ui/login"), 10), driver.current_url
     box = driver.find_element(By.ID, "token")
     box.clear()
     box.send_keys(token)
@@ -153,23 +154,23 @@ def test_a_token_without_read_is_refused_at_login(mesh, browser):
     agent_token = (mesh.dir.run_dir / "agent-tokens" / "host1").read_text().strip()  # ingest only
     log_in(browser, mesh.url, agent_token)
     error = browser.find_element(By.ID, "error")
-    assert wait_for(lambda: error.text, 10)
+    assert wait_until(lambda: error.text, 10)
     assert "lacks scope 'read'" in error.text, error.text
     assert browser.current_url.endswith("/ui/login") and browser.get_cookies() == []
 
 
 def test_logged_in_the_whole_plan_is_drawn_in_tiers(mesh, browser):
     log_in(browser, mesh.url, READ_TOKEN)
-    assert wait_for(lambda: browser.current_url == f"{mesh.url}/ui/", 10), browser.current_url
+    assert wait_until(lambda: browser.current_url == f"{mesh.url}/ui/", 10), browser.current_url
     [cookie] = browser.get_cookies()
     assert cookie["name"] == "nms_session" and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
     assert READ_TOKEN not in cookie["value"] and js(browser, "return document.cookie") == ""
     plan = {element(link) for link in mesh.topo.links}
-    assert wait_for(lambda: js(browser, "return document.body.dataset.links") == str(len(plan)), 15)
+    assert wait_until(lambda: js(browser, "return document.body.dataset.links") == str(len(plan)), 15)
     drawn = set(js(browser, "return [...document.querySelectorAll('[data-link]')].map(g => g.dataset.link)"))
     assert drawn == plan
     # LLDP confirms every cable and every link is up (gNMI streams its state)
-    assert wait_for(lambda: all(link_attr(browser, i, "data-state") == "up" and link_attr(browser, i, "data-check")
+    assert wait_until(lambda: all(link_attr(browser, i, "data-state") == "up" and link_attr(browser, i, "data-check")
                                 == "ok" for i in plan), 30), {i: link_attr(browser, i, "data-look") for i in plan}
     ys = js(browser, "return Object.fromEntries([...document.querySelectorAll('[data-node]')].map("
                      "g => [g.dataset.node, g.getBoundingClientRect().top]))")
@@ -184,7 +185,7 @@ def test_a_link_down_turns_red_within_2s_its_incident_shows_and_it_heals(mesh, b
     assert link_attr(browser, link_id, "data-state") == "up"
     fault = faults.inject(mesh.dir, "link-down", link.name)
     try:
-        assert wait_for(lambda: link_attr(browser, link_id, "data-look") == "down", 10, 0.05)
+        assert wait_until(lambda: link_attr(browser, link_id, "data-look") == "down", 10, 0.05)
         latency = int(link_attr(browser, link_id, "data-changed-ms")) / 1e3 - fault["start_ns"] / 1e9
         record_property("red_after_s", round(latency, 3))
         print(f"\nlink {link.name} drawn red {latency:.3f} s after the fault")
@@ -192,7 +193,7 @@ def test_a_link_down_turns_red_within_2s_its_incident_shows_and_it_heals(mesh, b
         wire = browser.find_element("css selector", f'[data-link="{link_id}"] .wire')
         assert wire.value_of_css_property("stroke") == RED
         # the correlator's incident is highlighted on the link, with its evidence on click
-        assert wait_for(lambda: "incident" in link_attr(browser, link_id, "class").split(), 20)
+        assert wait_until(lambda: "incident" in link_attr(browser, link_id, "class").split(), 20)
         [incident_id] = link_attr(browser, link_id, "data-incident").split()
         incident = mesh.api("GET", f"/incidents/{incident_id}").json()
         assert incident["element"] == link_id and incident["kind"] in ("link_down", "link_flapping")
@@ -205,7 +206,7 @@ def test_a_link_down_turns_red_within_2s_its_incident_shows_and_it_heals(mesh, b
             except StaleElementReferenceException:
                 return None
 
-        details = wait_for(details_of_the_mark, 5)
+        details = wait_until(details_of_the_mark, 5)
         assert details and incident["kind"] in details and incident["summary"] in details and "evidence" in details
 
         seen = {}
@@ -217,13 +218,13 @@ def test_a_link_down_turns_red_within_2s_its_incident_shows_and_it_heals(mesh, b
             rows, want = seen["rows"], seen["want"]
             return bool(rows) and dict(rows).keys() == want.keys() and all(shown_as(want[k], v) for k, v in rows)
 
-        assert wait_for(evidence_shown, 10), seen
+        assert wait_until(evidence_shown, 10), seen
     finally:
         faults.heal(mesh.dir, fault["id"])
     healed = time.monotonic()
-    assert wait_for(lambda: link_attr(browser, link_id, "data-state") == "up", 10, 0.05)
+    assert wait_until(lambda: link_attr(browser, link_id, "data-state") == "up", 10, 0.05)
     print(f"link {link.name} drawn up again {time.monotonic() - healed:.3f} s after the heal")
-    assert wait_for(lambda: "incident" not in link_attr(browser, link_id, "class").split(), 40)
+    assert wait_until(lambda: "incident" not in link_attr(browser, link_id, "class").split(), 40)
     assert browser.find_element("id", "incident-count").text == str(len(mesh.api(
         "GET", "/incidents", params={"state": "open"}).json()))
 
@@ -235,7 +236,7 @@ def test_the_jobs_overlay_highlights_the_jobs_hosts(mesh, browser):
     mesh.api("POST", "/jobs", json=job).raise_for_status()
     try:
         menu = browser.find_element("id", "job")
-        assert wait_for(lambda: "train-42" in [o.get_attribute("value") for o in Select(menu).options], 10)
+        assert wait_until(lambda: "train-42" in [o.get_attribute("value") for o in Select(menu).options], 10)
         Select(menu).select_by_value("train-42")
         classes = js(browser, "return Object.fromEntries([...document.querySelectorAll('[data-node]')].map("
                               "g => [g.dataset.node, g.getAttribute('class')]))")
@@ -250,7 +251,7 @@ def test_the_jobs_overlay_highlights_the_jobs_hosts(mesh, browser):
 def test_logout_ends_the_session(mesh, browser):
     cookie = browser.get_cookie("nms_session")["value"]
     browser.find_element("id", "logout").click()
-    assert wait_for(lambda: browser.current_url.endswith("/ui/login"), 10)
+    assert wait_until(lambda: browser.current_url.endswith("/ui/login"), 10)
     assert browser.get_cookie("nms_session") is None
     r = httpx.get(f"{mesh.url}/fabric/stream", cookies={"nms_session": cookie})
     assert r.status_code == 401
