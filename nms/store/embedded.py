@@ -173,16 +173,29 @@ class EmbeddedStore(TimeSeriesStore):
             log.warning("field %r of %r converted from %s to its declared type %s%s", key, measurement, stored,
                         declared, f" ({lost} values out of range became null)" if lost else "")
 
-    def _add_column(self, entry: _Table, kind: str, key: str, typ: FieldType) -> str:
-        col = f"c{len(entry.tag_cols) + len(entry.field_cols)}"
-        self._con.execute(f"ALTER TABLE {entry.table} ADD COLUMN {col} {_SQL_TYPES[typ]}")
-        self._con.execute("INSERT INTO _columns VALUES (?, ?, ?, ?, ?)", [entry.table, kind, key, col, typ])
-        if kind == "t":
-            entry.tag_cols[key] = col
-        else:
-            entry.field_cols[key] = col
-            entry.field_types[key] = typ
-        return col
+    def _add_columns(self, entry: _Table, new: list[tuple[str, str, FieldType]]) -> None:
+        """Add (kind, key, type) columns in one transaction: a commit per column made the first
+        writes of a fresh store slow (2.4 ms a column)."""
+        if not new:
+            return
+        first = len(entry.tag_cols) + len(entry.field_cols)
+        cols = [f"c{first + n}" for n in range(len(new))]
+        self._con.execute("BEGIN TRANSACTION")
+        try:
+            for col, (kind, key, typ) in zip(cols, new):
+                self._con.execute(f"ALTER TABLE {entry.table} ADD COLUMN {col} {_SQL_TYPES[typ]}")
+            self._con.executemany("INSERT INTO _columns VALUES (?, ?, ?, ?, ?)",
+                                  [[entry.table, kind, key, col, typ] for col, (kind, key, typ) in zip(cols, new)])
+            self._con.execute("COMMIT")
+        except BaseException:
+            self._con.execute("ROLLBACK")
+            raise
+        for col, (kind, key, typ) in zip(cols, new):
+            if kind == "t":
+                entry.tag_cols[key] = col
+            else:
+                entry.field_cols[key] = col
+                entry.field_types[key] = typ
 
     # --- write ---------------------------------------------------------------------------------
 
@@ -256,12 +269,8 @@ class EmbeddedStore(TimeSeriesStore):
             return
         tag_keys = sorted({k for tags, _ in rows.values() for k in tags})
         field_keys = sorted({k for _, fields in rows.values() for k in fields})
-        for key in tag_keys:
-            if key not in entry.tag_cols:
-                self._add_column(entry, "t", key, "string")
-        for key in field_keys:
-            if key not in entry.field_cols:
-                self._add_column(entry, "f", key, batch_types[key])
+        self._add_columns(entry, [("t", key, "string") for key in tag_keys if key not in entry.tag_cols] +
+                          [("f", key, batch_types[key]) for key in field_keys if key not in entry.field_cols])
         types = entry.field_types
 
         columns = {"time": pa.array([k[1] for k in rows], pa.int64()),
