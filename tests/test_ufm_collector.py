@@ -474,10 +474,17 @@ def test_a_repeated_snapshot_keeps_its_first_time(ufm):
 
 
 def test_settings_need_one_kind_of_credential_and_hide_secrets():
-    with pytest.raises(ValueError, match="either token or username/password"):
+    with pytest.raises(ValueError, match="one credential, not token and username/password"):
         UfmSettings(token=TOKEN, username=USERNAME, password=PASSWORD)
-    with pytest.raises(ValueError, match="needs a token, or a username and a password"):
+    with pytest.raises(ValueError, match="needs a token, a username and a password, or cert_file and key_file"):
         UfmSettings(username=USERNAME)
+    with pytest.raises(ValueError, match="needs both cert_file and key_file"):
+        UfmSettings(cert_file="/etc/nms/ufm-client.pem")
+    with pytest.raises(ValueError, match="one credential, not token and cert_file/key_file"):
+        UfmSettings(token=TOKEN, cert_file="/etc/nms/c.pem", key_file="/etc/nms/c.key")
+    with pytest.raises(ValueError, match="not in the URL"):
+        UfmSettings(token=TOKEN, telemetry_url=f"http://{USERNAME}:{PASSWORD}@ufm.example.com:9001/enterprise")
+    assert UfmSettings(cert_file="/etc/nms/c.pem", key_file="/etc/nms/c.key").telemetry_data_unit == "octets"
     with pytest.raises(ValueError, match="not in the URL"):
         UfmSettings(url=f"https://{USERNAME}:{PASSWORD}@ufm.example.com", token=TOKEN)
     with pytest.raises(ValueError, match="unknown time zone"):
