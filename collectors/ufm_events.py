@@ -131,9 +131,10 @@ class LinkEvidence:
             when[link] = max(when.get(link, 0), ts)
             if kind[0] == "flap":
                 flapped.add(link)
-            else:
+            else:  # a link's own events add up; its ends' counters may count the same downs twice
                 side = downs.setdefault(link, {})
-                side[refs[0].name] = side.get(refs[0].name, 0) + kind[1]
+                reporter = "link" if link_ends(object_name) else refs[0].name
+                side[reporter] = side.get(reporter, 0) + kind[1]
         out = []
         for link, ends in ends_of.items():
             n = max(downs.get(link, {}).values(), default=0)  # both ends may report the same downs

@@ -215,6 +215,7 @@ class UfmStandIn:
         self.release = threading.Event()  # set on stop: "hang" faults end
         self.snapshot_time = int(time.time())
         self.freeze_snapshot = False
+        self.snapshot_requests: list[Any] = []  # bodies of POST monitoring/snapshot
         self._lock = threading.Lock()
         handler = type("Handler", (_Handler,), {"ufm": self})
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -310,6 +311,7 @@ class UfmStandIn:
         time in UFM's format (UFM REST API guide v6.18.0, "Telemetry REST API", history example:
         {"2021-12-01 19:12:36": {"Port": {"ec0d9a03007d7f0a_1": {"statistics": {...}, "guid": ...,
         "name": "ufm-host87 mlx5_0"}}}})."""
+        self.snapshot_requests.append(body)
         required = {"attributes": list, "functions": list, "scope_object": str, "monitor_object": str, "objects": list}
         if not isinstance(body, dict) or any(not isinstance(body.get(k), t) for k, t in required.items()):
             return 400, {"error": "attributes, functions, scope_object, monitor_object and objects are required"}
