@@ -221,8 +221,9 @@ def device_facts(fabric: Fabric, ts: int) -> list[DeviceFacts]:
     out = []
     for guid, item in fabric.switches.items():
         name = fabric.system_names[guid]
-        words = [w for w in (item.get("vendor"), item.get("model")) if isinstance(w, str) and w and w != "N/A"]
-        descr = " ".join(words) or (item.get("description") if isinstance(item.get("description"), str) else "")
+        words = [w for w in (item.get("vendor"), item.get("model") or item.get("description"))
+                 if isinstance(w, str) and w and w != "N/A"]  # UFM 6.1 names the model only in description
+        descr = " ".join(words)
         if isinstance(item.get("fw_version"), str) and item["fw_version"] not in ("", "N/A"):
             descr += f", firmware {item['fw_version']}"
         out.append(DeviceFacts(device=name, ts=ts, sys_name=name[:255], sys_descr=descr[:1024] or None,

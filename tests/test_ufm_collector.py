@@ -393,6 +393,21 @@ def test_the_snapshot_is_asked_for_the_whole_site_and_read_under_statistics(ufm)
     assert 'no "statistics" object' in problem
 
 
+def test_a_ufm_6_1_systems_item_without_model_is_described_by_its_description(ufm):
+    """The keys and values of a real UFM 6.1 switch in /resources/systems (IBM/CAST
+    csmtest/include/json/ufm/output_6_1.json, first item; its GUID replaced by spine-1's)."""
+    item = {"ip": "10.7.7.2", "fw_version": "15.1630.210", "is_manual_ip": True, "psid": "MT_2630110032",
+            "total_alarms": 0, "temperature": "58", "capabilities": ["ssh", "sysinfo", "reboot"], "state": "active",
+            "role": "core", "type": "switch", "vendor": "Mellanox", "description": "MSB7800", "has_ufm_agent": False,
+            "system_guid": GUID["spine-1"], "groups": [], "guid": GUID["spine-1"], "sm_mode": "noSM",
+            "system_name": "spine-1", "sw_version": "3.6.6107-X86_64", "server_operation_mode": "Switch",
+            "name": GUID["spine-1"], "modules": []}
+    ufm.data["systems"] = [item if s["system_name"] == "spine-1" else s for s in ufm.data["systems"]]
+    facts = {f.device: f for f in of(poll(device(ufm)).records, DeviceFacts)}
+    assert facts["spine-1"].sys_descr == "Mellanox MSB7800, firmware 15.1630.210"
+    assert (facts["spine-1"].lldp_chassis_id, facts["spine-1"].interfaces) == (GUID["spine-1"], 3)
+
+
 def test_ports_join_their_switch_by_systemID_else_by_the_guid_of_their_name(ufm):
     result = poll(device(ufm))
     spine2 = {s.port for s in of(result.records, PortSample) if s.device == "spine-2"}
