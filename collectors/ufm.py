@@ -176,12 +176,11 @@ class UfmCollector(Collector):
             problems.note(route, i, None, problem)
         wanted = {ref.name for ref in fabric.switch_ports()}
         problems.totals[route] = max(len(scrape.problems), len(wanted))
-        missing = sorted(wanted - set(scrape.counters))
-        for name in missing:
-            problems.note(route, len(scrape.problems), {"name": name}, "no counters for this switch port")
-        pick = lambda d: {k: v for k, v in d.items() if k in wanted}  # noqa: E731
-        return (self._sample_time(client.device, scrape.newest_ns, now), pick(scrape.counters),
-                pick(scrape.extra))
+        for i, name in enumerate(sorted(wanted - set(scrape.counters)), len(scrape.problems)):
+            problems.note(route, i, {"name": name}, "no counters for this switch port")
+        counters = {k: v for k, v in scrape.counters.items() if k in wanted}
+        extra = {k: v for k, v in scrape.extra.items() if k in wanted}
+        return self._sample_time(client.device, scrape.newest_ns, now), counters, extra
 
     def _sample_time(self, device: str, newest: int | None, now: int) -> int:
         """Now when the source's sample time moved since the last poll, else the time those values were

@@ -132,7 +132,9 @@ class UfmClient:
                 if last:
                     raise CollectorTimeout(self.device, f"{self.base}: {what} timed out after "
                                                         f"{self.settings.timeout:g} s ({attempts} attempts)") from None
-            except httpx.TransportError as e:  # refused, reset, DNS, TLS (certificate, handshake)
+            # refused, reset, DNS, TLS (certificate, handshake); with TLS 1.3 a server that refuses the
+            # client certificate says so after the handshake, as an ssl.SSLError httpx passes through
+            except (httpx.TransportError, ssl.SSLError) as e:
                 if last:
                     raise CollectorUnreachable(self.device, f"{self.base}: {what}: {_reason(e)} "
                                                             f"({attempts} attempts)") from None
@@ -197,6 +199,6 @@ def _snippet(text: str, limit: int = 160) -> str:
     return f": {text[:limit]}{'...' if len(text) > limit else ''}" if text else ""
 
 
-def _reason(error: httpx.TransportError) -> str:
+def _reason(error: httpx.TransportError | ssl.SSLError) -> str:
     text = str(error) or error.__class__.__name__
     return text[:300]
