@@ -2,8 +2,13 @@
 127.0.0.1 serving a small InfiniBand fat tree (2 spines, 2 leaves, 4 GPU hosts, NDR).
 
 No real UFM ran these tests. Routes, JSON shapes, field names and authentication follow the NVIDIA
-UFM Enterprise REST API Guide v6.22.1 (see tests/test_ufm_collector.py for the sections and for
-which shapes the guide shows and which come from elsewhere).
+UFM Enterprise REST API Guide and public code that talks to real UFMs (IBM/CAST's UFM collector,
+NVIDIA's Mellanox/ufm_sdk_3.0 plugins, NVIDIA/bare-metal-manager-core's UFM client); each shape's
+source is cited in tests/test_ufm_collector.py and next to the code that serves it. The stand-in
+answers the Monitoring snapshot only in the public Site / Grid.default form, with the values under
+"statistics"; names link events as links; carries multi-ASIC ports (systemID); accepts a client
+certificate its client CA signed (`client_ca`); and serves UFM Telemetry's Prometheus text at
+/enterprise (UFM serves it on port 9001; here on the same port, without credentials).
 
 Knobs for failure tests: `faults[route]` is a list of actions taken, one per request, before the
 route answers normally again ("500", "hang", "not json", or a callable returning the body to send);

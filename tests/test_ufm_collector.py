@@ -627,6 +627,11 @@ def test_ufm_telemetry_gives_exact_64_bit_counters(ufm):
     assert len(errors) == 14 and errors[("spine-2", "1/2/1")].fields == {
         "link_downed": t["LinkDownedCounterExtended"], "symbol_errors": t["Symbol_Errors"]}
 
+    ufm.advance(port_name("spine-2", "1/2/1"), "PortRcvDataExtended", 12_000_000_001, source="telemetry")
+    again = poll(device(ufm, telemetry_url=f"{ufm.url}/enterprise"))
+    later = next(x for x in of(again.records, PortSample) if (x.device, x.port) == ("spine-2", "1/2/1"))
+    assert later.in_octets - s.in_octets == 12_000_000_001  # past 2^59 a float is 128 octets coarse
+
     words = poll(device(ufm, telemetry_url=f"{ufm.url}/enterprise", telemetry_data_unit="words"))
     s = next(x for x in of(words.records, PortSample) if (x.device, x.port) == ("spine-2", "1/2/1"))
     assert s.out_octets == (4 * t["PortXmitDataExtended"]) % 2**64 and s.out_pkts == t["PortXmitPktsExtended"]
