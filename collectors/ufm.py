@@ -7,7 +7,8 @@ Enterprise REST API Guide v6.22.1 routes (docs/ufm.md):
                                   files a poll's facts under the polled device by the first one)
 2. GET  resources/systems     -> DeviceFacts per switch (`systems` patterns pick which)
 3. GET  resources/ports       -> PortSample per switch port (state, speed, MTU)
-4. POST monitoring/snapshot   -> the PortSamples' counters (64-bit; data counted in 4-octet units)
+4. POST monitoring/snapshot   -> the PortSamples' counters (64-bit; data counted in 4-octet units),
+   or, when `telemetry_url` is set, UFM Telemetry's Prometheus endpoint (collectors/ufm_telemetry.py)
 5. GET  resources/links       -> LldpNeighbor per switch end of each link (paged: page_number/rpp)
 6. GET  app/events            -> LinkEvent for link downs / flaps the samples cannot see, and a
                                   `ufm_event` point per new event (collectors/ufm_events.py)
@@ -28,6 +29,7 @@ import time
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from collectors import ufm_telemetry
 from collectors.base import Collector, CollectorBadResponse, CollectorConfigError, PollResult
 from collectors.ufm_events import LinkEvidence, alarm_points, event_points
 from collectors.ufm_http import UfmClient
@@ -45,11 +47,14 @@ from collectors.ufm_model import (
     snapshot_counters,
 )
 from nms.config.models import SwitchConfig, UfmSettings
-from nms.records import DeviceFacts
+from nms.records import DeviceFacts, GenericPoint
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_OBJECTS = 1000  # ports per monitoring snapshot request
+# The whole fabric's ports in one snapshot, as public callers ask (IBM/CAST
+# csm_big_data/data-aggregators/ufm/ufmCollection.py); the answer keys each port by its UFM name
+SNAPSHOT_SCOPE = {"functions": ["RAW"], "scope_object": "Site", "interval": 2, "monitor_object": "Port",
+                  "objects": ["Grid.default"]}
 
 
 class UfmCollector(Collector):
@@ -62,6 +67,7 @@ class UfmCollector(Collector):
         self._clients: dict[str, tuple[UfmSettings, str, UfmClient]] = {}
         self._evidence: dict[str, LinkEvidence] = {}
         self._snapshots: dict[str, tuple[int | None, int]] = {}  # device -> (UFM's snapshot time, our ts)
+        self._link_downed: dict[str, dict[str, int]] = {}  # device -> UFM port name -> LinkDownedCounterExtended
         self.problems: dict[str, list[CollectorBadResponse]] = {}  # device -> what its last poll left out
 
     @classmethod
@@ -81,6 +87,7 @@ class UfmCollector(Collector):
         self._clients[device.name] = (settings, device.mgmt_address, client)
         self._evidence[device.name] = LinkEvidence(self.flap_count, self.flap_window_s)
         self._snapshots.pop(device.name, None)
+        self._link_downed.pop(device.name, None)
         return client
 
     async def collect(self, device: SwitchConfig) -> PollResult:
@@ -90,65 +97,106 @@ class UfmCollector(Collector):
         client.requests = 0
         zone, problems, failed = ZoneInfo(s.timezone), Problems(), []
         version = await client.get("/app/ufm_version")
-        route = client.route("/resources/systems")
+        route = "GET " + client.route("/resources/systems")
         fabric = index_systems(await client.get_list("/resources/systems"), route, problems,
                                lambda name: not s.systems or any(fnmatch.fnmatchcase(name, p) for p in s.systems))
         _all_bad(device.name, client, route, problems)
-        route = client.route("/resources/ports")
+        route = "GET " + client.route("/resources/ports")
         index_ports(fabric, await client.get_list("/resources/ports"), route, problems)
         _all_bad(device.name, client, route, problems)
         now = time.time_ns()
-        ts, counters = now, {}
+        ts, counters, extra = now, {}, {}
         if s.counters and fabric.switch_ports():
-            ts, counters = await self._optional(failed, self._counters(client, fabric, zone, now), (now, {}))
+            pending = (self._telemetry(client, fabric, now, problems) if s.telemetry_url
+                       else self._counters(client, fabric, zone, now, problems))
+            ts, counters, extra = await self._optional(failed, pending, (now, {}, {}))
         samples = [port_sample(ref, ts, counters.get(ref.name, {})) for ref in fabric.switch_ports()]
         records: list[Any] = [_ufm_facts(device.name, version, now, len(samples)), *device_facts(fabric, now), *samples]
+        records += _error_points(device.name, fabric, extra, ts)
         peers = {}
         if s.links:
             items = await self._optional(failed, client.get_list("/resources/links", paged=True), None)
             if items is not None:
-                found, peers = neighbors(fabric, items, client.route("/resources/links"), problems, now)
+                found, peers = neighbors(fabric, items, "GET " + client.route("/resources/links"), problems, now)
                 records += found
-        if s.events:
-            items = await self._optional(failed, client.get_list("/app/events"), None)
+        downs = self._downs(device.name, extra)
+        if s.events or downs:
+            items = await self._optional(failed, client.get_list("/app/events"), None) if s.events else []
             if items is not None:
                 evidence = self._evidence[device.name]
-                fresh = evidence.new_events(items, client.route("/app/events"), problems)
+                fresh = evidence.new_events(items, "GET " + client.route("/app/events"), problems)
                 by_end = {(x.device, x.port): x for x in samples}
-                records += evidence.link_events(fresh, fabric, peers, by_end, now, zone)
+                records += evidence.link_events(fresh, fabric, peers, by_end, now, zone, downs)
                 records += event_points(device.name, fresh, fabric, now, zone)
         if s.alarms:
             items = await self._optional(failed, client.get_list("/app/alarms"), None)
             if items is not None:
-                records += alarm_points(device.name, items, client.route("/app/alarms"), problems, fabric, now)
+                records += alarm_points(device.name, items, "GET " + client.route("/app/alarms"), problems, fabric,
+                                        now)
         self._report(device.name, client, failed, problems)
         return PollResult(device=device.name, collector=self.name, started_ns=started_ns,
                           duration_s=time.perf_counter() - t0, records=records, counter_bits=self.counter_bits,
                           values=client.requests)
 
-    async def _counters(self, client: UfmClient, fabric: Fabric, zone: ZoneInfo, now: int
-                        ) -> tuple[int, dict[str, dict[str, int]]]:
-        """Counters of every reported switch port, and the sample time: now when UFM's snapshot time
-        moved since the last poll, else the time those values were first seen (so that a repeated
-        snapshot gives no rate over the wrong interval)."""
-        names = [ref.name for ref in fabric.switch_ports()]
-        route = client.route("/monitoring/snapshot")
+    async def _counters(self, client: UfmClient, fabric: Fabric, zone: ZoneInfo, now: int, problems: Problems
+                        ) -> tuple[int, dict[str, dict[str, int]], dict[str, dict[str, int]]]:
+        """Counters of every reported switch port from one Monitoring snapshot of the whole fabric."""
+        route = "POST " + client.route("/monitoring/snapshot")
+        answer = await client.post("/monitoring/snapshot", {
+            "attributes": [attribute for attribute, _ in COUNTERS.values()], **SNAPSHOT_SCOPE})
+        try:
+            when, ports = snapshot_counters(answer, zone)
+        except Bad as e:
+            raise CollectorBadResponse(client.device, f"{client.base}: {route}: {e}") from None
         values: dict[str, dict[str, int]] = {}
-        newest: int | None = None
-        for i in range(0, len(names), SNAPSHOT_OBJECTS):
-            answer = await client.post("/monitoring/snapshot", {
-                "attributes": [attribute for attribute, _ in COUNTERS.values()], "functions": ["RAW"],
-                "scope_object": "Port", "monitor_object": "Port", "objects": names[i:i + SNAPSHOT_OBJECTS]})
+        wanted = fabric.switch_ports()
+        problems.totals[route] = len(wanted)
+        for i, ref in enumerate(wanted):
+            entry = ports.get(ref.name)
             try:
-                when, ports = snapshot_counters(answer, zone)
+                if entry is None:
+                    raise Bad("not in the snapshot")
+                values[ref.name] = counter_values(entry)
             except Bad as e:
-                raise CollectorBadResponse(client.device, f"{client.base}: POST {route}: {e}") from None
-            newest = when if newest is None or (when or 0) > newest else newest
-            values.update({name: counter_values(attrs) for name, attrs in ports.items()})
-        previous = self._snapshots.get(client.device)
+                problems.note(route, i, {"name": ref.name}, str(e))
+        return self._sample_time(client.device, when, now), values, {}
+
+    async def _telemetry(self, client: UfmClient, fabric: Fabric, now: int, problems: Problems
+                         ) -> tuple[int, dict[str, dict[str, int]], dict[str, dict[str, int]]]:
+        """Counters of every reported switch port from UFM Telemetry's Prometheus endpoint."""
+        s = client.settings
+        url = str(s.telemetry_url)
+        route = f"GET {url}"
+        text = await client.scrape(url)
+        try:
+            scrape = ufm_telemetry.parse(text, data_in_words=s.telemetry_data_unit == "words")
+        except Bad as e:
+            raise CollectorBadResponse(client.device, f"{client.base}: {route}: {e}") from None
+        for i, problem in enumerate(scrape.problems):
+            problems.note(route, i, None, problem)
+        wanted = {ref.name for ref in fabric.switch_ports()}
+        problems.totals[route] = max(len(scrape.problems), len(wanted))
+        for i, name in enumerate(sorted(wanted - set(scrape.counters)), len(scrape.problems)):
+            problems.note(route, i, {"name": name}, "no counters for this switch port")
+        counters = {k: v for k, v in scrape.counters.items() if k in wanted}
+        extra = {k: v for k, v in scrape.extra.items() if k in wanted}
+        return self._sample_time(client.device, scrape.newest_ns, now), counters, extra
+
+    def _sample_time(self, device: str, newest: int | None, now: int) -> int:
+        """Now when the source's sample time moved since the last poll, else the time those values were
+        first seen (so that a repeated sample gives no rate over the wrong interval)."""
+        previous = self._snapshots.get(device)
         ts = previous[1] if previous is not None and newest is not None and previous[0] == newest else now
-        self._snapshots[client.device] = (newest, ts)
-        return ts, values
+        self._snapshots[device] = (newest, ts)
+        return ts
+
+    def _downs(self, device: str, extra: dict[str, dict[str, int]]) -> dict[str, int]:
+        """Downs per UFM port name since the last poll, from UFM Telemetry's LinkDownedCounterExtended."""
+        now = {name: c["link_downed"] for name, c in extra.items() if "link_downed" in c}
+        before = self._link_downed.get(device, {})
+        if now:
+            self._link_downed[device] = now
+        return {name: n - before[name] for name, n in now.items() if name in before and n > before[name]}
 
     @staticmethod
     async def _optional(failed: list[CollectorBadResponse], pending, default):
@@ -161,7 +209,7 @@ class UfmCollector(Collector):
             return default
 
     def _report(self, device: str, client: UfmClient, failed: list[CollectorBadResponse], problems: Problems) -> None:
-        found = failed + [CollectorBadResponse(device, f"{client.base}: GET {m}") for m in problems.messages()]
+        found = failed + [CollectorBadResponse(device, f"{client.base}: {m}") for m in problems.messages()]
         for e in found:
             log.warning("%s (kept the rest of the poll)", e)
         self.problems[device] = found
@@ -172,13 +220,24 @@ class UfmCollector(Collector):
         self._clients.clear()
         self._evidence.clear()
         self._snapshots.clear()
+        self._link_downed.clear()
+
+
+def _error_points(ufm: str, fabric: Fabric, extra: dict[str, dict[str, int]], ts: int) -> list[GenericPoint]:
+    """UFM Telemetry's counters that have no PortSample field (Link Downed, symbol errors), per switch port."""
+    out = []
+    for name, fields in extra.items():
+        ref = fabric.ports[name]
+        out.append(GenericPoint(measurement="ufm_port_errors", ts=ts,
+                                tags={"ufm": ufm, "device": ref.device, "port": ref.port}, fields=dict(fields)))
+    return out
 
 
 def _all_bad(device: str, client: UfmClient, route: str, problems: Problems) -> None:
     """An answer none of whose items can be used fails the poll (nothing to report is not 'ok')."""
     notes, total = problems.by_route.get(route, []), problems.totals.get(route, 0)
     if total and len(notes) == total:
-        raise CollectorBadResponse(device, f"{client.base}: GET {route}: none of its {total} items is usable: "
+        raise CollectorBadResponse(device, f"{client.base}: {route}: none of its {total} items is usable: "
                                            f"{notes[0]}")
 
 

@@ -4,11 +4,18 @@ Events are read incrementally (ids above the last poll's). Each new event is sto
 point; each active alarm as a `ufm_alarm` point per poll. Link-state events become the record the
 correlator already reads for a link's state and flaps, LinkEvent (correlator/evidence.py):
 
-* a port's link went down (UFM: "Link went down", "Link is down", ...), or its Link Downed counter
-  moved ("Link Downed", counter Infiniband_LinkDowned, the reason's "calculated delta is N": N downs);
+* a link went down: event id 329 ("Link went down"; UFM's event policy table, IBM/CAST
+  csmd/src/ras/ufm/ufm_csm_ras_type_data.csv), whose object is the link, named
+  `<guid>_<port> : <guid>_<port>` (type "Link"; Mellanox/ufm_sdk_3.0 ufm_log_analyzer_plugin
+  event_log_regex.py); id 328 ("Link is up") is no down. Without an id, words in the name or
+  description ("went down", "link down", ...) decide;
+* a port's Link Downed counter moved ("Link Downed", counter Infiniband_LinkDowned, the reason's
+  "calculated delta is N": N downs; or UFM Telemetry's LinkDownedCounterExtended grew by N);
 * UFM itself calls the port flapping.
 
-An event on a host's port counts for the switch port at the other end of its link. The service
+The event id is `event_type` (UFM 6.x guides: `type` is then the object type) or a numeric `type`
+(older guides). An event on a link counts for both ends; one on a host's port counts for the switch
+port at the other end of its link. The service
 derives LinkEvents from successive port samples itself (nms/linkstate.py), so a down that the
 samples show (the port was up at the last poll, is down now) is not reported twice: only downs the
 samples cannot see (down and back between two polls, several downs in one interval) give a
@@ -27,15 +34,39 @@ from collectors.ufm_model import Fabric, PortRef, Problems, guid_of, parse_time
 from nms.records import GenericPoint, LinkEvent, PortSample
 
 LINK_DOWNED = "Infiniband_LinkDowned"
+LINK_DOWN_ID, LINK_UP_ID = "329", "328"
 _DELTA = re.compile(r"calculated delta is (\d+)", re.IGNORECASE)
 _DOWN = re.compile(r"\b(went|is|link|port) down\b")
 _FLAP = re.compile(r"\bflap")
+_LINK = re.compile(r"^\s*((?:0x)?[0-9a-fA-F]+_\d+)\s*:\s*((?:0x)?[0-9a-fA-F]+_\d+)\s*$")
 
 End = tuple[str, str]  # (device, port)
 
 
+def event_id(item: dict) -> str | None:
+    """UFM's event id (329 "Link went down", ...): `event_type`, or a numeric `type` (older UFMs)."""
+    for key in ("event_type", "type"):
+        value = item.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        if isinstance(value, str) and value.strip().isdigit():
+            return value.strip()
+    return None
+
+
+def link_ends(object_name: str) -> tuple[str, str] | None:
+    """'<guid>_<port> : <guid>_<port>' (a link event's object) -> both UFM port names."""
+    match = _LINK.match(object_name)
+    return (guid_of(match.group(1)), guid_of(match.group(2))) if match else None
+
+
 def classify(item: dict) -> tuple[str, int] | None:
     """("down", how many) or ("flap", 1) for a link-state event; None for anything else."""
+    number = event_id(item)
+    if number == LINK_DOWN_ID:
+        return "down", 1
+    if number == LINK_UP_ID:
+        return None
     words = " ".join(str(item.get(k) or "") for k in ("name", "description")).lower()
     if item.get("counter") == LINK_DOWNED or "link downed" in words:
         match = _DELTA.search(str(item.get("reason") or item.get("description") or ""))
@@ -75,30 +106,35 @@ class LinkEvidence:
         return sorted(fresh, key=lambda e: e["id"])
 
     def link_events(self, events: list[dict], fabric: Fabric, peers: dict[str, PortRef],
-                    samples: dict[End, PortSample], now_ns: int, zone: ZoneInfo) -> list[LinkEvent]:
+                    samples: dict[End, PortSample], now_ns: int, zone: ZoneInfo,
+                    counter_downs: dict[str, int] | None = None) -> list[LinkEvent]:
+        """LinkEvents from new events and from `counter_downs` (UFM port name -> downs its Link
+        Downed counter counted since the last poll)."""
         self.peers.update(peers)
         peers = self.peers
         downs: dict[frozenset, dict[str, int]] = {}  # link -> reporting port -> downs
         flapped: set[frozenset] = set()
         when: dict[frozenset, int] = {}
         ends_of: dict[frozenset, list[End]] = {}
-        for event in events:
-            kind = classify(event)
-            ref = fabric.ports.get(guid_of(str(event.get("object_name") or "")))
-            ts = min(parse_time(event.get("timestamp"), zone) or now_ns, now_ns)
-            if kind is None or ref is None or ts < now_ns - self.window_ns:
+        found = [(classify(e), str(e.get("object_name") or ""), min(parse_time(e.get("timestamp"), zone) or now_ns,
+                                                                      now_ns)) for e in events]
+        found += [(("down", n), name, now_ns) for name, n in (counter_downs or {}).items() if n > 0]
+        for kind, object_name, ts in found:
+            refs = self._refs(object_name, fabric, peers)
+            if kind is None or not refs or ts < now_ns - self.window_ns:
                 continue
-            ends = [p for p in (ref, peers.get(ref.name)) if p is not None and p.switch]
-            link = frozenset(p.name for p in (ref, peers.get(ref.name)) if p is not None)
+            ends = [p for p in refs if p.switch]
+            link = frozenset(p.name for p in refs)
             if not ends:
                 continue
             ends_of[link] = [(p.device, p.port) for p in ends]
             when[link] = max(when.get(link, 0), ts)
             if kind[0] == "flap":
                 flapped.add(link)
-            else:
+            else:  # a link's own events add up; its ends' counters may count the same downs twice
                 side = downs.setdefault(link, {})
-                side[ref.name] = side.get(ref.name, 0) + kind[1]
+                reporter = "link" if link_ends(object_name) else refs[0].name
+                side[reporter] = side.get(reporter, 0) + kind[1]
         out = []
         for link, ends in ends_of.items():
             n = max(downs.get(link, {}).values(), default=0)  # both ends may report the same downs
@@ -109,6 +145,17 @@ class LinkEvidence:
             self._prune(end, now_ns)
             self.previous[end] = sample.oper_status or "unknown"
         return out
+
+    @staticmethod
+    def _refs(object_name: str, fabric: Fabric, peers: dict[str, PortRef]) -> list[PortRef]:
+        """The known ports of an event's link: both ends named by a link object, else the port and
+        its last known peer."""
+        names = link_ends(object_name)
+        if names is not None:
+            return [r for r in (fabric.ports.get(n) or peers.get(names[1 - i]) for i, n in enumerate(names))
+                    if r is not None]
+        ref = fabric.ports.get(guid_of(object_name))
+        return [] if ref is None else [p for p in (ref, peers.get(ref.name)) if p is not None]
 
     def _end(self, end: End, now: str, n: int, flapped: bool, ts: int) -> list[LinkEvent]:
         before = self.previous.get(end)
@@ -135,6 +182,12 @@ def _subject(item: dict, fabric: Fabric) -> dict[str, str]:
     """Tags naming what an event or alarm is about: a port's switch/host and port, a system, or
     UFM's own object name."""
     name = str(item.get("object_name") or "")
+    ends = link_ends(name)
+    if ends is not None:  # a link: tagged by its switch end (the first one), the other end as the peer
+        refs = sorted((r for r in map(fabric.ports.get, ends) if r is not None), key=lambda r: not r.switch)
+        if refs:
+            peer = {"peer": f"{refs[1].device}:{refs[1].port}"} if len(refs) > 1 else {}
+            return {"device": refs[0].device, "port": refs[0].port, **peer}
     ref = fabric.ports.get(guid_of(name))
     if ref is not None:
         return {"device": ref.device, "port": ref.port}

@@ -4,6 +4,13 @@ CollectorError kinds (docs/ufm.md).
 UFM Enterprise REST API Guide v6.22.1, "REST API Complementary Information": basic authentication
 uses the `/ufmRest` prefix with the username and password; token authentication uses `/ufmRestV3`
 with the header `Authorization: Basic <token>` (the access token as is, not base64 of anything).
+Client-certificate authentication ("Client Authentication REST API": UFM maps the certificate's SAN
+to a user) presents `cert_file`/`key_file` in the TLS handshake and uses `/ufmRest` with no
+Authorization header, as NVIDIA's own client does (NVIDIA/bare-metal-manager-core,
+crates/api/src/ib/ufmclient/{mod,rest}.rs).
+
+UFM Telemetry's endpoint (`telemetry_url`, plain text) is read through a second session that
+carries no UFM credential.
 
 A request that times out, cannot connect, or gets 429 / 5xx is tried again (`retries` times, after
 backoff, backoff x 2, ...); 401 and 403 are auth errors at once; other answers are bad responses
@@ -56,21 +63,25 @@ class UfmClient:
         auth = None
         if settings.token is not None:
             headers["Authorization"] = f"Basic {settings.token.get_secret_value()}"
-        else:
-            auth = httpx.BasicAuth(settings.username or "", settings.password.get_secret_value()
-                                   if settings.password is not None else "")
-        verify: Any = settings.verify_tls
-        if settings.verify_tls and settings.ca_file is not None:
-            try:
-                verify = ssl.create_default_context(cafile=str(settings.ca_file))
-            except (OSError, ssl.SSLError) as e:
-                raise CollectorConfigError(device, f"ca_file {settings.ca_file}: {e.strerror or e}") from None
+        elif settings.password is not None:
+            auth = httpx.BasicAuth(settings.username or "", settings.password.get_secret_value())
+        verify = _tls(device, settings)
         self._http = httpx.AsyncClient(base_url=self.base, headers=headers, auth=auth, verify=verify,
                                        timeout=settings.timeout, follow_redirects=False)
+        self._plain: httpx.AsyncClient | None = None  # UFM Telemetry: no UFM credential
         self.requests = 0  # answered requests (for PollResult.values)
 
     async def close(self) -> None:
         await self._http.aclose()
+        if self._plain is not None:
+            await self._plain.aclose()
+
+    async def scrape(self, url: str) -> str:
+        """GET a text endpoint outside the REST API (UFM Telemetry), with the same retries and errors."""
+        if self._plain is None:
+            self._plain = httpx.AsyncClient(timeout=self.settings.timeout, follow_redirects=False,
+                                            verify=_tls(self.device, self.settings, client_cert=False))
+        return await self._request("GET", url, http=self._plain, text=True)
 
     def route(self, path: str) -> str:
         return f"{self.prefix}{path}"
@@ -107,30 +118,37 @@ class UfmClient:
                 return items
         raise self._bad(f"GET {self.route(path)}", f"more than {MAX_PAGES} pages of {size}")
 
-    async def _request(self, method: str, path: str, params: dict[str, Any] | None = None, body: Any = None) -> Any:
-        what = f"{method} {self.route(path)}"
+    async def _request(self, method: str, path: str, params: dict[str, Any] | None = None, body: Any = None,
+                       http: httpx.AsyncClient | None = None, text: bool = False) -> Any:
+        target = path if http is not None else self.route(path)
+        what = f"{method} {target}"
         attempts = self.settings.retries + 1
         for attempt in range(attempts):
             last = attempt == attempts - 1
             try:
-                response = await self._http.request(method, self.route(path), params=params,
-                                                    json=body if method in ("POST", "PUT") else None)
+                response = await (http or self._http).request(method, target, params=params,
+                                                              json=body if method in ("POST", "PUT") else None)
             except httpx.TimeoutException:
                 if last:
                     raise CollectorTimeout(self.device, f"{self.base}: {what} timed out after "
                                                         f"{self.settings.timeout:g} s ({attempts} attempts)") from None
-            except httpx.TransportError as e:  # refused, reset, DNS, TLS (certificate, handshake)
+            # refused, reset, DNS, TLS (certificate, handshake); with TLS 1.3 a server that refuses the
+            # client certificate says so after the handshake, as an ssl.SSLError httpx passes through
+            except (httpx.TransportError, ssl.SSLError) as e:
                 if last:
                     raise CollectorUnreachable(self.device, f"{self.base}: {what}: {_reason(e)} "
                                                             f"({attempts} attempts)") from None
             else:
                 status = response.status_code
                 if status in (401, 403):
-                    kind = "token" if self.settings.token is not None else "username/password"
+                    kind = ("token" if self.settings.token is not None else "username/password"
+                            if self.settings.password is not None else "client certificate")
                     raise CollectorAuthError(self.device, f"{self.base}: {what}: HTTP {status}: UFM refused the "
                                                           f"{kind}")
                 if status not in RETRY_STATUS or last:
                     self.requests += 1
+                    if text and 200 <= status < 300:
+                        return response.text
                     return self._decode(what, response)
                 log.debug("%s: %s: HTTP %d, trying again", self.device, what, status)
             await asyncio.sleep(min(self.settings.backoff * 2 ** attempt, MAX_BACKOFF_S))
@@ -150,6 +168,27 @@ class UfmClient:
         return CollectorBadResponse(self.device, f"{self.base}: {what}: {problem}")
 
 
+def _tls(device: str, settings: UfmSettings, client_cert: bool = True) -> Any:
+    """httpx `verify`: False, True (the system's CAs), or a context with `ca_file` and the client
+    certificate. Errors name the file, never its content."""
+    if not settings.verify_tls and not (client_cert and settings.cert_file):
+        return False
+    what = "ca_file"
+    try:
+        if settings.verify_tls:
+            context = ssl.create_default_context(cafile=str(settings.ca_file) if settings.ca_file else None)
+        else:  # the client certificate is still presented
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        if client_cert and settings.cert_file is not None and settings.key_file is not None:
+            what = "cert_file/key_file"
+            context.load_cert_chain(str(settings.cert_file), str(settings.key_file))
+    except (OSError, ssl.SSLError) as e:
+        files = settings.ca_file if what == "ca_file" else f"{settings.cert_file}, {settings.key_file}"
+        raise CollectorConfigError(device, f"{what} {files}: {e.strerror or e}") from None
+    return context if settings.ca_file or (client_cert and settings.cert_file) or not settings.verify_tls else True
+
+
 def _kind(value: Any) -> str:
     names = {dict: "an object", list: "a list", str: "a string", type(None): "null"}
     return names.get(type(value), type(value).__name__)
@@ -160,6 +199,6 @@ def _snippet(text: str, limit: int = 160) -> str:
     return f": {text[:limit]}{'...' if len(text) > limit else ''}" if text else ""
 
 
-def _reason(error: httpx.TransportError) -> str:
+def _reason(error: httpx.TransportError | ssl.SSLError) -> str:
     text = str(error) or error.__class__.__name__
     return text[:300]

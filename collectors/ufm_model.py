@@ -145,22 +145,32 @@ def index_ports(fabric: Fabric, items: list, route: str, problems: Problems) -> 
             guid = guid_of(guid)
             if not guid or not number.isdigit():
                 raise Bad(f"name {name!r} is not <GUID>_<port number>")
-            # a switch port's GUID is its switch's; a host HCA's need not be its host's
-            system = fabric.system_names.get(guid) or text(item, "system_name", required=False)
+            system_guid = _system_of(fabric, item, guid)
+            system = fabric.system_names.get(system_guid) or text(item, "system_name", required=False)
             if system is None:
-                raise Bad("no 'system_name', and its GUID is no known system's")
+                raise Bad("no 'system_name', and neither its systemID nor its GUID is a known system's")
             port = text(item, "dname", required=False) or number
-            if guid not in fabric.switch_guids:
+            if system_guid not in fabric.switch_guids:
                 port = _hca(item, system) or port
-            switch = guid in fabric.switches
-            ref = PortRef(f"{guid}_{number}", ident(system, "system_name"), ident(port, "port name"), switch, guid,
-                          item)
+            switch = system_guid in fabric.switches
+            ref = PortRef(f"{guid}_{number}", ident(system, "system_name"), ident(port, "port name"), switch,
+                          system_guid, item)
             if switch:
                 oper_status(item)  # a switch port without a usable state is no sample
         except Bad as e:
             problems.note(route, i, item, str(e))
             continue
         fabric.ports[ref.name] = ref
+
+
+def _system_of(fabric: Fabric, item: dict, guid: str) -> str:
+    """The port's system GUID: `systemID` when UFM gives a known one (a multi-ASIC switch's ports carry
+    their ASIC's node GUID in the name, the chassis' in systemID; an HCA's port GUID is not its
+    host's), else the GUID of the port's name."""
+    system_id = item.get("systemID")
+    if isinstance(system_id, str) and guid_of(system_id) in fabric.system_names:
+        return guid_of(system_id)
+    return guid
 
 
 def _hca(item: dict, system: str) -> str | None:
@@ -211,8 +221,9 @@ def device_facts(fabric: Fabric, ts: int) -> list[DeviceFacts]:
     out = []
     for guid, item in fabric.switches.items():
         name = fabric.system_names[guid]
-        words = [w for w in (item.get("vendor"), item.get("model")) if isinstance(w, str) and w and w != "N/A"]
-        descr = " ".join(words) or (item.get("description") if isinstance(item.get("description"), str) else "")
+        words = [w for w in (item.get("vendor"), item.get("model") or item.get("description"))
+                 if isinstance(w, str) and w and w != "N/A"]  # UFM 6.1 names the model only in description
+        descr = " ".join(words)
         if isinstance(item.get("fw_version"), str) and item["fw_version"] not in ("", "N/A"):
             descr += f", firmware {item['fw_version']}"
         out.append(DeviceFacts(device=name, ts=ts, sys_name=name[:255], sys_descr=descr[:1024] or None,
@@ -282,9 +293,10 @@ def parse_time(value: Any, zone: ZoneInfo) -> int | None:
     return None
 
 
-def snapshot_counters(answer: Any, zone: ZoneInfo) -> tuple[int | None, dict[str, dict[str, Any]]]:
-    """A Monitoring snapshot answer {"<time>": {"Port": {"<port name>": {"<attribute>": value}}}} ->
-    (the newest time in ns, attributes per port name). Raises Bad when the shape is different."""
+def snapshot_counters(answer: Any, zone: ZoneInfo) -> tuple[int | None, dict[str, Any]]:
+    """A Monitoring snapshot answer {"<time>": {"Port": {"<port name>": {"statistics": {"<attribute>":
+    value}, "guid": ..., "name": ...}}}} -> (the newest time in ns, each port's entry). Raises Bad when
+    the shape is different."""
     if not isinstance(answer, dict) or not answer:
         raise Bad("expected an object keyed by time")
     key = max(answer, key=lambda k: parse_time(k, zone) or 0)
@@ -292,19 +304,32 @@ def snapshot_counters(answer: Any, zone: ZoneInfo) -> tuple[int | None, dict[str
     ports = scope.get("Port") if isinstance(scope, dict) else None
     if not isinstance(ports, dict):
         raise Bad(f"no \"Port\" object under {key!r}")
-    return parse_time(key, zone), {guid_of(k): v for k, v in ports.items() if isinstance(v, dict)}
+    return parse_time(key, zone), {guid_of(k): v for k, v in ports.items()}
 
 
-def counter_values(attributes: dict[str, Any]) -> dict[str, int]:
-    """One port's snapshot attributes -> PortSample counters. A raw value is an integer (or an
-    integral float), possibly under its function name ({"RAW": n}); others are left out."""
+def counter_values(entry: Any) -> dict[str, int]:
+    """One port's snapshot entry -> PortSample counters, from its "statistics" object. Raises Bad when
+    there is none. A raw value is an integer (or an integral float below 2^53), possibly under its
+    function name ({"RAW": n}); others are left out."""
+    statistics = entry.get("statistics") if isinstance(entry, dict) else None
+    if not isinstance(statistics, dict):
+        raise Bad("no \"statistics\" object")
     out = {}
     for counter, (attribute, scale) in COUNTERS.items():
-        value = attributes.get(attribute)
+        value = statistics.get(attribute)
         if isinstance(value, dict):
             value = value.get("RAW")
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= U64:
+        value = exact(value)
+        if value is not None:
             out[counter] = (value * scale) & U64  # a 64-bit counter of octets, wrapping like one
     return out
+
+
+def exact(value: Any) -> int | None:
+    """A counter value as an exact unsigned 64-bit integer; a float only where it is exact (integral,
+    below 2^53)."""
+    if isinstance(value, float) and value.is_integer() and 0 <= value < 2**53:
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= U64:
+        return value
+    return None

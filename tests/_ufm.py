@@ -2,8 +2,13 @@
 127.0.0.1 serving a small InfiniBand fat tree (2 spines, 2 leaves, 4 GPU hosts, NDR).
 
 No real UFM ran these tests. Routes, JSON shapes, field names and authentication follow the NVIDIA
-UFM Enterprise REST API Guide v6.22.1 (see tests/test_ufm_collector.py for the sections and for
-which shapes the guide shows and which come from elsewhere).
+UFM Enterprise REST API Guide and public code that talks to real UFMs (IBM/CAST's UFM collector,
+NVIDIA's Mellanox/ufm_sdk_3.0 plugins, NVIDIA/bare-metal-manager-core's UFM client); each shape's
+source is cited in tests/test_ufm_collector.py and next to the code that serves it. The stand-in
+answers the Monitoring snapshot only in the public Site / Grid.default form, with the values under
+"statistics"; names link events as links; carries multi-ASIC ports (systemID); accepts a client
+certificate its client CA signed (`client_ca`); and serves UFM Telemetry's Prometheus text at
+/enterprise (UFM serves it on port 9001; here on the same port, without credentials).
 
 Knobs for failure tests: `faults[route]` is a list of actions taken, one per request, before the
 route answers normally again ("500", "hang", "not json", or a callable returning the body to send);
@@ -34,6 +39,11 @@ HOSTS = [("gpu-01", "b8599f0300f01000"), ("gpu-02", "b8599f0300f02000"), ("gpu-0
          ("gpu-04", "b8599f0300f04000")]
 GUID = {name: guid for name, guid, *_ in SWITCHES} | dict(HOSTS)
 SWITCH_NAMES = {name for name, *_ in SWITCHES}
+# spine-2 is a multi-ASIC switch: its ports carry their ASIC's node GUID (by the label's second part),
+# the chassis GUID only in systemID. A host's HCA port GUID is not its host's system GUID either
+# (NVIDIA/bare-metal-manager-core crates/api/src/ib/rest.rs: port guid 1070fd0300176625, systemID
+# 1070fd0300176624).
+ASICS = {"spine-2": {1: "fc6a1c0300a0c010", 2: "fc6a1c0300a0c020", 3: "fc6a1c0300a0c030"}}
 # cables: (switch, label, far system, far label); NDR labels 1/N/1 are port number 2N - 1
 CABLES = [("leaf-1", "1/1/1", "spine-1", "1/1/1"), ("leaf-1", "1/2/1", "spine-2", "1/1/1"),
           ("leaf-2", "1/1/1", "spine-1", "1/2/1"), ("leaf-2", "1/2/1", "spine-2", "1/2/1"),
@@ -50,8 +60,14 @@ def number(label: str) -> int:
     return 2 * int(label.split("/")[1]) - 1 if "/" in label else int(label)
 
 
+def node_guid(system: str, label: str) -> str:
+    if system in ASICS:
+        return ASICS[system][int(label.split("/")[1]) if "/" in label else 1]
+    return GUID[system][:-1] + "1" if system not in SWITCH_NAMES else GUID[system]
+
+
 def port_name(system: str, label: str) -> str:
-    return f"{GUID[system]}_{number(label)}"
+    return f"{node_guid(system, label)}_{number(label)}"
 
 
 def ufm_time(seconds_ago: float) -> str:
@@ -73,10 +89,10 @@ def _switch_port(system: str, label: str, peer: tuple[str, str] | None, physical
         "active_speed": "NDR" if up else None, "enabled_speed": ["NDR", "HDR", "EDR"] if up else [],
         "supported_speed": ["NDR", "HDR", "EDR"], "active_width": "4x" if up else None,
         "enabled_width": ["4x", "2x", "1x"] if up else [], "supported_width": ["4x", "2x", "1x"],
-        "dname": label, "name": port_name(system, label), "guid": GUID[system], "system_name": system,
+        "dname": label, "name": port_name(system, label), "guid": node_guid(system, label), "system_name": system,
         "systemID": GUID[system], "node_description": system, "module": "N/A",
         "peer": port_name(peer_system, peer_label) if up else "N/A", "peer_node_name": peer_system,
-        "peer_guid": GUID.get(peer_system, "N/A"),
+        "peer_guid": node_guid(peer_system, peer_label) if up else "N/A",
     }
 
 
@@ -87,9 +103,9 @@ def _host_port(host: str, switch: str, label: str) -> dict:
         "mirror": "disable", "logical_state": "Active", "capabilities": ["healthy_operations"], "mtu": 4096,
         "peer_port_dname": label, "severity": "Info", "active_speed": "NDR", "enabled_speed": ["NDR"],
         "supported_speed": ["NDR"], "active_width": "4x", "enabled_width": ["4x"], "supported_width": ["4x"],
-        "dname": "1", "name": f"{GUID[host]}_1", "guid": GUID[host], "system_name": host, "systemID": GUID[host],
-        "node_description": f"{host} mlx5_0", "module": "N/A", "peer": port_name(switch, label),
-        "peer_node_name": switch, "peer_guid": GUID[switch],
+        "dname": "1", "name": port_name(host, "1"), "guid": node_guid(host, "1"), "system_name": host,
+        "systemID": GUID[host], "node_description": f"{host} mlx5_0", "module": "N/A",
+        "peer": port_name(switch, label), "peer_node_name": switch, "peer_guid": node_guid(switch, label),
     }
 
 
@@ -111,7 +127,8 @@ def fat_tree() -> dict[str, Any]:
         ports.append(_switch_port(a, la, (b, lb)))
         ports.append(_switch_port(b, lb, (a, la)) if b in SWITCH_NAMES else _host_port(b, a, la))
         src, dst = (b, lb), (a, la)  # UFM lists a link from either end; these run from the far end
-        links.append({"source_guid": GUID[src[0]], "source_port": str(number(src[1])), "destination_guid": GUID[dst[0]],
+        links.append({"source_guid": node_guid(*src), "source_port": str(number(src[1])),
+                      "destination_guid": node_guid(*dst),
                       "destination_port": str(number(dst[1])), "source_port_dname": src[1],
                       "destination_port_dname": dst[1],
                       "source_port_node_description": src[0] if "gpu" not in src[0] else f"{src[0]} mlx5_0",
@@ -129,39 +146,58 @@ def fat_tree() -> dict[str, Any]:
         by_system.setdefault(p["system_name"], []).append(p["name"])
     for s in systems:
         s["ports"] = by_system.get(s["system_name"], [])
-    counters = {}
-    for k, p in enumerate(p for p in ports if p["description"] == "Switch IB Port"):
+    counters, telemetry = {}, {}
+    for k, p in enumerate(ports):  # every port, the hosts' too: a Site snapshot covers the whole fabric
         up = p["logical_state"] == "Active"
         counters[p["name"]] = {"Infiniband_MBIn": 5_000_000_000 + 1_000_003 * k if up else 0,
                                "Infiniband_MBOut": 7_000_000_000 + 2_000_029 * k if up else 0,
                                "Infiniband_PckIn": 90_000_000 + 1_001 * k if up else 0,
                                "Infiniband_PckOut": 80_000_000 + 2_003 * k if up else 0,
                                "Infiniband_RcvErrors": k % 3, "Infiniband_XmtDiscards": 7 * k}
+        # UFM Telemetry: octets, not 4-octet units (NVIDIA's dashboard plots rate(PortXmitDataExtended) * 8
+        # as bit/s); counters past 2^53 that a float would round
+        telemetry[p["name"]] = {"PortXmitDataExtended": (1 << 60) + 8_000_000_000_003 * k if up else 0,
+                                "PortRcvDataExtended": (1 << 59) + 3_000_000_000_007 * k if up else 0,
+                                "PortXmitPktsExtended": 80_000_000 + 2_003 * k if up else 0,
+                                "PortRcvPktsExtended": 90_000_000 + 1_001 * k if up else 0,
+                                "PortRcvErrors": k % 3, "PortXmitDiscards": 7 * k,
+                                "LinkDownedCounterExtended": k % 2, "Symbol_Errors": 11 * k}
     alarms = [{"id": 7, "type": "IBPort", "name": "Link HW Error", "description": "Link Downed", "event_type": 112,
                "duration": "0 s", "severity": "Warning", "timestamp": ufm_time(60), "counter": "Infiniband_LinkDowned",
                "event_count": 9, "object_name": port_name("spine-2", "1/1/1"), "object_path": "Switch: spine-2 / 1/1/1",
                "reason": "Link-Downed counter delta threshold exceeded. Threshold is 0, calculated delta is 9. "
                          "Peer info: default / Switch: leaf-1 / 1/2/1."}]
     events = [
-        _event(100, "Link went down", "IBPort", 7200, port_name("leaf-2", "1/2/1"), "Switch: leaf-2 / 1/2/1",
-               "Warning", "Fabric Topology", "Link went down: leaf-2 1/2/1 - spine-2 1/2/1"),
+        link_event(100, "down", 7200, ("leaf-2", "1/2/1"), ("spine-2", "1/2/1")),
         _event(101, "MCast Group Deleted", "Site", 900, "default", "default(5)", "Info", "Fabric Notification",
                "Mcast group is deleted: ff12601bffff0000, 1fffc6ec2", event_type="67"),
-        _event(102, "Link went down", "IBPort", 300, port_name("leaf-1", "1/2/1"), "Switch: leaf-1 / 1/2/1",
-               "Warning", "Fabric Topology", "Link went down: leaf-1 1/2/1 - spine-2 1/1/1"),
-        _event(103, "Link went up", "IBPort", 290, port_name("leaf-1", "1/2/1"), "Switch: leaf-1 / 1/2/1",
-               "Info", "Fabric Topology", "Link went up: leaf-1 1/2/1 - spine-2 1/1/1"),
+        link_event(102, "down", 300, ("leaf-1", "1/2/1"), ("spine-2", "1/1/1")),
+        link_event(103, "up", 290, ("leaf-1", "1/2/1"), ("spine-2", "1/1/1")),
         _event(104, "Link HW Error", "IBPort", 60, port_name("spine-2", "1/1/1"), "Switch: spine-2 / 1/1/1",
                "Warning", "Hardware", "Link Downed", counter="Infiniband_LinkDowned", event_type="112",
                reason=alarms[0]["reason"]),
         _event(105, "Symbol Error", "IBPort", 45, port_name("leaf-2", "1/3/1"), "Switch: leaf-2 / 1/3/1",
                "Warning", "Communication Error", "Symbol error counter delta threshold exceeded",
                counter="Infiniband_SymbolErrors", event_type="110"),
-        _event(106, "Link went down", "IBPort", 30, f"{GUID['gpu-04']}_1", "Computer: gpu-04 / mlx5_0",
-               "Warning", "Fabric Topology", "Link went down: gpu-04 mlx5_0 - leaf-2 1/4/1"),
+        link_event(106, "down", 30, ("gpu-04", "1"), ("leaf-2", "1/4/1")),
     ]
-    return {"systems": systems, "ports": ports, "links": links, "counters": counters, "alarms": alarms,
-            "events": events}
+    return {"systems": systems, "ports": ports, "links": links, "counters": counters, "telemetry": telemetry,
+            "alarms": alarms, "events": events}
+
+
+def link_event(id_: int, state: str, ago: float, a: tuple[str, str], b: tuple[str, str]) -> dict:
+    """A link's event as UFM reports it: event id 329 "Link went down" or 328 "Link is up" (UFM's event
+    policy table: IBM/CAST csmd/src/ras/ufm/ufm_csm_ras_type_data.csv, "Fabric_Topology.328/329"), the
+    object a link (type "Link") named '<guid>_<port> : <guid>_<port>' (Mellanox/ufm_sdk_3.0
+    plugins/ufm_log_analyzer_plugin/src/loganalyze/log_parsing/event_log_regex.py, LINK_OBJ_REGEX), the
+    text 'Link went down: (Switch:leaf-1 ...) - (Switch:spine-2 ...)' (ufm_sdk_3.0 scripts/eventor.py)."""
+    kind = {n: "Switch" if n in SWITCH_NAMES else "Computer" for n in (a[0], b[0])}
+    name = "Link went down" if state == "down" else "Link is up"
+    return _event(id_, name, "Link", ago, f"{port_name(*a)} : {port_name(*b)}",
+                  f"{kind[a[0]]}: {a[0]} / {a[1]} - {kind[b[0]]}: {b[0]} / {b[1]}",
+                  "Warning" if state == "down" else "Info", "Fabric Topology",
+                  f"{name}: ({kind[a[0]]}:{a[0]} {a[1]}) - ({kind[b[0]]}:{b[0]} {b[1]})",
+                  event_type="329" if state == "down" else "328")
 
 
 def _event(id_: int, name: str, type_: str, ago: float, object_name: str, object_path: str, severity: str,
@@ -176,13 +212,15 @@ def _event(id_: int, name: str, type_: str, ago: float, object_name: str, object
 
 
 class UfmStandIn:
-    def __init__(self, data: dict[str, Any] | None = None, tls: tuple[str, str] | None = None):
+    def __init__(self, data: dict[str, Any] | None = None, tls: tuple[str, str] | None = None,
+                 client_ca: str | None = None):
         self.data = data or fat_tree()
         self.faults: dict[str, list[str | Callable[[], bytes]]] = {}
         self.requests: list[tuple[str, str, dict[str, list[str]], str | None]] = []
         self.release = threading.Event()  # set on stop: "hang" faults end
         self.snapshot_time = int(time.time())
         self.freeze_snapshot = False
+        self.snapshot_requests: list[Any] = []  # bodies of POST monitoring/snapshot
         self._lock = threading.Lock()
         handler = type("Handler", (_Handler,), {"ufm": self})
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -191,6 +229,9 @@ class UfmStandIn:
         if tls is not None:  # (certificate file, key file): HTTPS, as a UFM server serves it
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(*tls)
+            if client_ca is not None:  # UFM's client authentication: a certificate this CA signed is a user
+                context.load_verify_locations(client_ca)
+                context.verify_mode = ssl.CERT_OPTIONAL
             self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
             self.scheme = "https"
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
@@ -208,9 +249,9 @@ class UfmStandIn:
         self.server.shutdown()
         self.server.server_close()
 
-    def advance(self, port: str, attribute: str, delta: int) -> None:
+    def advance(self, port: str, attribute: str, delta: int, source: str = "counters") -> None:
         with self._lock:
-            self.data["counters"][port][attribute] += delta
+            self.data[source][port][attribute] += delta
 
     def fault(self, route: str, *actions: str | Callable[[], bytes]) -> None:
         self.faults.setdefault(route, []).extend(actions)
@@ -270,15 +311,42 @@ class UfmStandIn:
         return 200, {}
 
     def _snapshot(self, body: Any) -> tuple[int, Any]:
+        """A snapshot of the whole fabric, asked as IBM/CAST's collector asks (scope_object "Site",
+        objects ["Grid.default"]), answered per port name with the values under "statistics" and the
+        time in UFM's format (UFM REST API guide v6.18.0, "Telemetry REST API", history example:
+        {"2021-12-01 19:12:36": {"Port": {"ec0d9a03007d7f0a_1": {"statistics": {...}, "guid": ...,
+        "name": "ufm-host87 mlx5_0"}}}})."""
+        self.snapshot_requests.append(body)
         required = {"attributes": list, "functions": list, "scope_object": str, "monitor_object": str, "objects": list}
         if not isinstance(body, dict) or any(not isinstance(body.get(k), t) for k, t in required.items()):
             return 400, {"error": "attributes, functions, scope_object, monitor_object and objects are required"}
+        if body["scope_object"] != "Site" or body["objects"] != ["Grid.default"] or body["monitor_object"] != "Port":
+            return 400, {"error": "this stand-in answers the public form only: scope_object Site, monitor_object "
+                                  "Port, objects [Grid.default]"}
+        names = {p["name"]: f"{p['system_name']} {p['dname']}" for p in self.data["ports"]}
         with self._lock:
             if not self.freeze_snapshot:
                 self.snapshot_time = max(int(time.time()), self.snapshot_time + 1)
-            ports = {name: {a: self.data["counters"][name][a] for a in body["attributes"] if a in ATTRIBUTES}
-                     for name in body["objects"] if name in self.data["counters"]}
-        return 200, {str(self.snapshot_time): {"Port": ports}}
+            ports = {name: {"statistics": {a: c[a] for a in body["attributes"] if a in ATTRIBUTES}, "guid": name,
+                            "name": names.get(name, name)} for name, c in self.data["counters"].items()}
+        when = datetime.fromtimestamp(self.snapshot_time, UTC).strftime("%Y-%m-%d %H:%M:%S")
+        return 200, {when: {"Port": ports}}
+
+    def telemetry_text(self) -> bytes:
+        """UFM Telemetry's Prometheus text (GET :9001/enterprise): one sample per counter and port,
+        labelled port_guid="0x<node GUID>" and port_num as NVIDIA's Grafana plugin reads them
+        (ufm_sdk_3.0 plugins/grafana_infiniband_telemetry_plugin/src/api/labels_api.py), with the
+        sample time in ms."""
+        ms = int(time.time() * 1000) if not self.freeze_snapshot else self.snapshot_time * 1000
+        lines = ["# HELP ufm_telemetry_up an unrelated metric the collector must skip", "ufm_telemetry_up 1"]
+        with self._lock:
+            rows = [(name, dict(c)) for name, c in self.data["telemetry"].items()]
+        for counter in rows[0][1] if rows else []:
+            lines += [f"# HELP {counter} {counter}", f"# TYPE {counter} counter"]
+            for name, c in rows:
+                guid, _, num = name.rpartition("_")
+                lines.append(f'{counter}{{port_guid="0x{guid}",port_num="{num}",device_id="54002"}} {c[counter]} {ms}')
+        return ("\n".join(lines) + "\n").encode()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -307,9 +375,12 @@ class _Handler(BaseHTTPRequestHandler):
         prefix, _, rest = url.path[1:].partition("/")
         route = "/" + rest
         basic = "Basic " + base64.b64encode(f"{USERNAME}:{PASSWORD}".encode()).decode()
-        if prefix not in ("ufmRest", "ufmRestV3"):
+        if url.path == "/enterprise":  # UFM Telemetry (its own port in UFM; no credential)
+            route = url.path
+        elif prefix not in ("ufmRest", "ufmRestV3"):
             return self._send(404, b'{"error": "not found"}')
-        if (prefix == "ufmRest" and header != basic) or (prefix == "ufmRestV3" and header != f"Basic {TOKEN}"):
+        elif not (self._client_certificate() and prefix == "ufmRest" and header is None) and (
+                (prefix == "ufmRest" and header != basic) or (prefix == "ufmRestV3" and header != f"Basic {TOKEN}")):
             return self._send(401, b"Unauthorized")
         actions = self.ufm.faults.get(route)
         action = actions.pop(0) if actions else None
@@ -322,12 +393,19 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, b"<html><body>UFM is starting</body></html>", "text/html")
         if callable(action):
             return self._send(200, action())
+        if route == "/enterprise":
+            return self._send(200, self.ufm.telemetry_text(), "text/plain; version=0.0.4")
         try:
             body = json.loads(raw) if raw else None
         except json.JSONDecodeError:
             return self._send(400, b'{"error": "bad JSON"}')
         status, answer = self.ufm.answer(method, route, query, body)
         self._send(status, json.dumps(answer).encode())
+
+    def _client_certificate(self) -> bool:
+        """A client certificate the server's client CA verified was presented."""
+        getpeercert = getattr(self.connection, "getpeercert", None)
+        return bool(getpeercert and getpeercert())
 
     def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
         try:

@@ -28,9 +28,40 @@ The stand-in follows the NVIDIA UFM Enterprise REST API Guide v6.22.1 (docs.nvid
   category, object_name, object_path, write_to_syslog, description).
 * "Monitoring REST API": the attribute names Infiniband_MBIn/MBOut ("data octets, divided by 4")
   and PckIn/PckOut, RAW function, the request fields of a session (attributes, functions,
-  scope_object, monitor_object, objects). The snapshot's answer could not be read here: the shape
-  served ({"<time>": {"Port": {"<port name>": {"<attribute>": value}}}}) and the attribute names
-  Infiniband_RcvErrors / Infiniband_XmtDiscards are this project's assumption (docs/ufm.md says so).
+  scope_object, monitor_object, objects).
+
+Shapes from other public sources (each also cited where the stand-in serves it):
+
+* Snapshot request `scope_object: "Site"`, `monitor_object: "Port"`, `objects: ["Grid.default"]`,
+  `interval: 2`, and the attributes Infiniband_RcvErrors / Infiniband_XmtDiscards / Infiniband_LinkDowned:
+  IBM/CAST csm_big_data/data-aggregators/ufm/ufmCollection.py (POST_PAYLOAD; it reads
+  `data[<time>]["Port"][<port>]`). The stand-in answers no other form.
+* Snapshot answer, the values one level down under "statistics" and the time as
+  'YYYY-MM-DD HH:MM:SS': UFM Enterprise REST API Guide v6.18.0, "Telemetry REST API", the history
+  example ({"2021-12-01 19:12:36": {"Port": {"ec0d9a03007d7f0a_1": {"statistics": {...}, "guid": ...,
+  "name": ...}}}}), the same monitoring data keyed the same way.
+* Link events: event ids 328 "Link is Up" / 329 "Link is Down" in category Fabric_Topology (IBM/CAST
+  csmd/src/ras/ufm/ufm_csm_ras_type_data.csv, from UFM's event policy); names "Link went down" /
+  "Link is up" and the text "(Switch:a ...) - (Switch:b ...)" (Mellanox/ufm_sdk_3.0 scripts/eventor.py,
+  plugins/ufm_log_analyzer_plugin events_log_analyzer.py); the object of type "Link" named
+  `<guid>_<port> : <guid>_<port>` (ufm_sdk_3.0 plugins/ufm_log_analyzer_plugin/src/loganalyze/
+  log_parsing/event_log_regex.py, LINK_OBJ_REGEX). The event id in `event_type` with `type` the object
+  type (guide v6.24.2 "Events REST API" example), or in `type` (guide v6.12.0 example: "type": "352").
+* Ports' `systemID` (the chassis GUID; a port's own GUID may differ): NVIDIA/bare-metal-manager-core
+  crates/api/src/ib/ufmclient/mod.rs (`#[serde(rename = "systemID")]`) and its test ports in
+  crates/api/src/ib/rest.rs (guid 1070fd0300176625, systemID 1070fd0300176624).
+* Client-certificate authentication: guide "Client Authentication REST API" (a client certificate's
+  SAN is associated with a UFM user); NVIDIA's client (bare-metal-manager-core
+  crates/api/src/ib/ufmclient/{mod,rest}.rs) presents CA, certificate and key over TLS, on /ufmRest,
+  with no password.
+* UFM Telemetry: Prometheus text on port 9001, path `enterprise` (ufm_sdk_3.0
+  plugins/grafana_infiniband_telemetry_plugin: conf/*.cfg and src/api/labels_api.py, which reads the
+  labels `port_guid="0x..."` and `port_num`); counter names PortXmitDataExtended (NVIDIA's Grafana
+  dashboard plugins/grafana_telemetry_plugin/Infiniband_Telemetry.json, plotted as rate x 8 bit/s,
+  i.e. octets), PortRcvDataExtended, LinkDownedCounterExtended (fluentd_telemetry_plugin README,
+  utils/netfix/link_flapping.py), PortRcvPktsExtended, PortRcvErrors, Symbol_Errors
+  (pdr_deterministic_plugin ufm_sim_web_service/constants.py). PortXmitPktsExtended and
+  PortXmitDiscards are the IB PortCounters names by analogy, not seen in a UFM sample.
 """
 
 from __future__ import annotations
@@ -44,7 +75,7 @@ import time
 
 import pytest
 import yaml
-from _ufm import GUID, PASSWORD, TOKEN, USERNAME, UfmStandIn, port_name
+from _ufm import GUID, PASSWORD, TOKEN, USERNAME, UfmStandIn, link_event, node_guid, port_name
 
 from collectors.base import (
     CollectorAuthError,
@@ -223,6 +254,36 @@ def test_https_checks_the_certificate_against_the_configured_ca(tmp_path):
         server.stop()
 
 
+def test_a_client_certificate_authenticates_without_a_password(tmp_path, caplog):
+    """UFM's client authentication: the certificate in the TLS handshake is the credential, on /ufmRest
+    with no Authorization header (NVIDIA bare-metal-manager's UFM client does the same)."""
+    cert, key = _self_signed(tmp_path)
+    (tmp_path / "client").mkdir()
+    (tmp_path / "stranger").mkdir()
+    client_cert, client_key = _self_signed(tmp_path / "client")
+    stranger_cert, stranger_key = _self_signed(tmp_path / "stranger")
+    server = UfmStandIn(tls=(cert, key), client_ca=client_cert).start()
+    caplog.set_level(logging.DEBUG)
+
+    def dev(cert_file: str, key_file: str, **extra) -> SwitchConfig:
+        return SwitchConfig(name="ufm-1", mgmt_address="127.0.0.1", collectors={"ufm": {
+            "url": server.url, "cert_file": cert_file, "key_file": key_file, "ca_file": cert, "retries": 0,
+            **extra}})
+
+    try:
+        result = poll(dev(client_cert, client_key))
+        assert len(of(result.records, PortSample)) == 14
+        assert {(path.split("/")[1], header) for _, path, _, header in server.requests} == {("ufmRest", None)}
+        with pytest.raises(CollectorUnreachable):  # a certificate the server's client CA did not sign
+            poll(dev(stranger_cert, stranger_key))
+        with pytest.raises(CollectorConfigError, match="cert_file/key_file .*missing.key"):
+            poll(dev(client_cert, str(tmp_path / "missing.key")))
+        key_body = open(client_key).read().splitlines()[1]
+        assert key_body not in caplog.text
+    finally:
+        server.stop()
+
+
 def test_malformed_json_is_a_bad_response_naming_the_route(ufm):
     ufm.fault("/resources/systems", "not json")
     with pytest.raises(CollectorBadResponse) as e:
@@ -310,7 +371,86 @@ def test_switches_sharing_a_name_are_named_by_their_guid(ufm):
                                                                    GUID["spine-2"]}
 
 
+def test_the_snapshot_is_asked_for_the_whole_site_and_read_under_statistics(ufm):
+    collector = UfmCollector()
+    result = poll(device(ufm), collector)
+    [body] = ufm.snapshot_requests
+    assert (body["scope_object"], body["monitor_object"], body["objects"], body["functions"]) == (
+        "Site", "Port", ["Grid.default"], ["RAW"])  # the form IBM/CAST's collector sends
+    assert {"Infiniband_MBIn", "Infiniband_MBOut", "Infiniband_RcvErrors"} <= set(body["attributes"])
+    samples = {(s.device, s.port): s for s in of(result.records, PortSample)}
+    raw = ufm.data["counters"][port_name("spine-2", "1/2/1")]
+    assert samples[("spine-2", "1/2/1")].in_octets == 4 * raw["Infiniband_MBIn"]  # a multi-ASIC switch's port
+    assert len(samples) == 14 and collector.problems["ufm-1"] == []  # the hosts' ports in the answer are skipped
+
+    # values at the port's top level (not the public shape): no counters, and the poll says why
+    flat = {"2024-05-28 08:03:05": {"Port": {name: dict(c) for name, c in ufm.data["counters"].items()}}}
+    ufm.fault("/monitoring/snapshot", lambda: json.dumps(flat).encode())
+    result = poll(device(ufm), collector)
+    assert all(s.in_octets is None for s in of(result.records, PortSample))
+    [problem] = [str(p) for p in collector.problems["ufm-1"]]
+    assert "POST /ufmRest/monitoring/snapshot: 14 of 14 items left out" in problem
+    assert 'no "statistics" object' in problem
+
+
+def test_a_ufm_6_1_systems_item_without_model_is_described_by_its_description(ufm):
+    """The keys and values of a real UFM 6.1 switch in /resources/systems (IBM/CAST
+    csmtest/include/json/ufm/output_6_1.json, first item; its GUID replaced by spine-1's)."""
+    item = {"ip": "10.7.7.2", "fw_version": "15.1630.210", "is_manual_ip": True, "psid": "MT_2630110032",
+            "total_alarms": 0, "temperature": "58", "capabilities": ["ssh", "sysinfo", "reboot"], "state": "active",
+            "role": "core", "type": "switch", "vendor": "Mellanox", "description": "MSB7800", "has_ufm_agent": False,
+            "system_guid": GUID["spine-1"], "groups": [], "guid": GUID["spine-1"], "sm_mode": "noSM",
+            "system_name": "spine-1", "sw_version": "3.6.6107-X86_64", "server_operation_mode": "Switch",
+            "name": GUID["spine-1"], "modules": []}
+    ufm.data["systems"] = [item if s["system_name"] == "spine-1" else s for s in ufm.data["systems"]]
+    facts = {f.device: f for f in of(poll(device(ufm)).records, DeviceFacts)}
+    assert facts["spine-1"].sys_descr == "Mellanox MSB7800, firmware 15.1630.210"
+    assert (facts["spine-1"].lldp_chassis_id, facts["spine-1"].interfaces) == (GUID["spine-1"], 3)
+
+
+def test_ports_join_their_switch_by_systemID_else_by_the_guid_of_their_name(ufm):
+    result = poll(device(ufm))
+    spine2 = {s.port for s in of(result.records, PortSample) if s.device == "spine-2"}
+    assert spine2 == {"1/1/1", "1/2/1"}  # two ASICs, one switch (systemID)
+    assert node_guid("spine-2", "1/1/1") != node_guid("spine-2", "1/2/1") != GUID["spine-2"]
+    assert next(f for f in of(result.records, DeviceFacts) if f.device == "spine-2").interfaces == 2
+    up = next(n for n in of(result.records, LldpNeighbor) if (n.device, n.port) == ("leaf-1", "1/2/1"))
+    assert (up.remote_name, up.remote_port, up.remote_chassis_id) == ("spine-2", "1/1/1", GUID["spine-2"])
+    host = next(n for n in of(result.records, LldpNeighbor) if (n.device, n.port) == ("leaf-1", "1/3/1"))
+    assert host.remote_chassis_id == GUID["gpu-01"] != node_guid("gpu-01", "1")  # the host, not its HCA port
+
+    for port in ufm.data["ports"]:
+        del port["systemID"]  # without it, the GUID of the port's name decides
+    result = poll(device(ufm))
+    devices = {s.device for s in of(result.records, PortSample)}
+    assert devices == {"spine-1", "leaf-1", "leaf-2"}  # spine-2's ASIC GUIDs are no switch's
+
+
 # --- events and alarms: switch evidence -------------------------------------------------------------
+
+
+def test_link_events_name_a_link_and_count_for_both_ends(ufm):
+    """329 'Link went down' names a link '<guid>_<port> : <guid>_<port>': both switch ends get the
+    evidence, even when the link is gone from /resources/links; 328 'Link is up' is no down."""
+    gone = (port_name("leaf-2", "1/1/1"), port_name("spine-1", "1/2/1"))
+    ufm.data["links"] = [x for x in ufm.data["links"] if x["name"] != f"{gone[1]}:{gone[0]}"]
+    older = link_event(12, "down", 20, ("spine-1", "1/2/1"), ("leaf-2", "1/1/1"))
+    del older["event_type"]
+    older["type"] = "329"  # older UFMs carry the event id in "type"
+    ufm.data["events"] = [link_event(10, "down", 40, ("leaf-2", "1/1/1"), ("spine-1", "1/2/1")),
+                          link_event(11, "up", 35, ("leaf-2", "1/1/1"), ("spine-1", "1/2/1")), older,
+                          link_event(13, "up", 10, ("leaf-1", "1/1/1"), ("spine-1", "1/1/1"))]
+    result = poll(device(ufm, alarms=False))
+    events = {(e.device, e.port): e for e in of(result.records, LinkEvent)}
+    assert set(events) == {("leaf-2", "1/1/1"), ("spine-1", "1/2/1")}  # the lone "Link is up" is no evidence
+    for e in events.values():
+        assert (e.state, e.previous, e.transitions, e.flaps_in_window) == ("up", "down", 4, 2)
+    point = next(p for p in of(result.records, GenericPoint) if p.fields.get("id") == 10)
+    assert point.tags == {"ufm": "ufm-1", "device": "leaf-2", "port": "1/1/1", "peer": "spine-1:1/2/1",
+                          "event": "Link went down", "severity": "Warning", "category": "Fabric Topology"}
+    assert point.fields["event_type"] == "329"
+
+
 
 
 def test_events_and_alarms_become_link_events_and_points(ufm):
@@ -376,12 +516,7 @@ def test_a_down_the_samples_show_is_not_reported_twice(ufm, tmp_path):
             await poller.poll_all()
             port = next(p for p in ufm.data["ports"] if p["name"] == name)
             port.update(logical_state="Down", physical_state="Polling", active_speed=None, active_width=None)
-            ufm.data["events"].append({"id": 200, "name": "Link went down", "type": "IBPort", "event_type": "329",
-                                       "severity": "Warning",
-                                       "timestamp": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-                                       "counter": "N/A", "category": "Fabric Topology", "object_name": name,
-                                       "object_path": "Switch: leaf-2 / 1/2/1", "write_to_syslog": False,
-                                       "description": "Link went down: leaf-2 1/2/1 - spine-2 1/2/1"})
+            ufm.data["events"].append(link_event(200, "down", 0, ("leaf-2", "1/2/1"), ("spine-2", "1/2/1")))
             await poller.poll_all()
         finally:
             await poller.close()
@@ -470,14 +605,96 @@ def test_a_repeated_snapshot_keeps_its_first_time(ufm):
     assert second.ts > first.ts and third.ts == second.ts  # no rate over an interval UFM did not sample
 
 
+# --- UFM Telemetry: the counters at scale -----------------------------------------------------------------
+
+
+def test_ufm_telemetry_gives_exact_64_bit_counters(ufm):
+    collector = UfmCollector()
+    result = poll(device(ufm, telemetry_url=f"{ufm.url}/enterprise"), collector)
+    assert not ufm.snapshot_requests and collector.problems["ufm-1"] == []
+    [scrape] = requests_to(ufm, "/enterprise")
+    assert scrape[3] is None  # no UFM credential goes to the telemetry endpoint
+    samples = {(s.device, s.port): s for s in of(result.records, PortSample)}
+    t = ufm.data["telemetry"][port_name("spine-2", "1/2/1")]
+    s = samples[("spine-2", "1/2/1")]
+    assert s.out_octets == t["PortXmitDataExtended"] > 2**60 and float(s.out_octets) != s.out_octets - 3  # exact
+    assert (s.in_octets, s.out_pkts, s.in_pkts) == (t["PortRcvDataExtended"], t["PortXmitPktsExtended"],
+                                                    t["PortRcvPktsExtended"])
+    assert (s.in_errors, s.out_discards, s.oper_status) == (t["PortRcvErrors"], t["PortXmitDiscards"], "up")
+    assert len(samples) == 14 and all(x.in_octets is not None for x in samples.values())
+    errors = {(p.tags["device"], p.tags["port"]): p for p in of(result.records, GenericPoint)
+              if p.measurement == "ufm_port_errors"}
+    assert len(errors) == 14 and errors[("spine-2", "1/2/1")].fields == {
+        "link_downed": t["LinkDownedCounterExtended"], "symbol_errors": t["Symbol_Errors"]}
+
+    ufm.advance(port_name("spine-2", "1/2/1"), "PortRcvDataExtended", 12_000_000_001, source="telemetry")
+    again = poll(device(ufm, telemetry_url=f"{ufm.url}/enterprise"))
+    later = next(x for x in of(again.records, PortSample) if (x.device, x.port) == ("spine-2", "1/2/1"))
+    assert later.in_octets - s.in_octets == 12_000_000_001  # past 2^59 a float is 128 octets coarse
+
+    words = poll(device(ufm, telemetry_url=f"{ufm.url}/enterprise", telemetry_data_unit="words"))
+    s = next(x for x in of(words.records, PortSample) if (x.device, x.port) == ("spine-2", "1/2/1"))
+    assert s.out_octets == (4 * t["PortXmitDataExtended"]) % 2**64 and s.out_pkts == t["PortXmitPktsExtended"]
+
+
+def test_a_growing_link_downed_counter_is_flap_evidence_for_both_ends(ufm):
+    collector = UfmCollector(flap_count=2, flap_window_s=3600)
+    dev = device(ufm, telemetry_url=f"{ufm.url}/enterprise", events=False, alarms=False)
+
+    async def run():
+        try:
+            first = await collector.collect(dev)
+            ufm.advance(port_name("leaf-2", "1/1/1"), "LinkDownedCounterExtended", 3, source="telemetry")
+            return first, await collector.collect(dev)
+        finally:
+            await collector.close()
+
+    first, second = asyncio.run(run())
+    assert not of(first.records, LinkEvent)  # a first reading is no increase
+    events = {(e.device, e.port): e for e in of(second.records, LinkEvent)}
+    assert set(events) == {("leaf-2", "1/1/1"), ("spine-1", "1/2/1")}
+    assert {(e.state, e.transitions, e.flaps_in_window, e.flapping) for e in events.values()} == {("up", 6, 3, True)}
+
+
+def test_bad_telemetry_is_noted_and_the_rest_kept(ufm):
+    collector = UfmCollector()
+    dev = device(ufm, telemetry_url=f"{ufm.url}/enterprise")
+    rounded = port_name("leaf-1", "1/1/1")
+    guid, _, num = rounded.rpartition("_")
+    text = ufm.telemetry_text().decode().replace(
+        f'PortXmitDataExtended{{port_guid="0x{guid}",port_num="{num}",device_id="54002"}} '
+        f'{ufm.data["telemetry"][rounded]["PortXmitDataExtended"]}',
+        f'PortXmitDataExtended{{port_guid="0x{guid}",port_num="{num}",device_id="54002"}} 1.152921504606847e+18')
+    ufm.fault("/enterprise", lambda: text.encode())
+    result = poll(dev, collector)
+    s = next(x for x in of(result.records, PortSample) if (x.device, x.port) == ("leaf-1", "1/1/1"))
+    assert s.out_octets is None and s.in_octets == ufm.data["telemetry"][rounded]["PortRcvDataExtended"]
+    [problem] = [str(p) for p in collector.problems["ufm-1"]]
+    assert f"GET {ufm.url}/enterprise: 1 of 14 items left out" in problem and "no exact unsigned 64-bit" in problem
+
+    ufm.fault("/enterprise", lambda: b"<html><body>UFM Telemetry is starting</body></html>")
+    result = poll(dev, collector)
+    samples = of(result.records, PortSample)
+    assert len(samples) == 14 and all(x.in_octets is None for x in samples)
+    [problem] = [str(p) for p in collector.problems["ufm-1"]]
+    assert f"GET {ufm.url}/enterprise: not Prometheus text" in problem
+
+
 # --- configuration -------------------------------------------------------------------------------------
 
 
 def test_settings_need_one_kind_of_credential_and_hide_secrets():
-    with pytest.raises(ValueError, match="either token or username/password"):
+    with pytest.raises(ValueError, match="one credential, not token and username/password"):
         UfmSettings(token=TOKEN, username=USERNAME, password=PASSWORD)
-    with pytest.raises(ValueError, match="needs a token, or a username and a password"):
+    with pytest.raises(ValueError, match="needs a token, a username and a password, or cert_file and key_file"):
         UfmSettings(username=USERNAME)
+    with pytest.raises(ValueError, match="needs both cert_file and key_file"):
+        UfmSettings(cert_file="/etc/nms/ufm-client.pem")
+    with pytest.raises(ValueError, match="one credential, not token and cert_file/key_file"):
+        UfmSettings(token=TOKEN, cert_file="/etc/nms/c.pem", key_file="/etc/nms/c.key")
+    with pytest.raises(ValueError, match="not in the URL"):
+        UfmSettings(token=TOKEN, telemetry_url=f"http://{USERNAME}:{PASSWORD}@ufm.example.com:9001/enterprise")
+    assert UfmSettings(cert_file="/etc/nms/c.pem", key_file="/etc/nms/c.key").telemetry_data_unit == "octets"
     with pytest.raises(ValueError, match="not in the URL"):
         UfmSettings(url=f"https://{USERNAME}:{PASSWORD}@ufm.example.com", token=TOKEN)
     with pytest.raises(ValueError, match="unknown time zone"):

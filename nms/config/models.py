@@ -479,15 +479,22 @@ class SnmpSettings(Strict):
 
 class UfmSettings(Strict):
     """NVIDIA UFM Enterprise REST API (collectors/ufm.py, docs/ufm.md). The device is the UFM server;
-    its polls report the switches UFM manages. Either `token` (/ufmRestV3) or username and password
-    (/ufmRest)."""
+    its polls report the switches UFM manages. One credential: `token` (/ufmRestV3), username and
+    password (/ufmRest), or a client certificate `cert_file` + `key_file` (/ufmRest, UFM's client
+    authentication)."""
 
     url: HttpUrl | None = None  # default https://<mgmt_address>; give it for a host name or another port
     username: str | None = None
     password: SecretStr | None = None
     token: SecretStr | None = None  # an access token (UFM Settings > Access Tokens)
+    cert_file: Path | None = None  # client certificate (PEM) whose SAN UFM associates with a user
+    key_file: Path | None = None  # its private key (PEM, unencrypted)
     verify_tls: bool = True
     ca_file: Path | None = None  # CA bundle for UFM's certificate (default: the system's)
+    # UFM Telemetry's Prometheus endpoint (e.g. http://ufm:9001/enterprise): when set, the port
+    # counters come from it instead of the Monitoring snapshot
+    telemetry_url: HttpUrl | None = None
+    telemetry_data_unit: Literal["octets", "words"] = "octets"  # Port*DataExtended in octets or 4-octet words
     interval: Seconds = 30.0
     timeout: Seconds = 10.0  # per request
     retries: int = Field(2, ge=0, le=10)  # after a timeout, a refused connection, HTTP 429 or 5xx
@@ -501,11 +508,11 @@ class UfmSettings(Strict):
     events: bool = True  # events: link down / flap evidence for the correlator, and stored
     timezone: str = "UTC"  # the UFM server's clock, for event and alarm timestamps (they carry no zone)
 
-    @field_validator("url")
+    @field_validator("url", "telemetry_url")
     @classmethod
     def _no_userinfo(cls, v: str | None) -> str | None:
         if v is not None and "@" in v.split("//", 1)[1].split("/", 1)[0]:
-            raise ValueError("give the credentials as username/password or token, not in the URL")
+            raise ValueError("give the credentials as username/password, token or certificate, not in the URL")
         return v
 
     @field_validator("timezone")
@@ -521,10 +528,14 @@ class UfmSettings(Strict):
 
     @model_validator(mode="after")
     def _credentials(self) -> UfmSettings:
-        if self.token is not None and (self.username or self.password):
-            raise ValueError("give either token or username/password, not both")
-        if self.token is None and not (self.username and self.password):
-            raise ValueError("UFM needs a token, or a username and a password")
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("a client certificate needs both cert_file and key_file")
+        given = [k for k, v in (("token", self.token), ("username/password", self.username or self.password),
+                                ("cert_file/key_file", self.cert_file)) if v]
+        if len(given) > 1:
+            raise ValueError(f"give one credential, not {' and '.join(given)}")
+        if not given or (given == ["username/password"] and not (self.username and self.password)):
+            raise ValueError("UFM needs a token, a username and a password, or cert_file and key_file")
         return self
 
 
