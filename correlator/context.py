@@ -293,7 +293,10 @@ class Context:
         col = newest % C
         last_sent, last_recv = sent[rows, col], recv[rows, col]
         has = newest >= 0
-        fresh = has & (newest >= now_s - 3)
+        # fresh against the newest data, not the clock: when windows reach the service late (a loaded
+        # host, a slow ingest) every path would go stale at once, nothing would clear an element, and
+        # any down path would be pinned on a switch
+        fresh = has & (newest >= min(now_s, self.newest) - 3)
         # loss counts only windows after the path's latest trouble (and the window after it): the
         # windows a link went down or came back in lose part of their exchanges, which is not partial
         # loss; so do its peers' paths around a NIC's own down/up, which they may lose probes to

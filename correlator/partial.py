@@ -48,7 +48,8 @@ def _flow_times(ctx: Context, now_s: int) -> tuple[np.ndarray, np.ndarray, np.nd
     first = np.where(valid, sec, np.iinfo(np.int64).max).min(axis=1)
     col = np.maximum(newest, 0) % C
     rows = np.arange(P)
-    silent_now = (newest >= now_s - FRESH_S) & (ctx.recv[rows, col] == 0) & (ctx.sec[rows, col] == newest)
+    fresh = newest >= min(now_s, ctx.newest) - FRESH_S  # against the newest data (see Context.stats)
+    silent_now = fresh & (ctx.recv[rows, col] == 0) & (ctx.sec[rows, col] == newest)
     dead_since = np.where(last_ok >= 0, last_ok + 1, first)
     return last_ok, dead_since, silent_now
 

@@ -153,3 +153,19 @@ def test_a_link_down_is_still_link_down_while_one_agent_reports_late():
 def test_a_healthy_noisy_fabric_has_no_partial_blackhole():
     run = Run(seed=4, switch_every=5, background_loss=2e-3, jitter_us=15)
     assert all(s == [] for s in run.steps(60))
+
+
+def test_data_reaching_the_service_late_changes_nothing():
+    """The service's clock runs 6 s ahead of the windows it has (a loaded host, a slow ingest):
+    freshness is judged against the newest data, so the live flows still clear every element and the
+    dead ones are still a partial blackhole, not a switch down."""
+    run = Run()
+    directed = run.s.down_link(1, 2)
+    run.s.blackhole[directed] = 0.5
+    steps = []
+    for _ in range(6):
+        run.c.add(run.s.windows(run.t))
+        steps.append(run.c.step((run.t + 7) * NS + NS // 10))
+        run.t += 1
+    assert all(kinds(s) <= {("partial_blackhole", link_of(directed))} for s in steps), [kinds(s) for s in steps]
+    assert kinds(steps[-1]) == {("partial_blackhole", link_of(directed))}
