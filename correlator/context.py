@@ -79,7 +79,7 @@ class Context:
         self.down_events: deque[tuple[int, int]] = deque()  # (ts, path)
         self.probe_paths: dict[int, tuple[int, str, str]] = {}  # path -> (ts, fwd_hops, rev_hops)
         self.path_sport: dict[int, int] = {}  # path -> the source port probing it (ProbePath, PathEvent)
-        self.whole: set[int] = set()  # paths whose latest trace reached the peer and back, no silent hop
+        self.whole: set[int] = set()  # paths whose latest trace reached the peer and back
         # (src_host, src_nic, dst_host, dst_nic, sport) -> the path with a whole trace that sport took:
         # where a flow went while it answered (a flow that died has only a partial trace since)
         self.flow_route: dict[tuple[str, str, str, str, int], int] = {}
@@ -223,8 +223,7 @@ class Context:
                 self.probe_paths[idx] = (r.ts, r.fwd_hops, r.rev_hops)
                 if r.probed_sport is not None:
                     self.path_sport[idx] = r.probed_sport
-                hops = f"{r.fwd_hops},{r.rev_hops}".split(",")
-                if r.fwd_complete and r.rev_complete and "*" not in hops:
+                if r.fwd_complete and r.rev_complete:
                     self.whole.add(idx)
                     for sport in r.sports.split(","):
                         if sport.strip().isdigit():

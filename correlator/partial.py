@@ -2,19 +2,20 @@
 while the other flows through it pass clean.
 
 What the probes show: some (path, source port) flows at 100 % loss, other flows through the same
-directed link answering, after those died. The down cover (localize.cover_states) finds nothing:
-every element a dead flow crosses is cleared by a live one. Here, a dead flow (down now and silent
-in its newest window, not explained by a down element) is placed by its whole trace, or by the
-whole trace its source port had before (`Context.flow_route`: a retrace of a dying flow goes silent
-at the drop and gets a new path id); a flow with no whole trace is not used. It counts only if every directed link it
-crosses carries a flow that answered in a window starting at least HOLD_S after the latest death
-through that link. A dead link (link down, or its paths not yet all declared down) never has such a
-flow, so its paths are left to the down cover, and no partial blackhole is claimed while a link
-dies. Then a greedy cover: the directed link crossed by the most such dead flows (at least
-MIN_DEAD), ties to the larger dead share, whose live flows lose little (< MAX_LIVE_LOSS: heavy
-uniform loss also silences whole windows now and then, but its live flows lose as much). Links
-crossed by exactly the same dead flows with the same share cannot be told apart: alternatives.
-Two or more picks that all touch one switch are that switch (a switch-wide hash fault).
+directed link answering after those died. The down cover (localize.cover_states) finds nothing:
+every element a dead flow crosses is cleared by a live one. Here a dead flow (down now, its newest
+window silent, not explained by a down element) is placed by its whole trace (one that reached the
+peer and came back), or by the whole trace its source port had before (`Context.flow_route`: the
+retrace of a dying flow goes silent at the drop and gets a new path id); a flow with no whole trace
+blames nothing. It counts only if every directed link it crosses carries a flow that answered in a
+window starting at least HOLD_S after the latest death through that link: a link that died passes
+nothing afterwards, so its paths are left to the down cover (also while some of them are not yet
+declared down), and no partial blackhole is claimed while a link dies. Then a greedy cover: the
+directed link crossed by the most such dead flows (at least MIN_DEAD), ties to the larger dead
+share, whose live flows lose little (< MAX_LIVE_LOSS: heavy uniform loss also silences a window now
+and then, but its live flows lose as much). Links crossed by exactly the same dead flows with the
+same share cannot be told apart: alternatives. Two or more picks that all touch one switch are that
+switch (a switch-wide hash fault).
 """
 
 from __future__ import annotations
