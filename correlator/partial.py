@@ -90,9 +90,12 @@ def partial_findings(ctx: Context, geo: Geometry, index: FabricIndex, stats: Pat
                      now_ns: int) -> list[Draft]:
     if not ctx.P or geo.U is None:
         return []
+    dead = stats.down & ~explained
+    if dead.sum() < MIN_DEAD:  # the usual step: nothing more to compute
+        return []
     now_s = now_ns // NS
     last_ok, dead_since, silent_now = _flow_times(ctx, now_s)
-    dead = stats.down & ~explained & silent_now
+    dead &= silent_now
     if dead.sum() < MIN_DEAD:
         return []
     U, UT = geo.U, geo.UT
