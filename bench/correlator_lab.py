@@ -16,7 +16,8 @@ randomly chosen element, waits for the incident, heals, and waits for it to reso
 * the soak runs the clean lab for `--soak` seconds: every incident opened then is false.
 
 Targets: link down <= 2 s p99, silent loss >= 1% <= 5 s, congestion <= 5 s, flapping
-flagged at the configured threshold; precision 100%, recall >= 95%; no false incident in the soak.
+flagged at the configured threshold, a partial blackhole (`blackhole`: a spine drops half the flows
+it sends to a leaf, by source address and port) <= 10 s; precision 100%, recall >= 95%; no false incident in the soak.
 tests/lab/test_correlator_lab.py runs one trial of each kind with the same harness.
 """
 
@@ -32,7 +33,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--soak", type=float, default=300.0, help="seconds of clean lab")
-    parser.add_argument("--kinds", default="link-down,loss,congestion,flap,nic-down,mtu")
+    parser.add_argument("--kinds", default="link-down,loss,congestion,flap,nic-down,mtu,blackhole")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--hosts-per-leaf", type=int, default=4)
     args = parser.parse_args()

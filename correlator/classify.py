@@ -32,7 +32,8 @@ from nms.config.models import CorrelatorConfig, Thresholds
 
 SEVERITY = {"link_down": "critical", "nic_down": "critical", "device_down": "critical",
             "link_flapping": "major", "corrupting_link": "major", "congestion": "minor",
-            "path_imbalance": "minor", "mtu_mismatch": "warning", "miscabling": "warning"}
+            "path_imbalance": "minor", "mtu_mismatch": "warning", "miscabling": "warning",
+            "partial_blackhole": "major"}
 
 
 @dataclass

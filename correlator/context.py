@@ -78,6 +78,11 @@ class Context:
         self._reset_pending()
         self.down_events: deque[tuple[int, int]] = deque()  # (ts, path)
         self.probe_paths: dict[int, tuple[int, str, str]] = {}  # path -> (ts, fwd_hops, rev_hops)
+        self.path_sport: dict[int, int] = {}  # path -> the source port probing it (ProbePath, PathEvent)
+        self.whole: set[int] = set()  # paths whose latest trace reached the peer and back
+        # (src_host, src_nic, dst_host, dst_nic, sport) -> the path with a whole trace that sport took:
+        # where a flow went while it answered (a flow that died has only a partial trace since)
+        self.flow_route: dict[tuple[str, str, str, str, int], int] = {}
         self.dirty_paths: set[int] = set()
         self.addresses: dict[str, End] = {}
         self.addr_version = 0
@@ -206,6 +211,8 @@ class Context:
         cls = r.__class__
         if cls is PathEvent:
             self.last_bad[idx] = max(self.last_bad[idx], r.ts // NS)
+            if r.sport is not None:
+                self.path_sport[idx] = r.sport
             if r.ts >= self.ev_ts[idx]:
                 self.ev_ts[idx], self.ev_state[idx] = r.ts, 2 if r.state == "down" else 1
             if r.state == "down":
@@ -214,6 +221,15 @@ class Context:
             old = self.probe_paths.get(idx)
             if old is None or r.ts >= old[0]:
                 self.probe_paths[idx] = (r.ts, r.fwd_hops, r.rev_hops)
+                if r.probed_sport is not None:
+                    self.path_sport[idx] = r.probed_sport
+                if r.fwd_complete and r.rev_complete:
+                    self.whole.add(idx)
+                    for sport in r.sports.split(","):
+                        if sport.strip().isdigit():
+                            self.flow_route[(*self.keys[idx][:4], int(sport))] = idx
+                else:
+                    self.whole.discard(idx)
                 if old is None or old[1:] != (r.fwd_hops, r.rev_hops):
                     self.dirty_paths.add(idx)
         elif cls is InterfaceAddress:
@@ -276,7 +292,10 @@ class Context:
         col = newest % C
         last_sent, last_recv = sent[rows, col], recv[rows, col]
         has = newest >= 0
-        fresh = has & (newest >= now_s - 3)
+        # fresh against the newest data, not the clock: when windows reach the service late (a loaded
+        # host, a slow ingest) every path would go stale at once, nothing would clear an element, and
+        # any down path would be pinned on a switch
+        fresh = has & (newest >= min(now_s, self.newest) - 3)
         # loss counts only windows after the path's latest trouble (and the window after it): the
         # windows a link went down or came back in lose part of their exchanges, which is not partial
         # loss; so do its peers' paths around a NIC's own down/up, which they may lose probes to

@@ -3,6 +3,8 @@
 Step order (each stage only sees the paths the previous ones left unexplained):
 1. paths down now -> cover by NIC / switch / link (probes alone: no SNMP poll needed);
    paths with down episodes in the context -> the same cover, for flapping;
+   paths down now that no down element explains, through links other flows still cross -> a
+   partial blackhole (correlator/partial.py);
 2. loss on the remaining paths (no down episode in the context, whose loss would be transitional)
    -> pooled binomial cover over directed links, on the latest windows, then on the whole context;
 3. round-trip delay inflation on the remaining paths -> cover over directed links;
@@ -25,6 +27,7 @@ from correlator.evidence import SwitchView
 from correlator.fabric import FabricIndex
 from correlator.impact import attach
 from correlator.localize import cover_inflation, cover_loss, cover_states
+from correlator.partial import partial_findings
 from correlator.paths import Geometry
 from nms.config.models import CorrelatorConfig, FabricConfig, Thresholds
 from nms.records import FabricTopology, Finding, Job
@@ -72,6 +75,10 @@ class Correlator:
             drafts += self._states(stats, view)
             explained = np.zeros(ctx.P, bool)
             for d in drafts:
+                explained[d.paths] = True
+            partial = partial_findings(ctx, geo, index, stats, explained, now_ns)
+            drafts += partial
+            for d in partial:
                 explained[d.paths] = True
             quiet = ~stats.down & (stats.episodes == 0) & ~explained
             prio = self._direction_priority(view)

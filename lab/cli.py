@@ -161,7 +161,11 @@ def fault(
     count: Annotated[int | None, typer.Option(help="flap: cycles, 0 = until healed (5).")] = None,
     rate: Annotated[str | None, typer.Option(help="congestion: new rate, e.g. 10M (link rate / 10).")] = None,
     percent: Annotated[float | None, typer.Option(help="loss: percent of frames dropped (5).")] = None,
-    from_node: Annotated[str | None, typer.Option("--from", help="loss/congestion: sending end.")] = None,
+    from_node: Annotated[str | None, typer.Option("--from", help="loss/congestion/blackhole: sending end.")] = None,
+    fraction: Annotated[float | None, typer.Option(help="blackhole: share of flows dropped entirely (0.5).")] = None,
+    by: Annotated[str | None, typer.Option(help="blackhole: hash of 'flow' (source address and port, "
+                                                "UDP; default) or 'dst' (destination address).")] = None,
+    seed: Annotated[int | None, typer.Option(help="blackhole: hash seed (random; recorded).")] = None,
     mtu: Annotated[int | None, typer.Option(help="mtu: the new MTU of one end (1500).")] = None,
     end: Annotated[str | None, typer.Option(help="mtu: which node's end changes.")] = None,
     offset_us: Annotated[float | None, typer.Option(help="clock: offset in microseconds.")] = None,
@@ -172,7 +176,8 @@ def fault(
     """Inject a real fault; prints its id for `nms lab heal`."""
     sh.require_root()
     f = faults_mod.inject(LabDir(lab_dir), kind, target, mode=mode, period=period, down_for=down_for,
-                          count=count, rate=rate, percent=percent, from_node=from_node, mtu=mtu, end=end,
+                          count=count, rate=rate, percent=percent, from_node=from_node, fraction=fraction, by=by,
+                          seed=seed, mtu=mtu, end=end,
                           offset_us=offset_us, drift_ppm=drift_ppm)
     if as_json:
         _dump(f)

@@ -21,9 +21,11 @@ SERVICE = {
     "thresholds": {"resolve_after_clean_windows": RESOLVE_AFTER, "flap_count": FLAP_COUNT,
                    "flap_window": f"{FLAP_WINDOW_S:.0f}s"},
 }
-DEADLINE_S = {"link-down": 10.0, "loss": 15.0, "congestion": 15.0, "flap": 30.0, "nic-down": 10.0, "mtu": 20.0}
+DEADLINE_S = {"link-down": 10.0, "loss": 15.0, "congestion": 15.0, "flap": 30.0, "nic-down": 10.0, "mtu": 20.0,
+              "blackhole": 10.0}
 KIND_OF = {"link-down": "link_down", "loss": "corrupting_link", "congestion": "congestion", "flap": "link_flapping",
-           "nic-down": "nic_down", "mtu": "mtu_mismatch"}
+           "nic-down": "nic_down", "mtu": "mtu_mismatch", "blackhole": "partial_blackhole"}
+BLACKHOLE_FRACTION = 0.5
 CONGESTION_RATE = "10M"  # the cut link end's rate; the load is LOAD_RATE through it
 LOAD_RATE = "15M"
 
@@ -71,6 +73,9 @@ def choose(topo, kind: str, rng: random.Random) -> tuple[str, dict, str]:
         return link.name, {"period": 3.0, "down_for": 1.5, "count": 0}, link_element(link)
     if kind == "mtu":
         return link.name, {"mtu": 1500}, link_element(link)
+    if kind == "blackhole":  # the spine drops half the flows it sends down to the leaf
+        spine = link.a.node if topo.nodes[link.a.node].role == "spine" else link.b.node
+        return link.name, {"fraction": BLACKHOLE_FRACTION, "from_node": spine}, link_element(link)
     return link.name, {}, link_element(link)
 
 

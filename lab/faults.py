@@ -11,6 +11,11 @@
     congestion  TBF rate cut on one or both ends of a link (run `nms lab traffic` for the load).
     loss        nftables netdev-ingress `numgen random` drop of N% of the frames arriving at one
                 end: one direction of a corrupting link, invisible to interface error counters.
+    blackhole   a partial blackhole: nftables netdev-ingress `jhash` at one end drops every packet of
+                the flows whose hash falls under --fraction, the other flows pass untouched (a bad ECMP
+                member, a corrupted forwarding entry). --by flow (default): UDP by (source address,
+                source port), so some source ports of a host die and others live; --by dst: all IPv4
+                to a hashed subset of destination addresses. The hash seed is recorded (ground truth).
     mtu         one end's MTU changed (default 1500 vs the lab's 9000): larger frames sent to it
                 are dropped on receipt (counted as its rx dropped).
     nic-down    a host's fabric NIC set administratively down, and its leaf port loses carrier
@@ -22,6 +27,7 @@
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 
@@ -29,11 +35,13 @@ from lab import builder, cleanup, netns, routing, services, sh
 from lab.state import LabDir, now, topology_of
 from lab.topology import Link, Topology, format_rate, parse_rate
 
-KINDS = ("link-down", "flap", "congestion", "loss", "mtu", "nic-down", "clock")
+KINDS = ("link-down", "flap", "congestion", "loss", "blackhole", "mtu", "nic-down", "clock")
 OPTIONS = {"link-down": {"mode"}, "flap": {"mode", "period", "down_for", "count"}, "congestion": {"rate", "from_node"},
-           "loss": {"percent", "from_node"}, "mtu": {"mtu", "end"}, "nic-down": set(),
-           "clock": {"offset_us", "drift_ppm"}}
+           "loss": {"percent", "from_node"}, "blackhole": {"fraction", "from_node", "by", "seed"},
+           "mtu": {"mtu", "end"}, "nic-down": set(), "clock": {"offset_us", "drift_ppm"}}
 MODES = ("blackhole", "failover")
+BLACKHOLE_KEYS = {"flow": "ip saddr . udp sport", "dst": "ip daddr"}  # --by -> what the hash reads
+HASH_MOD = 10000
 
 
 # --- mechanisms (shared with flap.py) -------------------------------------------------------
@@ -141,6 +149,23 @@ def make_params(topo: Topology, kind: str, target: str, opts: dict) -> tuple[dic
         dst = link.other(src).node
         p.update(percent=pct, direction=f"{src}->{dst}", dropped_at=str(link.end(dst)))
         return p, [f"loss:{link.name}:{dst}"]
+    if kind == "blackhole":
+        src = opts.get("from_node", first)
+        if src not in (link.a.node, link.b.node):
+            _bad_end(link, src)
+        fraction = float(opts.get("fraction", 0.5))
+        if not 0 < fraction < 1:
+            raise sh.LabError("blackhole --fraction must be within (0, 1): all or none is not a partial blackhole")
+        by = opts.get("by", "flow")
+        if by not in BLACKHOLE_KEYS:
+            raise sh.LabError(f"blackhole --by must be one of {', '.join(BLACKHOLE_KEYS)}")
+        seed = int(opts["seed"]) if "seed" in opts else random.getrandbits(32)
+        if not 0 <= seed < 2**32:
+            raise sh.LabError("blackhole --seed must be within 0..2^32-1")
+        dst = link.other(src).node
+        p.update(fraction=fraction, by=by, hash=BLACKHOLE_KEYS[by], seed=seed, direction=f"{src}->{dst}",
+                 dropped_at=str(link.end(dst)))
+        return p, [f"blackhole:{link.name}:{dst}"]
     if kind == "mtu":
         end = opts.get("end", link.other(first).node if first in (link.a.node, link.b.node) else link.b.node)
         if end not in (link.a.node, link.b.node):
@@ -161,6 +186,15 @@ def _bad_end(link: Link, node: str) -> None:
 
 def _nft_table(fault_id: str) -> str:
     return f"nmslab_{fault_id}"
+
+
+def blackhole_ruleset(table: str, port: str, p: dict) -> str:
+    """The nftables table of a blackhole fault: drop the flows whose jhash falls under the fraction."""
+    match = "meta protocol ip meta l4proto udp" if p["by"] == "flow" else "meta protocol ip"
+    return (f"table netdev {table} {{\n chain ingress {{\n"
+            f'  type filter hook ingress device "{port}" priority -500; policy accept;\n'
+            f"  {match} jhash {p['hash']} mod {HASH_MOD} seed {p['seed']:#x} < {round(p['fraction'] * HASH_MOD)} "
+            f"counter drop\n }}\n}}\n")
 
 
 def _apply(topo: Topology, lab: LabDir, state: dict, f: dict) -> None:
@@ -184,6 +218,9 @@ def _apply(topo: Topology, lab: LabDir, state: dict, f: dict) -> None:
                    f'  type filter hook ingress device "{port}" priority -500; policy accept;\n'
                    f"  numgen random mod 10000 < {round(p['percent'] * 100)} counter drop\n }}\n}}\n")
         sh.run(sh.in_ns(topo.netns(node), ["nft", "-f", "-"]), input=ruleset)
+    elif kind == "blackhole":
+        node, port = p["dropped_at"].split(":")
+        sh.run(sh.in_ns(topo.netns(node), ["nft", "-f", "-"]), input=blackhole_ruleset(_nft_table(f["id"]), port, p))
     elif kind == "mtu":
         node, port = p["port"].split(":")
         sh.ip_batch(topo.netns(node), [f"link set {port} mtu {p['mtu']}"])
@@ -209,7 +246,7 @@ def _heal(topo: Topology, lab: LabDir, state: dict, f: dict) -> None:
         link = topo.link(p["link"])
         for n in p["egress_of"]:
             sh.tc_batch(topo.netns(n), [_tbf(link.end(n).name, topo.spec.link_rate_bps, topo)])
-    elif kind == "loss":
+    elif kind in ("loss", "blackhole"):  # its own table, and only it, goes
         node = p["dropped_at"].split(":")[0]
         table = _nft_table(f["id"])
         out = sh.run(sh.in_ns(topo.netns(node), ["nft", "-j", "list", "table", "netdev", table]), check=False)

@@ -767,7 +767,7 @@ class InterfaceAddress(TelemetryRecord):
 # --- the correlator's output: findings -> incidents -> notifications ------------------------------
 
 FaultKind = Literal["link_down", "link_flapping", "corrupting_link", "congestion", "path_imbalance",
-                    "nic_down", "device_down", "mtu_mismatch", "miscabling",
+                    "nic_down", "device_down", "mtu_mismatch", "miscabling", "partial_blackhole",
                     # from the fabric audits (docs/audits.md, their escalation)
                     "speed_mismatch", "clock_unsynced", "config_drift", "probe_gap",
                     # a job's collectives slowed and no fabric element explains it (correlator/job_impact.py)

@@ -9,7 +9,9 @@ random spines); the reply of each path hashes onto an independent random spine, 
 does on the swapped ports. A window per path per second: 10 exchanges, loss from the links crossed
 (fwd and rev) plus background, one-way p50 delays in local clocks (per-host offset and drift),
 jitter. Faults: links down (blackhole, both directions; onset and heal land mid-window), loss and
-queueing delay per directed link, switch-side utilization / errors / MTU / oper overrides.
+queueing delay per directed link, switch-side utilization / errors / MTU / oper overrides, partial
+blackholes per directed link (a hash of the probe's (source, source port) or of the reply's
+responder against a fraction, as the lab's `blackhole` fault drops flows).
 
 `validate=False` builds records without pydantic validation (same class, same attributes): the
 bench needs a million windows a second. Tests use validated records.
@@ -46,6 +48,11 @@ def _fast(cls, values: dict):
     return obj
 
 
+def _unit(text: str) -> float:
+    """A stable hash of `text` in [0, 1)."""
+    return int(hashlib.sha1(text.encode()).hexdigest()[:8], 16) / 2**32
+
+
 def undirected(a: str, b: str) -> str:
     return "--".join(sorted((a, b)))
 
@@ -71,6 +78,7 @@ class Synth:
     errors_ps: dict = field(default_factory=dict)
     mtu: dict = field(default_factory=dict)
     nic_down: set = field(default_factory=set)
+    blackhole: dict = field(default_factory=dict)  # directed name -> fraction of flows dropped entirely
 
     def __post_init__(self):
         self.rng = np.random.default_rng(self.seed)
@@ -136,7 +144,9 @@ class Synth:
     def _build_paths(self) -> None:
         rng, n = self.rng, len(self.hosts)
         self.keys, self.fwd, self.rev, self.hops, self.spine_of = [], [], [], [], []
+        self.sport: list[int] = []  # the source port probing each path
         for i, src in enumerate(self.hosts):
+            first = len(self.keys)
             if self.peers is None:
                 peers = [j for j in range(n) if j != i]
             else:  # K distinct others
@@ -154,6 +164,7 @@ class Synth:
                     fh, rh = ",".join(f_hops), ",".join(r_hops)
                     pid = hashlib.sha1(f"{src}>{dst}|{fh}|{rh}".encode()).hexdigest()[:16]
                     self.keys.append((src, "eth0", dst, "eth0", pid))
+                    self.sport.append(40000 + len(self.keys) - first)
                     self.fwd.append([self.did[x] for x in f_links])
                     self.rev.append([self.did[x] for x in r_links])
                     self.hops.append((fh, rh))
@@ -177,11 +188,12 @@ class Synth:
         out = [self._make(InterfaceAddress, {"device": e.split(":")[0], "port": e.split(":")[1], "ts": t * NS,
                                              "address": a, "prefix_len": 31}) for e, a in self.addr.items()]
         if with_paths:
-            for key, (fh, rh) in zip(self.keys, self.hops):
+            for key, (fh, rh), sport in zip(self.keys, self.hops, self.sport):
                 out.append(self._make(ProbePath, {
                     "src_host": key[0], "src_nic": key[1], "dst_host": key[2], "dst_nic": key[3], "path_id": key[4],
                     "ts": t * NS, "src_addr": "192.0.2.10", "dst_addr": "192.0.2.11", "dport": 7000,
-                    "sports": "40000", "fwd_hops": fh, "rev_hops": rh, "fwd_complete": True, "rev_complete": True}))
+                    "sports": str(sport), "probed_sport": sport, "fwd_hops": fh, "rev_hops": rh,
+                    "fwd_complete": True, "rev_complete": True}))
         return out
 
     def _down_directed(self) -> np.ndarray:
@@ -192,6 +204,18 @@ class Synth:
             a, b = name.split("--")
             down[self.did[f"{a}->{b}"]] = down[self.did[f"{b}->{a}"]] = True
         return down
+
+    def blackholed(self) -> np.ndarray:
+        """Paths a partial blackhole kills: the probe crosses the link and (source, source port) hashes
+        under the fraction, or the reply crosses it and its responder does (the reply's source port is
+        the fixed probe port)."""
+        out = np.zeros(len(self.keys), bool)
+        for name, fraction in self.blackhole.items():
+            d = self.did[name]
+            for i, key in enumerate(self.keys):
+                out[i] |= d in self.fwd[i] and _unit(f"{key[0]}/{self.sport[i]}") < fraction
+                out[i] |= d in self.rev[i] and _unit(key[2]) < fraction
+        return out
 
     def windows(self, t: int) -> list:
         """The probe windows of second t (and the path events pushed around then)."""
@@ -206,6 +230,8 @@ class Synth:
         surv = np.prod(1 - p_link[self.F], axis=1) * np.prod(1 - p_link[self.R], axis=1) * (1 - self.background_loss)
         dl = self._down_directed()
         down = dl[self.F].any(1) | dl[self.R].any(1)
+        if self.blackhole:
+            down |= self.blackholed()
         sent = np.full(P, 10)
         recv = rng.binomial(sent, surv)
         onset, heal = down & ~self.prev_down, ~down & self.prev_down
@@ -240,7 +266,8 @@ class Synth:
         for i, state, ts in events:
             key = self.keys[i]
             out.append(self._make(PathEvent, {"src_host": key[0], "src_nic": key[1], "dst_host": key[2],
-                                              "dst_nic": key[3], "path_id": key[4], "ts": ts, "state": state}))
+                                              "dst_nic": key[3], "path_id": key[4], "ts": ts, "state": state,
+                                              "sport": self.sport[i]}))
         return out
 
     def switch_records(self, t: int, interval_s: float = 5.0) -> list:

@@ -38,7 +38,7 @@ def test_a_clean_lab_raises_no_incident(mesh):
     assert soak(mesh, SOAK_S) == []
 
 
-@pytest.mark.parametrize("kind", ["link-down", "loss", "congestion", "flap", "nic-down", "mtu"])
+@pytest.mark.parametrize("kind", ["link-down", "loss", "congestion", "flap", "nic-down", "mtu", "blackhole"])
 def test_each_fault_opens_the_right_incident_and_resolves_after_heal(mesh, kind):
     r = trial(mesh, kind, random.Random(kind))
     assert r["detected"], f"no {kind} incident on {r['element']} within {DEADLINE_S[kind]} s: {r}"
