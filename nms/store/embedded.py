@@ -182,7 +182,7 @@ class EmbeddedStore(TimeSeriesStore):
         cols = [f"c{first + n}" for n in range(len(new))]
         self._con.execute("BEGIN TRANSACTION")
         try:
-            for col, (kind, key, typ) in zip(cols, new):
+            for col, (_kind, _key, typ) in zip(cols, new):
                 self._con.execute(f"ALTER TABLE {entry.table} ADD COLUMN {col} {_SQL_TYPES[typ]}")
             self._con.executemany("INSERT INTO _columns VALUES (?, ?, ?, ?, ?)",
                                   [[entry.table, kind, key, col, typ] for col, (kind, key, typ) in zip(cols, new)])
