@@ -12,7 +12,8 @@ the chassis id from the facts):
 1. `ip -s -s -j link show`            -> PortSample per interface (64-bit kernel counters, oper
                                           status, MTU): the poll fails without it
 2. `grep -H . /sys/class/net/*/speed` -> the samples' speed (left out where the kernel has none)
-3. hostname, `uname -a`, /proc/uptime -> DeviceFacts (first record)
+3. hostname, `uname -a`, /proc/uptime -> DeviceFacts (first record; `arista_eos`: its host name
+                                          from `show hostname | json`)
 4. `lldpctl -f json` and `lldpcli -f json show chassis` (`lldp`) -> LldpNeighbor, the facts'
                                           chassis id
 5. `ip -4 -j address show`           -> InterfaceAddress per IPv4 address (the complete set)
@@ -149,6 +150,9 @@ class _Poll:
         neighbors, chassis = self._lldp() if self.s.lldp else ([], None)
         records: list[Any] = []
         facts = self._optional(p.FACTS, lambda out: p.facts(self.device, out, ts, interfaces, chassis))
+        if facts is not None and facts.sys_name is None and getattr(p, "HOSTNAME", None):
+            name = self._optional(p.HOSTNAME, p.hostname, "no sys_name in the facts")
+            facts = facts.model_copy(update={"sys_name": name})
         if facts is not None:
             records.append(facts)  # first: the service files a poll's facts under the polled device by it
         self.records = records + samples + self._queues() + neighbors + self._addresses() + self._config()

@@ -610,6 +610,7 @@ def test_nms_collect_cli_once_prints_the_ports_and_what_was_left_out(box, tmp_pa
 
 VENDOR_OUTPUTS = {  # command (without `| json`) -> fixture, as the switch's CLI prints it
     "arista_eos": {"show interfaces": "eos/show_interfaces.json", "show version": "eos/show_version.json",
+                   "show hostname": "eos/show_hostname.json",
                    "show ip interface": "eos/show_ip_interface.json",
                    "show lldp neighbors detail": "eos/show_lldp_neighbors_detail.json",
                    "show running-config": "eos/show_running_config.txt"},
@@ -638,8 +639,8 @@ def vendor_cli(box: SshBox, platform: str) -> None:
 
 @needs_sshd
 @pytest.mark.parametrize("platform,ports,neighbour", [
-    ("arista_eos", {"Ethernet1/1", "Ethernet2/1", "Management1"}, ("Ethernet1/1", "spine1", "Ethernet3/1")),
-    ("cisco_nxos", {"Ethernet1/1", "Ethernet1/2", "mgmt0"}, ("Ethernet1/1", "leaf1", "Ethernet3/1")),
+    ("arista_eos", {"Ethernet1/1", "Ethernet2/1", "Management1", "Vlan100"}, ("Ethernet1/1", "spine1", "Ethernet3/1")),
+    ("cisco_nxos", {"Ethernet1/1", "Ethernet1/2", "mgmt0", "loopback0"}, ("Ethernet1/1", "leaf1", "Ethernet3/1")),
 ])
 def test_a_vendor_platform_is_polled_through_its_own_commands(box, platform, ports, neighbour):
     """No EOS or NX-OS device runs here: the box's sshd answers the platform's commands with
@@ -652,6 +653,7 @@ def test_a_vendor_platform_is_polled_through_its_own_commands(box, platform, por
         assert {s.port for s in result.samples} == ports
         [facts] = of(result.records, DeviceFacts)
         assert facts.interfaces == 4 and facts.sys_descr.startswith(("Arista", "Cisco"))
+        assert facts.sys_name == {"arista_eos": "leaf1", "cisco_nxos": "spine1"}[platform]
         assert (neighbour[1], neighbour[2]) in {(n.remote_name, n.remote_port)
                                                 for n in of(result.records, LldpNeighbor) if n.port == neighbour[0]}
         assert ("Ethernet1/1", 31) in {(a.port, a.prefix_len) for a in of(result.records, InterfaceAddress)}
