@@ -27,3 +27,8 @@ def mac_or_text(value: str) -> str:
         return value
     digits = digits.lower()
     return ":".join(digits[i:i + 2] for i in range(0, 12, 2))
+
+
+def mac_octets(data: bytes) -> str:
+    """A MAC given as its octets (LLDP-MIB's ids of subtype macAddress)."""
+    return data.hex(":")

@@ -30,7 +30,7 @@ import pytest
 from collectors.base import CollectorBadResponse
 from collectors.cli import CliCollector
 from collectors.cli_ssh import Output, Session
-from collectors.lldp_id import mac_or_text
+from collectors.lldp_id import mac_octets, mac_or_text
 from nms.config.models import SwitchConfig
 from nms.records import DeviceFacts, GenericPoint, InterfaceAddress, LldpNeighbor, PortSample
 
@@ -233,3 +233,17 @@ def test_kept_interfaces_without_counters_are_a_good_poll():
     assert [s.port for s in samples] == ["Vlan120", "Vlan198", "Vlan199"]
     assert [(s.oper_status, s.speed_bps, s.mtu, s.in_octets) for s in samples] == [
         ("up", 10**9, 1500, None), ("down", 10**9, 1500, None), ("down", 10**9, 1500, None)]
+
+
+@pytest.mark.parametrize("given,kept", [
+    ("2c60.0cad.30de", "2c:60:0c:ad:30:de"),  # EOS and NX-OS, dotted
+    ("00c.297b.d2a8", "00:0c:29:7b:d2:a8"),  # EOS without a group's leading zeros (napalm's issue903 capture)
+    ("1C:E7:10:03:54:13", "1c:e7:10:03:54:13"),  # napalm's own form
+    ("08-00-27-B3-FC-E1", "08:00:27:b3:fc:e1"),
+    ("08:00:27:b3:fc:e1", "08:00:27:b3:fc:e1"),  # lldpd, and SNMP's octets (below)
+    ("spine1.fabric", "spine1.fabric"), ("10.1.100.1", "10.1.100.1"), ("4.15.5", "4.15.5"),  # not MACs: as given
+    ("Ethernet1/1", "Ethernet1/1"), ("08:00:27-b3:fc:e1", "08:00:27-b3:fc:e1"),
+])
+def test_chassis_ids_in_one_form(given: str, kept: str):
+    assert mac_or_text(given) == kept
+    assert mac_octets(bytes.fromhex("080027b3fce1")) == "08:00:27:b3:fc:e1"
