@@ -37,8 +37,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from collectors import cli_eos, cli_linux, cli_nxos
-from collectors.base import Collector, CollectorBadResponse, CollectorConfigError, CollectorUnreachable, PollResult
+import paramiko
+from netmiko.exceptions import ReadTimeout
+
+from collectors import cli_eos, cli_linux, cli_napalm, cli_nxos
+from collectors.base import (
+    Collector,
+    CollectorBadResponse,
+    CollectorConfigError,
+    CollectorTimeout,
+    CollectorUnreachable,
+    PollResult,
+)
 from collectors.cli_config import ConfigTracker
 from collectors.cli_ssh import Output, Session
 from nms.config.models import CliSettings, SwitchConfig
@@ -46,6 +56,8 @@ from nms.config.models import CliSettings, SwitchConfig
 log = logging.getLogger(__name__)
 # netmiko device type -> its command set and parsers (each module has the same names as cli_linux)
 PLATFORMS = {"linux": cli_linux, "arista_eos": cli_eos, "cisco_nxos": cli_nxos}
+# ... and those read through napalm's getters on the same session (collectors/cli_napalm.py)
+PLATFORMS.update({name: cli_napalm for name in cli_napalm.DRIVERS})
 
 
 class CliCollector(Collector):
@@ -134,6 +146,8 @@ class _Poll:
 
     def run(self) -> _Poll:
         """Read the device; the records are in `records`, what was left out in `problems`."""
+        if self.p is cli_napalm:
+            return self._run_napalm()
         before = time.time_ns()
         p = self.p
         links = self._run(p.LINKS)
@@ -157,6 +171,65 @@ class _Poll:
             records.append(facts)  # first: the service files a poll's facts under the polled device by it
         self.records = records + samples + self._queues() + neighbors + self._addresses() + self._config()
         return self
+
+    def _run_napalm(self) -> _Poll:
+        """The poll through napalm's getters (collectors/cli_napalm.py); get_interfaces is required."""
+        napalm = cli_napalm.driver(self.s.platform, self.session.connection, self.device, self.s.timeout)
+        before = time.time_ns()
+        interfaces = self._getter(napalm, "get_interfaces", None)
+        counters = self._getter(napalm, "get_interfaces_counters", "counters left out")
+        ts = (before + time.time_ns()) // 2
+        notes: list[str] = []
+        samples = cli_napalm.port_samples(self.device, ts, interfaces, counters, self.keep, notes)
+        self._notes("get_interfaces", notes)
+        records: list[Any] = []
+        if (got := self._getter(napalm, "get_facts", "no facts this poll")) is not None:
+            records.append(cli_napalm.facts(self.device, ts, got, self.s.platform))
+        if self.s.lldp and (got := self._getter(napalm, "get_lldp_neighbors_detail", "LLDP left out")) is not None:
+            records += cli_napalm.neighbors(self.device, time.time_ns(), got, self.keep, notes := [])
+            self._notes("get_lldp_neighbors_detail", notes)
+        if (got := self._getter(napalm, "get_interfaces_ip", "interface addresses left out")) is not None:
+            records += cli_napalm.addresses(self.device, time.time_ns(), got, self.keep, notes := [])
+            self._notes("get_interfaces_ip", notes)
+            self.addresses_read = True
+        self.records = records + samples + self._napalm_config(napalm)
+        return self
+
+    def _napalm_config(self, napalm: Any) -> list:
+        if not self.s.config or time.monotonic() < self.collector._config_due.get(self.device, 0.0):
+            return []
+        got = self._getter(napalm, "get_config", "no configuration snapshot this poll", retrieve="running")
+        if got is None:
+            return []
+        self.collector._config_due[self.device] = time.monotonic() + self.s.config_interval
+        text = cli_linux.config_text([("running-config", "show running-config",
+                                       cli_napalm.normalize(got.get("running") or "", self.s.platform))])
+        return self.collector.configs.snapshot(self.device, text, time.time_ns())
+
+    def _getter(self, napalm: Any, name: str, consequence: str | None, **kwargs: Any) -> Any:
+        """A napalm getter's result; None (noted) when it fails and `consequence` says what is lost,
+        the poll's failure when it is None. A timeout or a broken session fails the poll."""
+        from napalm.base.exceptions import ConnectionClosedException  # napalm: only for its platforms
+
+        self.commands += 1
+        try:
+            got = getattr(napalm, name)(**kwargs)
+            if not isinstance(got, dict):
+                raise ValueError(f"a {type(got).__name__}, not a dict")
+            return got
+        except ReadTimeout:
+            raise CollectorTimeout(self.device, f"{self.session.where}: {name} gave no output for "
+                                                f"{self.s.timeout:g} s") from None
+        except (OSError, EOFError, paramiko.SSHException, ConnectionClosedException) as e:
+            raise CollectorUnreachable(self.device, f"{self.session.where}: the session broke during {name} "
+                                                    f"({_first_line(str(e)) or type(e).__name__})") from None
+        except Exception as e:  # noqa: BLE001 -- napalm's parsers raise anything on output they do not expect
+            bad = self._bad(name, f"napalm's {name} failed ({type(e).__name__}: {_first_line(str(e))})"
+                                  + (f"; {consequence}" if consequence else ""))
+            if consequence is None:
+                raise bad from None
+            self.problems.append(bad)
+            return None
 
     def _queues(self) -> list:
         """Egress queues, on a platform that reads them (`QDISCS`: linux)."""

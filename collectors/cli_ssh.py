@@ -101,6 +101,11 @@ class Session:
         return self._aborted
 
     @property
+    def connection(self):
+        """The logged-in netmiko connection (napalm's drivers run their getters on it)."""
+        return self._conn
+
+    @property
     def connected(self) -> bool:
         transport = self._transport()
         return transport is not None and transport.is_active()

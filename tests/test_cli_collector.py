@@ -618,6 +618,18 @@ VENDOR_OUTPUTS = {  # command (without `| json`) -> fixture, as the switch's CLI
                    "show ip interface vrf all": "nxos/show_ip_interface_vrf_all.json",
                    "show lldp neighbors detail": "nxos/show_lldp_neighbors_detail.json",
                    "show running-config": "nxos/show_running_config.txt"},
+    # napalm's public captures of real IOS devices (tests/test_cli_napalm_cases.py says where from)
+    "cisco_ios": {"show version": "napalm/ios/test_get_facts/normal/show_version.txt",
+                  "show hosts": "napalm/ios/test_get_facts/normal/show_hosts.txt",
+                  "show ip interface brief": "napalm/ios/test_get_facts/normal/show_ip_interface_brief.txt",
+                  "show interfaces": "napalm/ios/test_get_interfaces_counters/normal/show_interfaces.txt",
+                  "show interface summary": "napalm/ios/test_get_interfaces_counters/normal/show_interface_summary.txt",
+                  "show lldp neighbors": "napalm/ios/test_get_lldp_neighbors_detail/normal/show_lldp_neighbors.txt",
+                  "show lldp neighbors detail":
+                      "napalm/ios/test_get_lldp_neighbors_detail/normal/show_lldp_neighbors_detail.txt",
+                  "show ip interface": "napalm/ios/test_get_interfaces_ip/normal/show_ip_interface.txt",
+                  "show ipv6 interface": "napalm/ios/test_get_interfaces_ip/normal/show_ipv6_interface.txt",
+                  "show running-config": "napalm/ios/test_get_config/normal/show_running_config.txt"},
 }
 
 
@@ -635,6 +647,15 @@ def vendor_cli(box: SshBox, platform: str) -> None:
     box.run("sh", "-c", f"printf '%s' '{show}' > /usr/local/bin/show; printf '#!/bin/sh\\nexec cat\\n' "
                         f"> /usr/local/bin/json; printf '%s' '{terminal}' > /usr/local/bin/terminal; "
                         "chmod 755 /usr/local/bin/show /usr/local/bin/json /usr/local/bin/terminal")
+    # the interactive shell that napalm's getters read (netmiko's send_command): bash without its
+    # bracketed-paste escape (ESC[?2004l), which no switch prints, over /etc/inputrc in this namespace
+    box.run("sh", "-c", "echo 'set enable-bracketed-paste off' > /usr/local/bin/inputrc")
+    box.run("mount", "--bind", "/usr/local/bin/inputrc", "/etc/inputrc")
+
+
+def vendor_cli_gone(box: SshBox) -> None:
+    box.run("umount", "--lazy", "/etc/inputrc")
+    box.run("umount", "--lazy", "/usr/local/bin")
 
 
 @needs_sshd
@@ -664,4 +685,36 @@ def test_a_vendor_platform_is_polled_through_its_own_commands(box, platform, por
         # what the fixtures leave out on purpose (an interface without counters, a bad address) is noted
         assert all("left out" in str(e) for e in collector.problems["sw-1"]), collector.problems
     finally:
-        box.run("umount", "--lazy", "/usr/local/bin")
+        vendor_cli_gone(box)
+
+
+@needs_sshd
+def test_ios_is_read_through_napalms_getters_on_the_checked_session(box, caplog):
+    """`cisco_ios`: our login (host key checked against known_hosts), then napalm's IOS getters
+    (napalm 5.2.0) over netmiko's interactive shell on that session; the box's sshd answers the
+    commands with napalm's captures of real IOS devices."""
+    vendor_cli(box, "cisco_ios")
+    try:
+        collector = CliCollector()
+        result = poll(switch(box, platform="cisco_ios", config=True), collector)
+        assert collector.problems["sw-1"] == []
+        [facts] = of(result.records, DeviceFacts)
+        assert result.records[0] is facts
+        assert (facts.sys_name, facts.interfaces, facts.uptime_ticks) == ("NS2903-ASW-01", 13, 16676160 * 100)
+        assert facts.sys_descr.startswith("Cisco IOS WS-C2960G-8TC-L C2960 Software")
+        g1 = port(result, "GigabitEthernet1")
+        assert (g1.oper_status, g1.speed_bps, g1.mtu, g1.in_octets, g1.out_octets) == ("up", 10**9, 1500, 25963, 26812)
+        assert (g1.in_pkts, g1.out_pkts) == (297, 160)  # napalm's -1 (not shown) broadcast/multicast: left out
+        [n] = of(result.records, LldpNeighbor)
+        assert (n.port, n.remote_name, n.remote_port, n.remote_chassis_id) == (
+            "FastEthernet4", "twb-sf-hpsw1", "15", "00:18:fe:1e:b0:20")
+        assert sorted((a.port, a.address, a.prefix_len) for a in of(result.records, InterfaceAddress)) == [
+            ("Vlan20", "172.29.50.3", 27), ("Vlan41", "172.29.52.34", 27), ("Vlan41", "192.168.81.34", 24)]
+        [config] = [p for p in result.records if getattr(p, "measurement", None) == "device_config"]
+        assert "hostname CSR1" in config.fields["text"] and "Building configuration" not in config.fields["text"]
+    finally:
+        vendor_cli_gone(box)
+    other = box.dir / "ios_known_hosts"  # a known_hosts without the box's key: the same check as every platform
+    other.write_text("")
+    e, _ = failure(switch(box, platform="cisco_ios", known_hosts=str(other)))
+    assert isinstance(e, CollectorAuthError) and f"is not in known_hosts {other}: refused" in str(e)
