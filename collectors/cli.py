@@ -147,11 +147,20 @@ class _Poll:
     def run(self) -> _Poll:
         """Read the device; the records are in `records`, what was left out in `problems`."""
         if self.p is cli_napalm:
-            return self._run_napalm()
+            return self._run_napalm(cli_napalm.DRIVERS[self.s.platform])
+        if self.session.text_only:
+            return self._run_napalm(cli_napalm.TEXT_DRIVERS[self.s.platform])
         before = time.time_ns()
         p = self.p
         links = self._run(p.LINKS)
         ts = (before + time.time_ns()) // 2  # the counters were read during the command
+        if self.s.platform in cli_napalm.TEXT_DRIVERS and not links.stdout.lstrip().startswith("{") \
+                and cli_linux.refusal(links.stdout + links.stderr):
+            # no `| json` on this device (older NX-OS): napalm's text parsers, on this session from now on
+            log.info("%s: %r refused (%s); reading through napalm's %s getters", self.device, p.LINKS,
+                     cli_linux.refusal(links.stdout + links.stderr), cli_napalm.TEXT_DRIVERS[self.s.platform])
+            self.session.text_only = True
+            return self._run_napalm(cli_napalm.TEXT_DRIVERS[self.s.platform])
         if not links.ok:
             raise self._failed(links)
         speed_bps = p.speeds(self._run(p.SPEEDS).stdout) if p.SPEEDS else {}
@@ -172,9 +181,10 @@ class _Poll:
         self.records = records + samples + self._queues() + neighbors + self._addresses() + self._config()
         return self
 
-    def _run_napalm(self) -> _Poll:
-        """The poll through napalm's getters (collectors/cli_napalm.py); get_interfaces is required."""
-        napalm = cli_napalm.driver(self.s.platform, self.session.connection, self.device, self.s.timeout)
+    def _run_napalm(self, driver: str) -> _Poll:
+        """The poll through napalm's `driver`'s getters (collectors/cli_napalm.py); get_interfaces is
+        required."""
+        napalm = cli_napalm.driver(driver, self.session.connection, self.device, self.s.timeout)
         before = time.time_ns()
         interfaces = self._getter(napalm, "get_interfaces", None)
         counters = self._getter(napalm, "get_interfaces_counters", "counters left out")
@@ -184,7 +194,7 @@ class _Poll:
         self._notes("get_interfaces", notes)
         records: list[Any] = []
         if (got := self._getter(napalm, "get_facts", "no facts this poll")) is not None:
-            records.append(cli_napalm.facts(self.device, ts, got, self.s.platform))
+            records.append(cli_napalm.facts(self.device, ts, got, driver))
         if self.s.lldp and (got := self._getter(napalm, "get_lldp_neighbors_detail", "LLDP left out")) is not None:
             records += cli_napalm.neighbors(self.device, time.time_ns(), got, self.keep, notes := [])
             self._notes("get_lldp_neighbors_detail", notes)
@@ -192,10 +202,10 @@ class _Poll:
             records += cli_napalm.addresses(self.device, time.time_ns(), got, self.keep, notes := [])
             self._notes("get_interfaces_ip", notes)
             self.addresses_read = True
-        self.records = records + samples + self._napalm_config(napalm)
+        self.records = records + samples + self._napalm_config(napalm, driver)
         return self
 
-    def _napalm_config(self, napalm: Any) -> list:
+    def _napalm_config(self, napalm: Any, driver: str) -> list:
         if not self.s.config or time.monotonic() < self.collector._config_due.get(self.device, 0.0):
             return []
         got = self._getter(napalm, "get_config", "no configuration snapshot this poll", retrieve="running")
@@ -203,7 +213,7 @@ class _Poll:
             return []
         self.collector._config_due[self.device] = time.monotonic() + self.s.config_interval
         text = cli_linux.config_text([("running-config", "show running-config",
-                                       cli_napalm.normalize(got.get("running") or "", self.s.platform))])
+                                       cli_napalm.normalize(got.get("running") or "", driver))])
         return self.collector.configs.snapshot(self.device, text, time.time_ns())
 
     def _getter(self, napalm: Any, name: str, consequence: str | None, **kwargs: Any) -> Any:

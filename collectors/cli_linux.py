@@ -95,13 +95,13 @@ def _json(text: str) -> Any:
     try:
         return json.loads(text)
     except ValueError as e:
-        if refusal := _refusal(text):
-            raise Bad(f"the device refused the command: {refusal!r} (a switch CLI without `| json`, such as "
-                      "NX-OS before 7.0(3), is not supported by this collector)") from None
+        if refusal_line := refusal(text):
+            raise Bad(f"the device refused the command: {refusal_line!r} (no `| json` for it on this "
+                      "device)") from None
         raise Bad(f"not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
 
 
-def _refusal(text: str) -> str | None:
+def refusal(text: str) -> str | None:
     """A switch CLI's error line (`% Invalid command at '^' marker.`, `% Invalid input ...`), if any."""
     return next((line.strip()[:200] for line in text.splitlines() if line.strip().startswith("%")), None)
 

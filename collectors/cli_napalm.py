@@ -1,4 +1,6 @@
-"""Platforms of the CLI collector read through napalm's getters (`cisco_ios`: napalm's `ios` driver).
+"""Platforms of the CLI collector read through napalm's getters: `cisco_ios` (napalm's `ios` driver),
+and `cisco_nxos` on a device that refuses `| json` (NX-OS before 7.0(3): napalm's `nxos_ssh`, which
+parses the text outputs).
 
 The login stays the collector's (collectors/cli_ssh.py: netmiko, the host key checked against
 known_hosts, the session closed at the poll's deadline). napalm's driver is handed that logged-in
@@ -25,20 +27,22 @@ from collectors.lldp_id import mac_or_text
 from nms.records import U64_MAX, DeviceFacts, InterfaceAddress, LldpNeighbor, PortSample
 
 DRIVERS = {"cisco_ios": "ios"}  # CliSettings.platform (netmiko's device type) -> napalm driver
-VENDOR = {"ios": "Cisco IOS"}
+TEXT_DRIVERS = {"cisco_nxos": "nxos_ssh"}  # ... for a device of a `| json` platform that refuses `| json`
+VENDOR = {"ios": "Cisco IOS", "nxos_ssh": "Cisco NX-OS"}
 COUNTERS = {"rx_octets": "in_octets", "tx_octets": "out_octets", "rx_errors": "in_errors",
             "tx_errors": "out_errors", "rx_discards": "in_discards", "tx_discards": "out_discards"}
 PACKETS = {"in_pkts": "rx", "out_pkts": "tx"}
 # running-configuration lines that change without a change of configuration
 VOLATILE = {"ios": re.compile(r"^(Building configuration\.\.\.|! (Last configuration change|NVRAM config last "
-                              r"updated|No configuration change since last restart)\b.*)\n", re.M)}
+                              r"updated|No configuration change since last restart)\b.*)\n", re.M),
+            "nxos_ssh": re.compile(r"^!(Command|Running configuration last done at|Time):.*\n", re.M)}
 
 
-def driver(platform: str, conn: Any, device: str, timeout: float) -> Any:
-    """napalm's driver for `platform`, on the logged-in netmiko connection `conn`."""
+def driver(name: str, conn: Any, device: str, timeout: float) -> Any:
+    """napalm's driver `name`, on the logged-in netmiko connection `conn`."""
     from napalm import get_network_driver  # imported here: napalm is large, and linux polls never need it
 
-    d = get_network_driver(DRIVERS[platform])(hostname=device, username="", password="", timeout=int(timeout))
+    d = get_network_driver(name)(hostname=device, username="", password="", timeout=int(timeout))
     d.device = conn
     return d
 
@@ -71,14 +75,14 @@ def port_samples(device: str, ts: int, interfaces: dict[str, Any], counters: dic
     return samples
 
 
-def facts(device: str, ts: int, got: dict[str, Any], platform: str) -> DeviceFacts:
+def facts(device: str, ts: int, got: dict[str, Any], driver_name: str) -> DeviceFacts:
     """get_facts -> DeviceFacts (napalm's uptime is in seconds, -1 when unknown)."""
     uptime = got.get("uptime")
     model, version = got.get("model") or "", got.get("os_version") or ""
     names = got.get("interface_list")
     return DeviceFacts(
         device=device, ts=ts, sys_name=(got.get("hostname") or None) and str(got["hostname"])[:255],
-        sys_descr=" ".join(p for p in (VENDOR[DRIVERS[platform]], model, version) if p)[:1024],
+        sys_descr=" ".join(p for p in (VENDOR[driver_name], model, version) if p)[:1024],
         uptime_ticks=round(uptime * 100) if isinstance(uptime, (int, float)) and uptime >= 0 else None,
         interfaces=len(names) if isinstance(names, list) else None)
 
@@ -128,9 +132,9 @@ def addresses(device: str, ts: int, got: dict[str, Any], keep: Callable[[str], b
     return found
 
 
-def normalize(text: str, platform: str) -> str:
+def normalize(text: str, driver_name: str) -> str:
     """The running configuration without its VOLATILE lines."""
-    return VOLATILE[DRIVERS[platform]].sub("", text)
+    return VOLATILE[driver_name].sub("", text)
 
 
 def _text(value: Any, limit: int) -> str | None:

@@ -93,6 +93,7 @@ class Session:
         self._conn = None
         self._lock = threading.Lock()  # one poll at a time on a session
         self._aborted = False
+        self.text_only = False  # the device refused `| json`: polled through napalm's text getters
 
     # -- connecting --------------------------------------------------------------------------------
 
