@@ -1,20 +1,21 @@
-"""napalm's public test captures as the peer of the CLI collector's `arista_eos` and `cisco_nxos` platforms.
+"""napalm's public test captures as the peer of the CLI collector's vendor platforms.
 
 Source: github.com/napalm-automation/napalm at commit ee70e634555f6d1f9d32369f2151dde526ad6dfd,
-`test/<driver>/mocked_data/test_<getter>/<case>/`: outputs that real EOS and NX-OS devices gave
-(`show ... | json`, eAPI and NX-API answers: the same JSON models), with `expected_result.json`,
-what napalm's getter returns for them. Copied unchanged to tests/fixtures/napalm/<driver>/ (Apache
-License 2.0: tests/fixtures/napalm/LICENSE and NOTICE). Only the files our commands read are kept.
+`test/<driver>/mocked_data/test_<getter>/<case>/`: outputs that real EOS, NX-OS and IOS devices
+gave (`show ... | json`, eAPI and NX-API answers, which are the same JSON models, and text), with
+`expected_result.json`, what napalm's getter returns for them. Copied unchanged to
+tests/fixtures/napalm/<driver>/ (Apache License 2.0: tests/fixtures/napalm/LICENSE and NOTICE);
+only the getters that map onto our records, and of the `| json` ones only the files our commands read.
 
-Each case is replayed through CliCollector.collect() on a session that answers our commands from
-the case's files (no SSH: the login and host-key path is tests/test_cli_collector.py's, on a real
-sshd). A command the case has no file for fails as a device's would (noted in `problems`), except
-the interface list, which a poll cannot do without: it is answered with an empty table. Then the
-records are compared with napalm's expected result, field by field.
+Each case is replayed through CliCollector.collect() on a session that answers from the case's
+files (no SSH: the login and host-key path is tests/test_cli_collector.py's, on a real sshd): our
+`| json` commands (`arista_eos`, `cisco_nxos`) on exec channels, and the commands of napalm's
+getters (`cisco_ios`; `cisco_nxos` on a device refusing `| json`: nxos_ssh) on the shell, as
+napalm's own tests answer them. A command the case has no file for fails as a device's would
+(noted in `problems`), except the interface list, which a poll cannot do without: it is answered
+with an empty table. Then the records are compared with napalm's expected result, field by field.
 
-Cases left out, and why: nxos `get_lldp_neighbors_detail` (napalm reads the text form there, we
-read `| json`), nxos_ssh getters on text outputs (this collector reads `| json` only); nxos_ssh's
-`does_not_support_json` case is used for the error a device without `| json` gives.
+Left out: nxos (NX-API) `get_lldp_neighbors_detail`: napalm reads its text form, we read `| json`.
 """
 
 from __future__ import annotations
