@@ -10,6 +10,7 @@ driver ran these tests (docs/cli_collector.md).
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import socket
@@ -568,7 +569,7 @@ def test_with_a_cli_and_snmp_on_one_switch_the_cli_gives_link_state(tmp_path):
 # --- settings and the command line ---------------------------------------------------------------------
 
 
-def test_settings_errors_name_the_field_and_secrets_stay_hidden(tmp_path):
+def test_settings_errors_name_the_field_and_secrets_stay_hidden(tmp_path, monkeypatch):
     def error(**cli) -> str:
         doc = {"fabric": {"switches": [{"name": "sw-1", "mgmt_address": "192.0.2.1", "collectors": {"cli": cli}}]}}
         with pytest.raises(ConfigError) as info:
@@ -582,6 +583,12 @@ def test_settings_errors_name_the_field_and_secrets_stay_hidden(tmp_path):
     assert "collectors.cli.platform: Value error, no command set for platform 'juniper_junos'" in error(
         username="u", password="p", known_hosts="/k", platform="juniper_junos")
     assert "collectors.cli.username" in error(password="p", known_hosts="/k")
+    CliSettings(username="u", password="p", known_hosts="/k", platform="cisco_ios")  # napalm is installed here
+    find_spec = importlib.util.find_spec  # where it is not, config check says what to install
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "napalm" else find_spec(name, *a))
+    assert "platform 'cisco_ios' reads through napalm, which is not installed (pip install 'fabric-nms[cli]')" \
+        in error(username="u", password="p", known_hosts="/k", platform="cisco_ios")
+    monkeypatch.undo()
     assert "collectors.cli.timeout" in error(username="u", password="p", known_hosts="/k", timeout="soon")
     settings = CliSettings(username="u", password="pw-secret-1", key_file="/k", key_passphrase="phrase-secret-2",
                            verify_host_key=False)
@@ -633,7 +640,7 @@ VENDOR_OUTPUTS = {  # command (without `| json`) -> fixture, as the switch's CLI
 }
 
 
-def vendor_cli(box: SshBox, platform: str) -> None:
+def vendor_cli(box: SshBox, platform: str, hang: str | None = None) -> None:
     """`show` (printing the fixture of its arguments), `json` (a pass-through) and `terminal` (EOS's
     replies to netmiko's session preparation) on a tmpfs over the switch's /usr/local/bin: its own
     mount namespace, nothing of the machine's changes."""
@@ -641,6 +648,8 @@ def vendor_cli(box: SshBox, platform: str) -> None:
     cases = "".join(f'  "{cmd.removeprefix("show ")}") cat {fixtures / f} ;;\n'
                     for cmd, f in VENDOR_OUTPUTS[platform].items())
     box.run("mount", "-t", "tmpfs", "nms-vendor-cli", "/usr/local/bin")
+    if hang:  # this one never answers
+        cases = f'  "{hang.removeprefix("show ")}") sleep 30 ;;\n' + cases
     show = f'#!/bin/sh\ncase "$*" in\n{cases}  *) echo "% Invalid input" >&2; exit 1 ;;\nesac\n'
     terminal = ('#!/bin/sh\ncase "$1" in width) echo "Width set to $2 columns." ;; '
                 'length) echo "Pagination disabled." ;; esac\n')
@@ -718,3 +727,31 @@ def test_ios_is_read_through_napalms_getters_on_the_checked_session(box, caplog)
     other.write_text("")
     e, _ = failure(switch(box, platform="cisco_ios", known_hosts=str(other)))
     assert isinstance(e, CollectorAuthError) and f"is not in known_hosts {other}: refused" in str(e)
+
+
+@needs_sshd
+def test_a_napalm_getter_cut_at_the_deadline_ends_with_its_session(box):
+    """napalm's getter blocks in netmiko's read of the shell: the deadline closes the session, which
+    ends that read; with one worker thread, the next poll runs only once it has."""
+    vendor_cli(box, "cisco_ios", hang="show lldp neighbors")
+    collector = CliCollector(max_concurrency=1)
+    dev = switch(box, platform="cisco_ios", config=False, timeout=20)
+
+    async def run():
+        try:
+            with pytest.raises(CollectorTimeout, match="deadline of 3 s"):
+                await collector.collect_with_deadline(dev, 3)
+            hung = collector._sessions["sw-1"]
+            vendor_cli_gone(box)
+            vendor_cli(box, "cisco_ios")
+            result = await collector.collect_with_deadline(dev, 15)
+            return hung, collector._sessions["sw-1"], result
+        finally:
+            await collector.close()
+
+    try:
+        hung, fresh, result = asyncio.run(run())
+    finally:
+        vendor_cli_gone(box)
+    assert hung.aborted and not hung.connected and fresh is not hung
+    assert {"GigabitEthernet1", "GigabitEthernet2"} <= {s.port for s in result.samples}
