@@ -7,7 +7,8 @@ threads); a poll cut off at its deadline closes its session, which ends the thre
 
 Per poll, on the `linux` platform (collectors/cli_linux.py; `arista_eos` (cli_eos.py) and
 `cisco_nxos` (cli_nxos.py) run their `| json` equivalents, without 2 (the speed is in 1) and with
-the chassis id from the facts):
+the chassis id from the facts; `cisco_ios`, and a `cisco_nxos` device that refuses `| json`, run
+napalm's getters on the same session instead: collectors/cli_napalm.py):
 
 1. `ip -s -s -j link show`            -> PortSample per interface (64-bit kernel counters, oper
                                           status, MTU): the poll fails without it
