@@ -7,12 +7,14 @@ threads); a poll cut off at its deadline closes its session, which ends the thre
 
 Per poll, on the `linux` platform (collectors/cli_linux.py; `arista_eos` (cli_eos.py) and
 `cisco_nxos` (cli_nxos.py) run their `| json` equivalents, without 2 (the speed is in 1) and with
-the chassis id from the facts):
+the chassis id from the facts; `cisco_ios`, and a `cisco_nxos` device that refuses `| json`, run
+napalm's getters on the same session instead: collectors/cli_napalm.py):
 
 1. `ip -s -s -j link show`            -> PortSample per interface (64-bit kernel counters, oper
                                           status, MTU): the poll fails without it
 2. `grep -H . /sys/class/net/*/speed` -> the samples' speed (left out where the kernel has none)
-3. hostname, `uname -a`, /proc/uptime -> DeviceFacts (first record)
+3. hostname, `uname -a`, /proc/uptime -> DeviceFacts (first record; `arista_eos`: its host name
+                                          from `show hostname | json`)
 4. `lldpctl -f json` and `lldpcli -f json show chassis` (`lldp`) -> LldpNeighbor, the facts'
                                           chassis id
 5. `ip -4 -j address show`           -> InterfaceAddress per IPv4 address (the complete set)
@@ -36,8 +38,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from collectors import cli_eos, cli_linux, cli_nxos
-from collectors.base import Collector, CollectorBadResponse, CollectorConfigError, CollectorUnreachable, PollResult
+import paramiko
+from netmiko.exceptions import ReadTimeout
+
+from collectors import cli_eos, cli_linux, cli_napalm, cli_nxos
+from collectors.base import (
+    Collector,
+    CollectorBadResponse,
+    CollectorConfigError,
+    CollectorTimeout,
+    CollectorUnreachable,
+    PollResult,
+)
 from collectors.cli_config import ConfigTracker
 from collectors.cli_ssh import Output, Session
 from nms.config.models import CliSettings, SwitchConfig
@@ -45,6 +57,8 @@ from nms.config.models import CliSettings, SwitchConfig
 log = logging.getLogger(__name__)
 # netmiko device type -> its command set and parsers (each module has the same names as cli_linux)
 PLATFORMS = {"linux": cli_linux, "arista_eos": cli_eos, "cisco_nxos": cli_nxos}
+# ... and those read through napalm's getters on the same session (collectors/cli_napalm.py)
+PLATFORMS.update({name: cli_napalm for name in cli_napalm.DRIVERS})
 
 
 class CliCollector(Collector):
@@ -133,10 +147,21 @@ class _Poll:
 
     def run(self) -> _Poll:
         """Read the device; the records are in `records`, what was left out in `problems`."""
+        if self.p is cli_napalm:
+            return self._run_napalm(cli_napalm.DRIVERS[self.s.platform])
+        if self.session.text_only:
+            return self._run_napalm(cli_napalm.TEXT_DRIVERS[self.s.platform])
         before = time.time_ns()
         p = self.p
         links = self._run(p.LINKS)
         ts = (before + time.time_ns()) // 2  # the counters were read during the command
+        if self.s.platform in cli_napalm.TEXT_DRIVERS and not links.stdout.lstrip().startswith("{") \
+                and cli_linux.refusal(links.stdout + links.stderr):
+            # no `| json` on this device (older NX-OS): napalm's text parsers, on this session from now on
+            log.info("%s: %r refused (%s); reading through napalm's %s getters", self.device, p.LINKS,
+                     cli_linux.refusal(links.stdout + links.stderr), cli_napalm.TEXT_DRIVERS[self.s.platform])
+            self.session.text_only = True
+            return self._run_napalm(cli_napalm.TEXT_DRIVERS[self.s.platform])
         if not links.ok:
             raise self._failed(links)
         speed_bps = p.speeds(self._run(p.SPEEDS).stdout) if p.SPEEDS else {}
@@ -149,10 +174,73 @@ class _Poll:
         neighbors, chassis = self._lldp() if self.s.lldp else ([], None)
         records: list[Any] = []
         facts = self._optional(p.FACTS, lambda out: p.facts(self.device, out, ts, interfaces, chassis))
+        if facts is not None and facts.sys_name is None and getattr(p, "HOSTNAME", None):
+            name = self._optional(p.HOSTNAME, p.hostname, "no sys_name in the facts")
+            facts = facts.model_copy(update={"sys_name": name})
         if facts is not None:
             records.append(facts)  # first: the service files a poll's facts under the polled device by it
         self.records = records + samples + self._queues() + neighbors + self._addresses() + self._config()
         return self
+
+    def _run_napalm(self, driver: str) -> _Poll:
+        """The poll through napalm's `driver`'s getters (collectors/cli_napalm.py); get_interfaces is
+        required."""
+        napalm = cli_napalm.driver(driver, self.session.connection, self.device, self.s.timeout)
+        before = time.time_ns()
+        interfaces = self._getter(napalm, "get_interfaces", None)
+        counters = self._getter(napalm, "get_interfaces_counters", "counters left out")
+        ts = (before + time.time_ns()) // 2
+        notes: list[str] = []
+        samples = cli_napalm.port_samples(self.device, ts, interfaces, counters, self.keep, notes)
+        self._notes("get_interfaces", notes)
+        records: list[Any] = []
+        if (got := self._getter(napalm, "get_facts", "no facts this poll")) is not None:
+            records.append(cli_napalm.facts(self.device, ts, got, driver))
+        if self.s.lldp and (got := self._getter(napalm, "get_lldp_neighbors_detail", "LLDP left out")) is not None:
+            records += cli_napalm.neighbors(self.device, time.time_ns(), got, self.keep, notes := [])
+            self._notes("get_lldp_neighbors_detail", notes)
+        if (got := self._getter(napalm, "get_interfaces_ip", "interface addresses left out")) is not None:
+            records += cli_napalm.addresses(self.device, time.time_ns(), got, self.keep, notes := [])
+            self._notes("get_interfaces_ip", notes)
+            self.addresses_read = True
+        self.records = records + samples + self._napalm_config(napalm, driver)
+        return self
+
+    def _napalm_config(self, napalm: Any, driver: str) -> list:
+        if not self.s.config or time.monotonic() < self.collector._config_due.get(self.device, 0.0):
+            return []
+        got = self._getter(napalm, "get_config", "no configuration snapshot this poll", retrieve="running")
+        if got is None:
+            return []
+        self.collector._config_due[self.device] = time.monotonic() + self.s.config_interval
+        text = cli_linux.config_text([("running-config", "show running-config",
+                                       cli_napalm.normalize(got.get("running") or "", driver))])
+        return self.collector.configs.snapshot(self.device, text, time.time_ns())
+
+    def _getter(self, napalm: Any, name: str, consequence: str | None, **kwargs: Any) -> Any:
+        """A napalm getter's result; None (noted) when it fails and `consequence` says what is lost,
+        the poll's failure when it is None. A timeout or a broken session fails the poll."""
+        from napalm.base.exceptions import ConnectionClosedException  # napalm: only for its platforms
+
+        self.commands += 1
+        try:
+            got = getattr(napalm, name)(**kwargs)
+            if not isinstance(got, dict):
+                raise ValueError(f"a {type(got).__name__}, not a dict")
+            return got
+        except ReadTimeout:
+            raise CollectorTimeout(self.device, f"{self.session.where}: {name} gave no output for "
+                                                f"{self.s.timeout:g} s") from None
+        except (OSError, EOFError, paramiko.SSHException, ConnectionClosedException) as e:
+            raise CollectorUnreachable(self.device, f"{self.session.where}: the session broke during {name} "
+                                                    f"({_first_line(str(e)) or type(e).__name__})") from None
+        except Exception as e:  # noqa: BLE001 -- napalm's parsers raise anything on output they do not expect
+            bad = self._bad(name, f"napalm's {name} failed ({type(e).__name__}: {_first_line(str(e))})"
+                                  + (f"; {consequence}" if consequence else ""))
+            if consequence is None:
+                raise bad from None
+            self.problems.append(bad)
+            return None
 
     def _queues(self) -> list:
         """Egress queues, on a platform that reads them (`QDISCS`: linux)."""

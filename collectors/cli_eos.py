@@ -16,12 +16,14 @@ from collections.abc import Callable
 from typing import Any
 
 from collectors.cli_linux import Bad, _json, _reason, config_text  # noqa: F401 (config_text: the platform's)
+from collectors.lldp_id import mac_or_text
 from nms.records import U64_MAX, DeviceFacts, InterfaceAddress, LldpNeighbor, OperStatus, PortSample
 
 PREAMBLE = ""  # EOS's CLI takes the command as it is
 LINKS = "show interfaces | json"
 SPEEDS = None  # `bandwidth` of LINKS (cli.py reads no speeds and no chassis when these are None)
 FACTS = "show version | json"
+HOSTNAME = "show hostname | json"  # the facts' sys_name (show version has none), as napalm's get_facts reads it
 ADDRESSES = "show ip interface | json"
 LLDP_NEIGHBORS = "show lldp neighbors detail | json"
 LLDP_CHASSIS = None  # EOS's LLDP chassis id is its system MAC (in FACTS)
@@ -60,15 +62,19 @@ def port_samples(device: str, text: str, ts: int, speed_bps: dict[str, int], kee
     for name, body in interfaces.items():
         if not keep(name):
             continue
-        counters = body.get("interfaceCounters") if isinstance(body, dict) else None
-        if not isinstance(counters, dict):  # EOS leaves them out of interfaces without counters (Vlan, Loopback)
-            notes.append(f"{name}: no 'interfaceCounters'")
+        if not isinstance(body, dict):
+            notes.append(f"{name}: not an object")
             continue
-        values: dict[str, Any] = {f: v for k, f in COUNTERS.items() if (v := _count(counters.get(k))) is not None}
-        for field, keys in PACKETS.items():
-            parts = [_count(counters.get(k)) for k in keys]
-            if parts[0] is not None:
-                values[field] = sum(p for p in parts if p is not None) & U64_MAX
+        # EOS leaves `interfaceCounters` out of interfaces without counters (Loopback, Vlan,
+        # subinterfaces): their sample has the state, speed and MTU only
+        counters = body.get("interfaceCounters")
+        values: dict[str, Any] = {}
+        if isinstance(counters, dict):
+            values = {f: v for k, f in COUNTERS.items() if (v := _count(counters.get(k))) is not None}
+            for field, keys in PACKETS.items():
+                parts = [_count(counters.get(k)) for k in keys]
+                if parts[0] is not None:
+                    values[field] = sum(p for p in parts if p is not None) & U64_MAX
         speed, mtu = _count(body.get("bandwidth")), body.get("mtu")
         try:
             samples.append(PortSample(
@@ -94,7 +100,16 @@ def facts(device: str, text: str, ts: int, interfaces: int, chassis_id: str | No
     mac = doc.get("systemMacAddress")
     return DeviceFacts(device=device, ts=ts, sys_descr=f"Arista {descr}"[:1024],
                        uptime_ticks=uptime if uptime is not None and uptime >= 0 else None, interfaces=interfaces,
-                       lldp_chassis_id=(chassis_id or (mac if isinstance(mac, str) and mac else None)))
+                       lldp_chassis_id=chassis_id or (mac_or_text(mac) if isinstance(mac, str) and mac else None))
+
+
+def hostname(text: str) -> str | None:
+    """`show hostname | json` -> the host name (`hostname`; `fqdn` is the name with its domain)."""
+    doc = _json(text)
+    name = doc.get("hostname") if isinstance(doc, dict) else None
+    if not isinstance(name, str):
+        raise Bad("no 'hostname' in show hostname")
+    return name[:255] or None
 
 
 def addresses(device: str, text: str, ts: int, keep: Callable[[str], bool],
@@ -141,13 +156,14 @@ def neighbors(device: str, text: str, ts: int, keep: Callable[[str], bool], note
                 continue
             iface = info.get("neighborInterfaceInfo") if isinstance(info.get("neighborInterfaceInfo"), dict) else {}
             # EOS quotes an interface name as port id: "\"Ethernet3/1\""
-            port_id = _text(str(iface.get("interfaceId") or "").strip('"'), 255)
+            port_id = _text(mac_or_text(str(iface.get("interfaceId") or "").strip('"')), 255)
             port_desc = _text(iface.get("interfaceDescription"), 255)
             if iface.get("interfaceIdType") not in PORT_ID_IS_NAME and port_desc:
                 remote_port = port_desc  # a MAC as port id: the description names the port
             else:
                 remote_port = port_id
-            name, chassis = _text(info.get("systemName"), 255), _text(info.get("chassisId"), 255)
+            name = _text(info.get("systemName"), 255)
+            chassis = _text(mac_or_text(str(info.get("chassisId") or "")), 255)
             if not (name or remote_port or chassis):
                 notes.append(f"{port}: a neighbour without name, port or chassis id")
                 continue

@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from collectors.lldp_id import mac_or_text
 from nms import qdisc
 from nms.records import U64_MAX, DeviceFacts, InterfaceAddress, LldpNeighbor, OperStatus, PortSample, QueueSample
 
@@ -94,7 +95,15 @@ def _json(text: str) -> Any:
     try:
         return json.loads(text)
     except ValueError as e:
+        if refusal_line := refusal(text):
+            raise Bad(f"the device refused the command: {refusal_line!r} (no `| json` for it on this "
+                      "device)") from None
         raise Bad(f"not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+
+
+def refusal(text: str) -> str | None:
+    """A switch CLI's error line (`% Invalid command at '^' marker.`, `% Invalid input ...`), if any."""
+    return next((line.strip()[:200] for line in text.splitlines() if line.strip().startswith("%")), None)
 
 
 def oper_status(link: dict[str, Any]) -> OperStatus:
@@ -228,6 +237,11 @@ def _text(value: Any, limit: int) -> str | None:
     return value[:limit] if isinstance(value, str) and value else None
 
 
+def _id_text(value: Any) -> str | None:
+    """An LLDP chassis or port id: a MAC in the one form of collectors/lldp_id.py, other ids as given."""
+    return _text(mac_or_text(value), 255) if isinstance(value, str) else None
+
+
 def neighbors(device: str, text: str, ts: int, keep: Callable[[str], bool], notes: list[str]) -> list[LldpNeighbor]:
     """`lldpctl -f json` -> an LldpNeighbor per (local port, neighbour)."""
     doc = _json(text)
@@ -254,8 +268,8 @@ def neighbors(device: str, text: str, ts: int, keep: Callable[[str], bool], note
         try:
             out.append(LldpNeighbor(
                 device=device, port=port[:128], ts=ts, remote_name=_text(name, 255),
-                remote_port=_text(remote_port, 255), remote_port_desc=port_desc,
-                remote_chassis_id=_text(chassis_id, 255), remote_description=_text(chassis_body.get("descr"), 1024)))
+                remote_port=_id_text(remote_port), remote_port_desc=port_desc,
+                remote_chassis_id=_id_text(chassis_id), remote_description=_text(chassis_body.get("descr"), 1024)))
         except ValueError as e:
             notes.append(f"{port!r}: {_reason(e)}")
     return out
@@ -266,7 +280,7 @@ def local_chassis_id(text: str) -> str | None:
     doc = _json(text)
     local = doc.get("local-chassis") if isinstance(doc, dict) else None
     chassis = _named(local.get("chassis", {})) if isinstance(local, dict) else []
-    return _id(chassis[0][1])[1] if chassis else None
+    return _id_text(_id(chassis[0][1])[1]) if chassis else None
 
 
 def normalize(text: str, kind: str | None) -> str:

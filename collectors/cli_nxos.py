@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from collectors.cli_linux import Bad, _json, _reason, config_text  # noqa: F401 (config_text: the platform's)
+from collectors.lldp_id import mac_or_text
 from nms.records import U64_MAX, DeviceFacts, InterfaceAddress, LldpNeighbor, OperStatus, PortSample
 
 PREAMBLE = ""
@@ -35,6 +36,9 @@ OPER: dict[str, OperStatus] = {"up": "up", "down": "down"}
 COUNTERS = {"eth_inbytes": "in_octets", "eth_outbytes": "out_octets", "eth_inpkts": "in_pkts",
             "eth_outpkts": "out_pkts", "eth_inerr": "in_errors", "eth_outerr": "out_errors",
             "eth_indiscard": "in_discards", "eth_outdiscard": "out_discards"}
+# mgmt0 counts in the supervisor's own (VDC-level) counters, without errors or discards
+MGMT_COUNTERS = {"vdc_lvl_in_bytes": "in_octets", "vdc_lvl_out_bytes": "out_octets", "vdc_lvl_in_pkts": "in_pkts",
+                 "vdc_lvl_out_pkts": "out_pkts"}
 SHORT_NAMES = {"Eth": "Ethernet", "Po": "port-channel", "Lo": "loopback", "mgmt": "mgmt"}
 
 
@@ -46,14 +50,20 @@ def _count(value: Any) -> int | None:
 
 
 def rows(doc: Any, table: str) -> list[dict]:
-    """`TABLE_<table>.ROW_<table>` as a list (NX-OS gives a single row as an object)."""
+    """`TABLE_<table>.ROW_<table>` as a list of rows. NX-OS gives a single row as an object, and
+    some tables as a list of such objects (`show ip interface`: one per VRF,
+    `"TABLE_intf": [{"ROW_intf": {...}}, ...]`)."""
     body = doc.get(f"TABLE_{table}") if isinstance(doc, dict) else None
     if body is None:
         return []
-    if not isinstance(body, dict):
-        raise Bad(f"TABLE_{table} is not an object")
-    found = body.get(f"ROW_{table}", [])
-    return [r for r in (found if isinstance(found, list) else [found]) if isinstance(r, dict)]
+    parts = body if isinstance(body, list) else [body]
+    if not all(isinstance(part, dict) for part in parts):
+        raise Bad(f"TABLE_{table} is neither an object nor a list of objects")
+    found: list[dict] = []
+    for part in parts:
+        got = part.get(f"ROW_{table}", [])
+        found += [r for r in (got if isinstance(got, list) else [got]) if isinstance(r, dict)]
+    return found
 
 
 def long_name(name: str) -> str:
@@ -77,14 +87,14 @@ def port_samples(device: str, text: str, ts: int, speed_bps: dict[str, int], kee
             continue
         if not keep(name):
             continue
-        values = {f: v for k, f in COUNTERS.items() if (v := _count(row.get(k))) is not None}
-        if not values:  # loopbacks, VLAN interfaces: no eth_ counters
-            notes.append(f"{name}: no counters")
-            continue
-        kbps, mtu = _count(row.get("eth_bw")), _count(row.get("eth_mtu"))
+        # loopbacks, VLAN interfaces (SVIs), some down ports: no counters; their sample has the
+        # state, speed and MTU only
+        values = {f: v for k, f in {**COUNTERS, **MGMT_COUNTERS}.items() if (v := _count(row.get(k))) is not None}
+        kbps, mtu = _count(_either(row, "bw")), _count(_either(row, "mtu"))
+        state = row.get("state", row.get("svi_line_proto"))
         try:
             samples.append(PortSample(
-                device=device, port=name[:128], ts=ts, oper_status=OPER.get(row.get("state"), "unknown"),
+                device=device, port=name[:128], ts=ts, oper_status=OPER.get(state, "unknown"),
                 speed_bps=kbps * 1000 if kbps else None, mtu=mtu if mtu is not None and mtu <= 1 << 20 else None,
                 **values))
         except ValueError as e:
@@ -92,6 +102,11 @@ def port_samples(device: str, text: str, ts: int, speed_bps: dict[str, int], kee
     if table and not samples and notes:
         raise Bad(f"none of its {len(table)} interfaces is usable: {notes[0]}")
     return samples, len(table)
+
+
+def _either(row: dict, field: str) -> Any:
+    """`eth_<field>`, or an SVI's `svi_<field>`."""
+    return row.get(f"eth_{field}", row.get(f"svi_{field}"))
 
 
 def facts(device: str, text: str, ts: int, interfaces: int, chassis_id: str | None) -> DeviceFacts:
@@ -115,25 +130,37 @@ def facts(device: str, text: str, ts: int, interfaces: int, chassis_id: str | No
 
 def addresses(device: str, text: str, ts: int, keep: Callable[[str], bool],
               notes: list[str]) -> list[InterfaceAddress]:
-    """`show ip interface vrf all | json` -> InterfaceAddress per primary IPv4 address (`prefix`,
-    `masklen`)."""
+    """`show ip interface vrf all | json` -> InterfaceAddress per IPv4 address: the primary (`prefix`,
+    `masklen`) and the secondaries (`TABLE_secondary_address`: `prefix1`, `masklen1`). An unnumbered
+    interface (`unnum-intf`) gets none: its address is held by the interface it names (as IP-MIB
+    has it; napalm's get_interfaces_ip lists it under both)."""
     found = []
     for row in rows(_json(text), "intf"):
-        name, address, plen = row.get("intf-name"), row.get("prefix"), _count(row.get("masklen"))
-        if not isinstance(name, str) or not keep(name) or address is None:
+        name = row.get("intf-name")
+        if not isinstance(name, str) or not keep(name):
             continue
-        try:
-            if plen is None or plen > 32:
-                raise ValueError(f"masklen {row.get('masklen')!r} is not 0..32")
-            found.append(InterfaceAddress(device=device, port=name[:128], ts=ts, prefix_len=plen,
-                                          address=str(ipaddress.IPv4Address(address))))
-        except ValueError as e:
-            notes.append(f"{name!r} {address!r}: {_reason(e)}")
+        pairs = [(row.get("prefix"), row.get("masklen"))]
+        pairs += [(r.get("prefix1"), r.get("masklen1")) for r in rows(row, "secondary_address")]
+        for address, masklen in pairs:
+            if address is None:
+                continue
+            plen = _count(masklen)
+            try:
+                if plen is None or plen > 32:
+                    raise ValueError(f"masklen {masklen!r} is not 0..32")
+                found.append(InterfaceAddress(device=device, port=name[:128], ts=ts, prefix_len=plen,
+                                              address=str(ipaddress.IPv4Address(address))))
+            except ValueError as e:
+                notes.append(f"{name!r} {address!r}: {_reason(e)}")
     return found
 
 
 def _text(value: Any, limit: int) -> str | None:
     return value[:limit] if isinstance(value, str) and value and value != "null" else None
+
+
+def _mac(value: Any) -> Any:
+    return mac_or_text(value) if isinstance(value, str) else value
 
 
 def neighbors(device: str, text: str, ts: int, keep: Callable[[str], bool], notes: list[str]) -> list[LldpNeighbor]:
@@ -150,8 +177,8 @@ def neighbors(device: str, text: str, ts: int, keep: Callable[[str], bool], note
         port = long_name(local)
         if not keep(port):
             continue
-        name, remote_port = _text(row.get("sys_name"), 255), _text(row.get("port_id"), 255)
-        chassis = _text(row.get("chassis_id"), 255)
+        name, remote_port = _text(row.get("sys_name"), 255), _text(_mac(row.get("port_id")), 255)
+        chassis = _text(_mac(row.get("chassis_id")), 255)
         if not (name or remote_port or chassis):
             notes.append(f"{port}: a neighbour without name, port or chassis id")
             continue

@@ -93,12 +93,18 @@ class Session:
         self._conn = None
         self._lock = threading.Lock()  # one poll at a time on a session
         self._aborted = False
+        self.text_only = False  # the device refused `| json`: polled through napalm's text getters
 
     # -- connecting --------------------------------------------------------------------------------
 
     @property
     def aborted(self) -> bool:
         return self._aborted
+
+    @property
+    def connection(self):
+        """The logged-in netmiko connection (napalm's drivers run their getters on it)."""
+        return self._conn
 
     @property
     def connected(self) -> bool:
@@ -132,10 +138,25 @@ class Session:
         except Exception as e:
             self.close()
             raise self._login_error(e) from None
+        self._raise_when_closed(conn)
         sock = getattr(self._transport(), "sock", None)
         if isinstance(sock, socket.socket):  # each command is a few small packets: no Nagle delay on them
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         log.info("%s: logged in over SSH to %s as %s", self.device, self.where, s.username)
+
+    def _raise_when_closed(self, conn) -> None:
+        """netmiko polls a closed channel for output until its read timeout: a getter of napalm's,
+        reading the shell when the deadline closed the session, would hold its thread that long.
+        Its reads raise instead once the session is closed."""
+        read = conn.read_channel
+
+        def read_channel() -> str:
+            transport = self._transport()
+            if self._aborted or transport is None or not transport.is_active():
+                raise EOFError("the SSH session is closed")
+            return read()
+
+        conn.read_channel = read_channel
 
     def _private_key(self) -> paramiko.PKey | None:
         s = self.settings

@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 from collectors.base import Collector, CollectorBadResponse, CollectorConfigError, PollResult
+from collectors.lldp_id import mac_octets, mac_or_text
 from collectors.snmp_ifmib import IF_COLUMNS, IF_TABLE_COLUMNS, is_port, needs_if_table, port_names, port_sample
 from collectors.snmp_walk import EnginePool, Oid, SnmpTarget, as_text, dotted, oid, row_int, table_rows
 from nms.config.models import SnmpSettings, SwitchConfig
@@ -182,9 +183,9 @@ class SnmpCollector(Collector):
         if LLDP_LOC_CHASSIS_ID in system:
             value = system[LLDP_LOC_CHASSIS_ID]
             chassis = (
-                bytes(value.asOctets()).hex(":")
+                mac_octets(bytes(value.asOctets()))
                 if int(system.get(LLDP_LOC_CHASSIS_SUBTYPE, 0)) == CHASSIS_IS_MAC
-                else as_text(value)
+                else mac_or_text(as_text(value))
             )
         records.append(DeviceFacts(
             device=device.name, ts=ts, uptime_ticks=uptime, interfaces=len(rows),
@@ -284,8 +285,9 @@ def _neighbors(device: str, table: dict[Oid, dict[Oid, Any]], if_names: dict[int
         remote_port = port_id if row_int(row, "port_subtype") in PORT_ID_IS_NAME else (port_desc or port_id)
         chassis = None
         if "chassis_id" in row:
-            chassis = (bytes(row["chassis_id"].asOctets()).hex(":") if row_int(row, "chassis_subtype") == CHASSIS_IS_MAC
-                       else as_text(row["chassis_id"]))
+            value = row["chassis_id"]
+            is_mac = row_int(row, "chassis_subtype") == CHASSIS_IS_MAC
+            chassis = mac_octets(bytes(value.asOctets())) if is_mac else mac_or_text(as_text(value))
         out.append(LldpNeighbor(
             device=device, port=port[:128], ts=ts,
             remote_name=as_text(row["sys_name"])[:255] if "sys_name" in row else None,

@@ -10,6 +10,7 @@ driver ran these tests (docs/cli_collector.md).
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import socket
@@ -568,7 +569,7 @@ def test_with_a_cli_and_snmp_on_one_switch_the_cli_gives_link_state(tmp_path):
 # --- settings and the command line ---------------------------------------------------------------------
 
 
-def test_settings_errors_name_the_field_and_secrets_stay_hidden(tmp_path):
+def test_settings_errors_name_the_field_and_secrets_stay_hidden(tmp_path, monkeypatch):
     def error(**cli) -> str:
         doc = {"fabric": {"switches": [{"name": "sw-1", "mgmt_address": "192.0.2.1", "collectors": {"cli": cli}}]}}
         with pytest.raises(ConfigError) as info:
@@ -582,6 +583,12 @@ def test_settings_errors_name_the_field_and_secrets_stay_hidden(tmp_path):
     assert "collectors.cli.platform: Value error, no command set for platform 'juniper_junos'" in error(
         username="u", password="p", known_hosts="/k", platform="juniper_junos")
     assert "collectors.cli.username" in error(password="p", known_hosts="/k")
+    CliSettings(username="u", password="p", known_hosts="/k", platform="cisco_ios")  # napalm is installed here
+    find_spec = importlib.util.find_spec  # where it is not, config check says what to install
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "napalm" else find_spec(name, *a))
+    assert "platform 'cisco_ios' reads through napalm, which is not installed (pip install 'fabric-nms[cli]')" \
+        in error(username="u", password="p", known_hosts="/k", platform="cisco_ios")
+    monkeypatch.undo()
     assert "collectors.cli.timeout" in error(username="u", password="p", known_hosts="/k", timeout="soon")
     settings = CliSettings(username="u", password="pw-secret-1", key_file="/k", key_passphrase="phrase-secret-2",
                            verify_host_key=False)
@@ -610,6 +617,7 @@ def test_nms_collect_cli_once_prints_the_ports_and_what_was_left_out(box, tmp_pa
 
 VENDOR_OUTPUTS = {  # command (without `| json`) -> fixture, as the switch's CLI prints it
     "arista_eos": {"show interfaces": "eos/show_interfaces.json", "show version": "eos/show_version.json",
+                   "show hostname": "eos/show_hostname.json",
                    "show ip interface": "eos/show_ip_interface.json",
                    "show lldp neighbors detail": "eos/show_lldp_neighbors_detail.json",
                    "show running-config": "eos/show_running_config.txt"},
@@ -617,10 +625,22 @@ VENDOR_OUTPUTS = {  # command (without `| json`) -> fixture, as the switch's CLI
                    "show ip interface vrf all": "nxos/show_ip_interface_vrf_all.json",
                    "show lldp neighbors detail": "nxos/show_lldp_neighbors_detail.json",
                    "show running-config": "nxos/show_running_config.txt"},
+    # napalm's public captures of real IOS devices (tests/test_cli_napalm_cases.py says where from)
+    "cisco_ios": {"show version": "napalm/ios/test_get_facts/normal/show_version.txt",
+                  "show hosts": "napalm/ios/test_get_facts/normal/show_hosts.txt",
+                  "show ip interface brief": "napalm/ios/test_get_facts/normal/show_ip_interface_brief.txt",
+                  "show interfaces": "napalm/ios/test_get_interfaces_counters/normal/show_interfaces.txt",
+                  "show interface summary": "napalm/ios/test_get_interfaces_counters/normal/show_interface_summary.txt",
+                  "show lldp neighbors": "napalm/ios/test_get_lldp_neighbors_detail/normal/show_lldp_neighbors.txt",
+                  "show lldp neighbors detail":
+                      "napalm/ios/test_get_lldp_neighbors_detail/normal/show_lldp_neighbors_detail.txt",
+                  "show ip interface": "napalm/ios/test_get_interfaces_ip/normal/show_ip_interface.txt",
+                  "show ipv6 interface": "napalm/ios/test_get_interfaces_ip/normal/show_ipv6_interface.txt",
+                  "show running-config": "napalm/ios/test_get_config/normal/show_running_config.txt"},
 }
 
 
-def vendor_cli(box: SshBox, platform: str) -> None:
+def vendor_cli(box: SshBox, platform: str, hang: str | None = None) -> None:
     """`show` (printing the fixture of its arguments), `json` (a pass-through) and `terminal` (EOS's
     replies to netmiko's session preparation) on a tmpfs over the switch's /usr/local/bin: its own
     mount namespace, nothing of the machine's changes."""
@@ -628,18 +648,29 @@ def vendor_cli(box: SshBox, platform: str) -> None:
     cases = "".join(f'  "{cmd.removeprefix("show ")}") cat {fixtures / f} ;;\n'
                     for cmd, f in VENDOR_OUTPUTS[platform].items())
     box.run("mount", "-t", "tmpfs", "nms-vendor-cli", "/usr/local/bin")
+    if hang:  # this one never answers
+        cases = f'  "{hang.removeprefix("show ")}") sleep 30 ;;\n' + cases
     show = f'#!/bin/sh\ncase "$*" in\n{cases}  *) echo "% Invalid input" >&2; exit 1 ;;\nesac\n'
     terminal = ('#!/bin/sh\ncase "$1" in width) echo "Width set to $2 columns." ;; '
                 'length) echo "Pagination disabled." ;; esac\n')
     box.run("sh", "-c", f"printf '%s' '{show}' > /usr/local/bin/show; printf '#!/bin/sh\\nexec cat\\n' "
                         f"> /usr/local/bin/json; printf '%s' '{terminal}' > /usr/local/bin/terminal; "
                         "chmod 755 /usr/local/bin/show /usr/local/bin/json /usr/local/bin/terminal")
+    # the interactive shell that napalm's getters read (netmiko's send_command): bash without its
+    # bracketed-paste escape (ESC[?2004l), which no switch prints, over /etc/inputrc in this namespace
+    box.run("sh", "-c", "echo 'set enable-bracketed-paste off' > /usr/local/bin/inputrc")
+    box.run("mount", "--bind", "/usr/local/bin/inputrc", "/etc/inputrc")
+
+
+def vendor_cli_gone(box: SshBox) -> None:
+    box.run("umount", "--lazy", "/etc/inputrc")
+    box.run("umount", "--lazy", "/usr/local/bin")
 
 
 @needs_sshd
 @pytest.mark.parametrize("platform,ports,neighbour", [
-    ("arista_eos", {"Ethernet1/1", "Ethernet2/1", "Management1"}, ("Ethernet1/1", "spine1", "Ethernet3/1")),
-    ("cisco_nxos", {"Ethernet1/1", "Ethernet1/2", "mgmt0"}, ("Ethernet1/1", "leaf1", "Ethernet3/1")),
+    ("arista_eos", {"Ethernet1/1", "Ethernet2/1", "Management1", "Vlan100"}, ("Ethernet1/1", "spine1", "Ethernet3/1")),
+    ("cisco_nxos", {"Ethernet1/1", "Ethernet1/2", "mgmt0", "loopback0"}, ("Ethernet1/1", "leaf1", "Ethernet3/1")),
 ])
 def test_a_vendor_platform_is_polled_through_its_own_commands(box, platform, ports, neighbour):
     """No EOS or NX-OS device runs here: the box's sshd answers the platform's commands with
@@ -652,6 +683,7 @@ def test_a_vendor_platform_is_polled_through_its_own_commands(box, platform, por
         assert {s.port for s in result.samples} == ports
         [facts] = of(result.records, DeviceFacts)
         assert facts.interfaces == 4 and facts.sys_descr.startswith(("Arista", "Cisco"))
+        assert facts.sys_name == {"arista_eos": "leaf1", "cisco_nxos": "spine1"}[platform]
         assert (neighbour[1], neighbour[2]) in {(n.remote_name, n.remote_port)
                                                 for n in of(result.records, LldpNeighbor) if n.port == neighbour[0]}
         assert ("Ethernet1/1", 31) in {(a.port, a.prefix_len) for a in of(result.records, InterfaceAddress)}
@@ -662,4 +694,64 @@ def test_a_vendor_platform_is_polled_through_its_own_commands(box, platform, por
         # what the fixtures leave out on purpose (an interface without counters, a bad address) is noted
         assert all("left out" in str(e) for e in collector.problems["sw-1"]), collector.problems
     finally:
-        box.run("umount", "--lazy", "/usr/local/bin")
+        vendor_cli_gone(box)
+
+
+@needs_sshd
+def test_ios_is_read_through_napalms_getters_on_the_checked_session(box, caplog):
+    """`cisco_ios`: our login (host key checked against known_hosts), then napalm's IOS getters
+    (napalm 5.2.0) over netmiko's interactive shell on that session; the box's sshd answers the
+    commands with napalm's captures of real IOS devices."""
+    vendor_cli(box, "cisco_ios")
+    try:
+        collector = CliCollector()
+        result = poll(switch(box, platform="cisco_ios", config=True), collector)
+        assert collector.problems["sw-1"] == []
+        [facts] = of(result.records, DeviceFacts)
+        assert result.records[0] is facts
+        assert (facts.sys_name, facts.interfaces, facts.uptime_ticks) == ("NS2903-ASW-01", 13, 16676160 * 100)
+        assert facts.sys_descr.startswith("Cisco IOS WS-C2960G-8TC-L C2960 Software")
+        g1 = port(result, "GigabitEthernet1")
+        assert (g1.oper_status, g1.speed_bps, g1.mtu, g1.in_octets, g1.out_octets) == ("up", 10**9, 1500, 25963, 26812)
+        assert (g1.in_pkts, g1.out_pkts) == (297, 160)  # napalm's -1 (not shown) broadcast/multicast: left out
+        [n] = of(result.records, LldpNeighbor)
+        assert (n.port, n.remote_name, n.remote_port, n.remote_chassis_id) == (
+            "FastEthernet4", "twb-sf-hpsw1", "15", "00:18:fe:1e:b0:20")
+        assert sorted((a.port, a.address, a.prefix_len) for a in of(result.records, InterfaceAddress)) == [
+            ("Vlan20", "172.29.50.3", 27), ("Vlan41", "172.29.52.34", 27), ("Vlan41", "192.168.81.34", 24)]
+        [config] = [p for p in result.records if getattr(p, "measurement", None) == "device_config"]
+        assert "hostname CSR1" in config.fields["text"] and "Building configuration" not in config.fields["text"]
+    finally:
+        vendor_cli_gone(box)
+    other = box.dir / "ios_known_hosts"  # a known_hosts without the box's key: the same check as every platform
+    other.write_text("")
+    e, _ = failure(switch(box, platform="cisco_ios", known_hosts=str(other)))
+    assert isinstance(e, CollectorAuthError) and f"is not in known_hosts {other}: refused" in str(e)
+
+
+@needs_sshd
+def test_a_napalm_getter_cut_at_the_deadline_ends_with_its_session(box):
+    """napalm's getter blocks in netmiko's read of the shell: the deadline closes the session, which
+    ends that read; with one worker thread, the next poll runs only once it has."""
+    vendor_cli(box, "cisco_ios", hang="show lldp neighbors")
+    collector = CliCollector(max_concurrency=1)
+    dev = switch(box, platform="cisco_ios", config=False, timeout=20)
+
+    async def run():
+        try:
+            with pytest.raises(CollectorTimeout, match="deadline of 3 s"):
+                await collector.collect_with_deadline(dev, 3)
+            hung = collector._sessions["sw-1"]
+            vendor_cli_gone(box)
+            vendor_cli(box, "cisco_ios")
+            result = await collector.collect_with_deadline(dev, 15)
+            return hung, collector._sessions["sw-1"], result
+        finally:
+            await collector.close()
+
+    try:
+        hung, fresh, result = asyncio.run(run())
+    finally:
+        vendor_cli_gone(box)
+    assert hung.aborted and not hung.connected and fresh is not hung
+    assert {"GigabitEthernet1", "GigabitEthernet2"} <= {s.port for s in result.samples}

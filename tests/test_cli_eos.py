@@ -27,7 +27,7 @@ def test_interfaces_give_64_bit_counters_speed_mtu_and_state():
     samples, count = eos.port_samples("leaf1", text("show_interfaces.json"), TS, {}, every, notes)
     assert count == 4
     by = {s.port: s for s in samples}
-    assert sorted(by) == ["Ethernet1/1", "Ethernet2/1", "Management1"]
+    assert sorted(by) == ["Ethernet1/1", "Ethernet2/1", "Management1", "Vlan100"]
     e1 = by["Ethernet1/1"]
     assert (e1.in_octets, e1.out_octets, e1.in_pkts, e1.out_pkts) == (18446744073709550000, 98304, 1023, 910)
     assert (e1.in_errors, e1.out_errors, e1.in_discards, e1.out_discards) == (7, 0, 2, 11)
@@ -35,7 +35,16 @@ def test_interfaces_give_64_bit_counters_speed_mtu_and_state():
     down = by["Ethernet2/1"]
     assert down.oper_status == "down" and down.speed_bps is None  # bandwidth 0: unknown, not 0 b/s
     assert by["Management1"].in_pkts == 50  # only the unicast column given: the others count as absent
-    assert notes == ["Vlan100: no 'interfaceCounters'"]
+    vlan = by["Vlan100"]  # no interfaceCounters: the state, speed and MTU still
+    assert (vlan.oper_status, vlan.mtu, vlan.in_octets, vlan.out_pkts) == ("up", 1500, None, None)
+    assert notes == []
+
+
+def test_only_interfaces_without_counters_are_a_usable_answer():
+    doc = {"interfaces": {"Loopback0": {"lineProtocolStatus": "up", "mtu": 65535, "bandwidth": 0}}}
+    samples, count = eos.port_samples("leaf1", json.dumps(doc), TS, {}, every, notes := [])
+    assert count == 1 and notes == []
+    assert [(s.port, s.oper_status, s.mtu, s.speed_bps) for s in samples] == [("Loopback0", "up", 65535, None)]
 
 
 def test_interface_filter_and_unusable_output():
@@ -60,7 +69,10 @@ def test_facts_from_show_version():
     f = eos.facts("leaf1", text("show_version.json"), TS, 4, None)
     assert f.sys_descr == "Arista DCS-7060DX5-64S 4.31.2F" and f.interfaces == 4
     assert f.uptime_ticks == 100 * 100  # booted 100 s before TS
-    assert f.lldp_chassis_id == "08:00:27:b3:fc:e1"
+    assert f.lldp_chassis_id == "08:00:27:b3:fc:e1" and f.sys_name is None  # in `show hostname`
+    assert eos.hostname(text("show_hostname.json")) == "leaf1"
+    with pytest.raises(eos.Bad, match="hostname"):
+        eos.hostname('{"fqdn": "leaf1.fabric.example"}')
     with pytest.raises(eos.Bad):
         eos.facts("leaf1", "{}", TS, 4, None)
 
@@ -81,7 +93,7 @@ def test_lldp_neighbours_port_names_and_mac_port_ids():
     assert (spine.remote_name, spine.remote_port, spine.remote_chassis_id) == (
         "spine1",
         "Ethernet3/1",
-        "2c60.0cad.3034",
+        "2c:60:0c:ad:30:34",  # EOS's dotted form, in the one form of every collector
     )
     host = found["Ethernet8"]  # port id is a MAC: the description names the port
     assert (host.remote_name, host.remote_port) == ("gpu-node-17", "ens1f0np0")

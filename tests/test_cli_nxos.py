@@ -25,7 +25,7 @@ def every(_name: str) -> bool:
 def test_interfaces_counters_as_numbers_or_strings_speed_from_kbps():
     notes: list[str] = []
     samples, count = nxos.port_samples("spine1", text("show_interface.json"), TS, {}, every, notes)
-    assert count == 4 and notes == ["loopback0: no counters"]
+    assert count == 4 and notes == []
     by = {s.port: s for s in samples}
     e1 = by["Ethernet1/1"]
     assert (e1.in_octets, e1.out_octets, e1.in_pkts, e1.out_pkts) == (15398656, 18446744073709551000, 120302, 99200)
@@ -33,6 +33,27 @@ def test_interfaces_counters_as_numbers_or_strings_speed_from_kbps():
     assert (e1.speed_bps, e1.mtu, e1.oper_status) == (400 * 10**9, 9216, "up")
     assert by["Ethernet1/2"].oper_status == "down" and by["Ethernet1/2"].speed_bps is None
     assert by["mgmt0"].speed_bps == 10**9
+    lo = by["loopback0"]  # no counters: the state and MTU still
+    assert (lo.oper_status, lo.mtu, lo.speed_bps, lo.in_octets) == ("up", 1500, None, None)
+
+
+def test_tables_in_list_form_and_mgmt0s_own_counters():
+    """`"TABLE_x": [{"ROW_x": ...}, ...]` (NX-OS's `show ip interface`, one per VRF, napalm's captures)
+    and mgmt0's vdc_lvl_ counters (napalm's Nexus3548 capture: tests/test_cli_napalm_cases.py)."""
+    doc = {"TABLE_interface": [
+        {"ROW_interface": {"interface": "mgmt0", "state": "up", "eth_bw": "1000000", "eth_mtu": "1500",
+                           "vdc_lvl_in_pkts": "20559846", "vdc_lvl_in_bytes": "3592332845",
+                           "vdc_lvl_out_pkts": "10533191", "vdc_lvl_out_bytes": "3678843272"}},
+        {"ROW_interface": [{"interface": "Vlan120", "svi_line_proto": "up", "svi_mtu": "9000", "svi_bw": "1000000"}]}]}
+    samples, count = nxos.port_samples("spine1", json.dumps(doc), TS, {}, every, notes := [])
+    assert count == 2 and notes == []
+    mgmt, vlan = samples
+    assert (mgmt.in_octets, mgmt.out_octets, mgmt.in_pkts, mgmt.out_pkts) == (3592332845, 3678843272, 20559846,
+                                                                            10533191)
+    assert mgmt.in_errors is None  # not counted at the VDC level: absent, not 0
+    assert (vlan.port, vlan.oper_status, vlan.mtu, vlan.speed_bps) == ("Vlan120", "up", 9000, 10**9)
+    with pytest.raises(nxos.Bad, match="TABLE_intf is neither"):
+        nxos.rows({"TABLE_intf": ["x"]}, "intf")
 
 
 def test_one_row_as_an_object_and_bad_output():
@@ -67,7 +88,7 @@ def test_lldp_short_local_names_made_long_null_strings_dropped():
     found = {n.port: n for n in nxos.neighbors("spine1", text("show_lldp_neighbors_detail.json"), TS, every, notes)}
     assert sorted(found) == ["Ethernet1/1", "mgmt0"]
     n = found["Ethernet1/1"]
-    assert (n.remote_name, n.remote_port, n.remote_chassis_id) == ("leaf1", "Ethernet3/1", "2c60.0cad.3034")
+    assert (n.remote_name, n.remote_port, n.remote_chassis_id) == ("leaf1", "Ethernet3/1", "2c:60:0c:ad:30:34")
     assert found["mgmt0"].remote_port_desc is None and found["mgmt0"].remote_description is None
     assert notes == ["Ethernet1/9: a neighbour without name, port or chassis id"]
     assert nxos.long_name("Po10") == "port-channel10" and nxos.long_name("Ethernet1/1") == "Ethernet1/1"

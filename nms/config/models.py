@@ -6,6 +6,7 @@ Secrets are SecretStr: they print as '**********' in logs, errors and API output
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import re
 from importlib.metadata import entry_points
@@ -575,7 +576,9 @@ class GnmiSettings(Strict):
         return self
 
 
-CLI_PLATFORMS = ("linux", "arista_eos", "cisco_nxos")  # netmiko device types with a command set (collectors/cli.py)
+# netmiko device types with a command set (collectors/cli.py); cisco_ios through napalm's getters
+CLI_PLATFORMS = ("linux", "arista_eos", "cisco_nxos", "cisco_ios")
+NAPALM_PLATFORMS = ("cisco_ios",)  # the `cli` extra: collectors/cli_napalm.py
 
 
 class CliSettings(Strict):
@@ -606,6 +609,9 @@ class CliSettings(Strict):
         if v not in CLI_PLATFORMS:
             raise ValueError(f"no command set for platform {v!r} yet (supported: {', '.join(CLI_PLATFORMS)}; "
                              "see docs/cli_collector.md)")
+        if v in NAPALM_PLATFORMS and importlib.util.find_spec("napalm") is None:
+            raise ValueError(f"platform {v!r} reads through napalm, which is not installed "
+                             "(pip install 'fabric-nms[cli]')")
         return v
 
     @model_validator(mode="after")
