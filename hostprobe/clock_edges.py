@@ -23,6 +23,14 @@ out of its band (a daemon changed the clock's frequency, or the first windows mi
 window could ever correct it: a window that no line within the band separates is fitted again
 within the NTP-style band, then within any plausible drift, before it counts as crossed.
 
+The margin (half the gap between the envelopes at the line) is (min forward + min reverse
+delay) / 2 and the line's error (min forward - min reverse) / 2. A standing queue delays both
+packets of a pair alike, so purity cannot see it; but whatever queueing adds to the two minima
+shows in the margin, and biases the line by at most the margin's excess over its queue-free value:
+the smallest margin of the peer's recent windows. The svm edge's bound is its noise floor plus that
+excess (before there is a baseline: plus the whole margin). A constant path asymmetry stays
+invisible.
+
 `ntp_estimate` is the baseline on the same exchanges: NTP-style min-RTT filtering (the lowest-RTT
 exchange of each eighth of the window), offset ((t2 - t1) + (t3 - t4)) / 2, and a least-squares
 line through those samples for offset and drift.
