@@ -265,6 +265,7 @@ def test_api_solves_ingested_edges_and_corrects_later_windows(tmp_path, rng):
     last = status["last_solve"]
     assert (last["hosts"], last["components"], last["edges_used"], last["edges_dropped"]) == (6, 1, len(edges), 0)
     assert last["slot_start_ns"] == ref and last["method"] == "svm" and status["pending_edges"] == 0
+    assert last["hosts_unchecked"] == 0 and all(h["component"] == 0 for h in status["hosts"])
     truth = fabric.truth()
     assert [h["host"] for h in status["hosts"]] == sorted(truth)
     for h in status["hosts"]:
