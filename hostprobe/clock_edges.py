@@ -23,6 +23,14 @@ out of its band (a daemon changed the clock's frequency, or the first windows mi
 window could ever correct it: a window that no line within the band separates is fitted again
 within the NTP-style band, then within any plausible drift, before it counts as crossed.
 
+The margin (half the gap between the envelopes at the line) is (min forward + min reverse
+delay) / 2 and the line's error (min forward - min reverse) / 2. A standing queue delays both
+packets of a pair alike, so purity cannot see it; but whatever queueing adds to the two minima
+shows in the margin, and biases the line by at most the margin's excess over its queue-free value:
+the smallest margin of the peer's recent windows. The svm edge's bound is its noise floor plus that
+excess (before there is a baseline: plus the whole margin). A constant path asymmetry stays
+invisible.
+
 `ntp_estimate` is the baseline on the same exchanges: NTP-style min-RTT filtering (the lowest-RTT
 exchange of each eighth of the window), offset ((t2 - t1) + (t3 - t4)) / 2, and a least-squares
 line through those samples for offset and drift.
@@ -38,7 +46,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -53,6 +61,8 @@ HISTORY = 8  # windows of offsets the drift regression looks at
 DRIFT_BAND_PPB = 1_000.0  # how far a window's slope may leave the regression drift
 BOOTSTRAP_BAND_PPB = 5_000.0  # ... or the window's NTP-style drift, before there is a history
 MAX_DRIFT_PPB = 1_000_000.0  # the last band tried: 1000 ppm, as far as the lab clock may drift
+MARGIN_HISTORY = 60  # windows (2 min) whose smallest margin is the peer's queue-free baseline
+MARGIN_WARMUP = 15  # before this many windows (30 s) there is no baseline: the whole margin is the bound
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,7 @@ class Estimate:
     drift_ppb: float  # d theta / dt, ns per s
     bound_ns: float  # noise floor: how far the near-envelope points scatter
     points: int
+    margin_ns: float | None = None  # svm: half the gap between the envelopes at the line
 
 
 def _lower_hull(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -151,7 +162,7 @@ def svm_estimate(t1, t2, t3, t4, pure_fwd, pure_rev, ref_ns: int,
     if margin < 0:
         return None
     bound = (_near_spread(uy - (a + b * ux)) + _near_spread((a + b * lx) - ly)) / 4
-    return Estimate(a, b, max(bound, BOUND_FLOOR_NS), int(f.sum() + r.sum()))
+    return Estimate(a, b, max(bound, BOUND_FLOOR_NS), int(f.sum() + r.sum()), float(margin))
 
 
 def ntp_estimate(t1, t2, t3, t4, ref_ns: int, window_ns: int) -> Estimate | None:
@@ -188,6 +199,7 @@ class ClockSync:
         self.max_per_peer = max_per_peer
         self.peers: dict[str, list[tuple]] = {}
         self.history: dict[str, tuple[int, deque]] = {}  # peer -> (its epoch, (mid_ns, offset at mid))
+        self.margins: dict[str, deque] = {}  # peer -> svm margins of its last windows (clock steps keep them)
         self.epoch = clock.epoch
         self.stats = {"clock_windows": 0, "clock_windows_sparse": 0, "clock_windows_stepped": 0,
                       "clock_windows_crossed": 0, "clock_windows_refit": 0}
@@ -264,15 +276,25 @@ class ClockSync:
             self.stats["clock_windows_sparse" if few else "clock_windows_crossed"] += 1
         else:
             self.history[peer][1].append((mid, svm.offset_ns))
-            out += self._edge(peer, "svm", svm, start, int(min(fwd.sum(), rev.sum())))
+            out += self._edge(peer, "svm", self._with_queueing(peer, svm), start, int(min(fwd.sum(), rev.sum())))
         if ntp is not None:
             out += self._edge(peer, "ntp", ntp, start, 0)
         return out
+
+    def _with_queueing(self, peer: str, e: Estimate) -> Estimate:
+        """The estimate with its bound raised by the margin's excess over the peer's baseline (the
+        smallest margin of its last MARGIN_HISTORY windows): queueing that touched the envelope
+        points of both directions leaves the line off by at most that much (module doc). Before
+        MARGIN_WARMUP windows, by the whole margin (the envelopes' own limit)."""
+        margins = self.margins.setdefault(peer, deque(maxlen=MARGIN_HISTORY))
+        margins.append(e.margin_ns)
+        base = min(margins) if len(margins) >= MARGIN_WARMUP else 0.0
+        return replace(e, bound_ns=e.bound_ns + e.margin_ns - base)
 
     def _edge(self, peer: str, method: str, e: Estimate, start: int, pure: int) -> int:
         half = self.window_ns / 2e9
         self.emit("clock_edges", ClockEdge(
             host_a=self.host, host_b=peer, method=method, window_start=start, window_s=self.window_ns / 1e9,
             offset_ns=e.offset_ns - e.drift_ppb * half, drift_ppb=e.drift_ppb, bound_ns=e.bound_ns,
-            pure_pairs=pure))
+            pure_pairs=pure, margin_ns=e.margin_ns))
         return 1

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 MIN_BOUND_NS = 20.0  # edge weight 1/max(bound, 20 ns)^2: no edge claims better than software stamps allow
 OUTLIER_SIGMAS = 5.0  # an edge is dropped when its residual exceeds max(5 x bound, 5 us)
 OUTLIER_FLOOR_NS = 5_000.0
+WEIGHT_SPAN = 4.0  # no edge weighs more than 16 x a median edge: one edge cannot silence the others
+SPREAD = 3.0  # standard errors in a host's bound
 # edges beyond these are not clock estimates (a corrupt record): ignored, not solved
 MAX_ABS_OFFSET_NS = 1e12
 MAX_ABS_DRIFT_PPB = 1e7
@@ -62,6 +64,7 @@ class SlotSolve:
     edges_used: int = 0
     dropped: list[tuple[str, str]] = field(default_factory=list)  # (host_a, host_b) of outlier edges
     ignored: int = 0  # other method or slot, self edges, insane values
+    unchecked: int = 0  # hosts not solved: their component's edges form a tree (no loop, no return edge)
     converged: bool = True
 
 
@@ -84,9 +87,11 @@ def solve(edges: list[ClockEdge], slot_start_ns: int, window_s: float, method: s
     edge also pulls its neighbours' residuals up.
 
     ClockSolution.offset_ns is x_h at slot_start (x at the middle minus drift x window/2),
-    window_start = slot_start (fabric time); bound_ns = 1/sqrt(sum of the weights of the host's
-    kept edges), scaled up by sqrt(chi2/dof) when the residuals say the bounds were optimistic:
-    the host's own measurement noise, not the full WLS covariance.
+    window_start = slot_start (fabric time); bound_ns: see `_host_bounds` (|error of clock_b -
+    clock_a| <= bound_a + bound_b within the slot, for hosts of one component); component: the
+    host's connected component. Edge weights are 1/max(bound, 20 ns, median bound / 4)^2. A
+    component whose kept edges form a tree (no loop, no return edge) gets no solutions: nothing
+    checks its edges (`unchecked` counts its hosts).
     """
     out = SlotSolve(slot_start_ns, window_s, method)
     passes = max(1, passes)
@@ -114,7 +119,8 @@ def solve(edges: list[ClockEdge], slot_start_ns: int, window_s: float, method: s
     b = np.fromiter(map(hosts.__getitem__, host_b), dtype=np.int64, count=len(sel))
     ws_rel = (starts[sel] - slot_start_ns).astype(np.float64)
     off, drift, bound = off[sel], drift[sel], bound[sel]
-    w = 1.0 / np.maximum(bound, MIN_BOUND_NS) ** 2
+    floor = max(MIN_BOUND_NS, float(np.median(bound)) / WEIGHT_SPAN)
+    w = 1.0 / np.maximum(bound, floor) ** 2
     thr = np.maximum(OUTLIER_SIGMAS * bound, OUTLIER_FLOOR_NS)
     half_s = window_s / 2
     mid_rel = wns / 2  # T - slot_start
@@ -153,23 +159,39 @@ def solve(edges: list[ClockEdge], slot_start_ns: int, window_s: float, method: s
         log.warning("clock slot %d: the solve did not converge; solutions may be off", slot_start_ns)
 
     # the last round's kept edges: hosts left without one get no solution
-    has, wsum = gauge.has, lap.diagonal()
-    m = int(keep.sum())
-    dof = m - (int(has.sum()) - gauge.ncomp)
-    chi2 = float(np.sum(kw * r_x ** 2))
-    scale = max(1.0, (chi2 / dof) ** 0.5) if dof > 0 else 1.0
-    sigma = scale / np.sqrt(np.where(has, wsum, 1.0))
+    has = gauge.has & gauge.checked[gauge.label]
+    out.unchecked = int((gauge.has & ~has).sum())
+    bound_h = _host_bounds(a, b, kw, np.maximum(bound, MIN_BOUND_NS), r_x, r_d * half_s, n)
     offset0 = x - d * half_s  # x at slot start
     comp_ids: dict[int, int] = {}
     for host, i in hosts.items():
         if not has[i] or not (np.isfinite(offset0[i]) and np.isfinite(d[i])):
             continue
+        comp = comp_ids.setdefault(int(gauge.label[i]), len(comp_ids))
         out.solutions.append(ClockSolution(host=host, window_start=slot_start_ns, offset_ns=float(offset0[i]),
-                                           drift_ppb=float(d[i]), bound_ns=float(sigma[i])))
-        out.component[host] = comp_ids.setdefault(int(gauge.label[i]), len(comp_ids))
+                                           drift_ppb=float(d[i]), bound_ns=float(bound_h[i]), component=comp))
+        out.component[host] = comp
     out.components = len(comp_ids)
-    out.edges_used = m
+    out.edges_used = int(keep.sum())
     return out
+
+
+def _host_bounds(a: NDArray[np.int64], b: NDArray[np.int64], w: NDArray[np.float64], edge_bound: NDArray[np.float64],
+                 r_x: NDArray[np.float64], r_end: NDArray[np.float64], n: int) -> NDArray[np.float64]:
+    """Per host: the weighted mean of its edges' bounds, taken as one error common to all of them
+    (a host's egress queue biases every edge it is on the same way: that does not average out and
+    the residuals cannot show it), plus SPREAD x the standard error of its offset from its edges'
+    residuals weighted as in the fit (a sandwich estimate: what the other edges contradict counts,
+    whatever an edge claimed), plus the same for the drift over half a slot."""
+    def per_host(v: NDArray[np.float64]) -> NDArray[np.float64]:
+        return np.bincount(a, v, minlength=n) + np.bincount(b, v, minlength=n)  # type: ignore[return-value]
+
+    wsum = per_host(w)
+    safe = np.where(wsum > 0, wsum, 1.0)
+    common = per_host(w * edge_bound) / safe
+    spread_x = np.sqrt(per_host(w ** 2 * r_x ** 2)) / safe
+    spread_d = np.sqrt(per_host(w ** 2 * r_end ** 2)) / safe
+    return common + SPREAD * (spread_x + spread_d)
 
 
 class _Gauge:
@@ -181,6 +203,9 @@ class _Gauge:
         self.has = has  # hosts with at least one kept edge (the others are singletons, not solved)
         self.size = np.bincount(self.label, has.astype(float))
         self.ncomp = int((self.size > 0).sum())
+        # a component whose edges form a tree has nothing to check any edge against
+        self.edges = np.bincount(self.label[a], minlength=len(self.size))
+        self.checked = self.edges >= self.size
 
     def demean(self, v: NDArray[np.float64]) -> NDArray[np.float64]:
         mean = np.bincount(self.label, np.where(self.has, v, 0.0), minlength=len(self.size)) / np.maximum(self.size, 1)

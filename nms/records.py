@@ -360,9 +360,10 @@ class ClockEdge(TelemetryRecord):
 
         theta(t) = clock_b - clock_a = offset_ns + drift_ppb * (t - window_start) / 1e9
 
-    so drift_ppb is the drift of b relative to a in ns per second. bound_ns (>= 0) is a noise-floor
-    estimate; the solve weighs the edge 1 / max(bound_ns, 20)^2. Each direction (a->b, b->a) is
-    an observation of its own.
+    so drift_ppb is the drift of b relative to a in ns per second. bound_ns (>= 0) is the edge's
+    uncertainty, not a hard bound: svm, the envelopes' noise floor + the margin's excess over the
+    pair's baseline (what queueing can bias), ntp, the scatter of its samples; the solve weighs the
+    edge 1 / max(bound_ns, 20, median / 4)^2. Each direction (a->b, b->a) is an observation of its own.
     """
 
     measurement: ClassVar[str] = "clock_edge"
@@ -378,12 +379,16 @@ class ClockEdge(TelemetryRecord):
     drift_ppb: float
     bound_ns: float = Field(ge=0)
     pure_pairs: int = Field(ge=0, le=INT64_MAX)
+    margin_ns: float | None = Field(None, ge=0, description="svm: half the gap between the envelopes at the "
+                                                            "fitted line, (min fwd + min rev one-way delay) / 2")
 
 
 class ClockSolution(TelemetryRecord):
     """Per-host clock offset/drift after the network-effect solve, for the slot of fabric time
     starting at window_start: clock_host - fabric time = offset_ns + drift_ppb * (t - window_start) / 1e9,
-    fabric time being the mean of the clocks of the host's connected component."""
+    fabric time being the mean of the clocks of the host's connected component. bound_ns: for two
+    hosts of one solve and component, |error of clock_b - clock_a| <= bound_a + bound_b within the
+    slot (>= 99 % of pairs on the lab under load and faults; docs/hostprobe.md)."""
 
     measurement: ClassVar[str] = "clock_solution"
     tag_keys: ClassVar[tuple[str, ...]] = ("host",)
@@ -394,6 +399,8 @@ class ClockSolution(TelemetryRecord):
     offset_ns: float
     drift_ppb: float
     bound_ns: float = Field(ge=0)
+    component: int | None = Field(None, ge=0, le=INT64_MAX, description="connected component of the probe graph "
+                                  "in this slot's solve: offsets of hosts in different components are not comparable")
 
 
 class RankPlacement(Record):

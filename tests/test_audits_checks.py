@@ -225,7 +225,7 @@ def test_clock_health_bound_offset_drift_and_staleness():
     res = run("clock", snap)
     assert brief(res) == [("host2", "host", "major"), ("host3", "host", "minor"), ("host4", "host", "minor")]
     by = {f.element: f.message for f in res.findings}
-    assert by["host2"] == "error bound 50.0 us above 10 us"
+    assert by["host2"] == "error bound 50.0 us above 25 us"
     assert by["host3"] == "offset -2000 us from fabric time; drift 150.0 ppm"
     assert by["host4"] == "newest solution is 120 s old (sync stopped)"
 

@@ -3,6 +3,7 @@ clock job, GET /clock, corrected probe windows, `nms clock`."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -20,7 +21,7 @@ from nms.app.api import create_app
 from nms.app.service import Service
 from nms.clock_solve import clock_offset, correct_window, slot_of, solve, solve_window
 from nms.records import ClockSolution, ProbeWindow
-from tests._clocktruth import W_NS, W_S, Fabric, ring_with_chords
+from tests._clocktruth import W_NS, W_S, Fabric, ProbedFabric, random_peers, ring_with_chords
 from tests.helpers import auth, make_config, wait_until
 
 REF = 850_000_000 * W_NS  # a slot start (2026)
@@ -59,8 +60,10 @@ def test_solution_matches_truth_within_a_few_sigmas(rng):
     assert np.sqrt(np.mean(drift ** 2)) < NOISE and np.abs(drift).max() < 4 * NOISE
     assert abs(sum(s.offset_ns for s in result.solutions)) < 1e-3 * 60  # the gauge: mean offset 0
     assert abs(sum(s.drift_ppb for s in result.solutions)) < 1e-3 * 60
-    for s in result.solutions:
-        assert s.window_start == REF and 3 < s.bound_ns < NOISE  # 1/sqrt(sum of weights), >= 4 edges each
+    bounds = np.array([s.bound_ns for s in result.solutions])
+    assert all(s.window_start == REF and s.component == 0 for s in result.solutions)
+    # the smallest edge bound (20 ns, possibly common to all the host's edges) + 3 standard errors
+    assert np.all(np.abs(off) <= bounds) and NOISE < bounds.min() and bounds.max() < 8 * NOISE
     # pairwise offsets at another time within the slot, drift-extrapolated
     sols = {s.host: s for s in result.solutions}
     t = REF + W_NS
@@ -70,6 +73,51 @@ def test_solution_matches_truth_within_a_few_sigmas(rng):
         expected = (truth[hb][0] - truth[ha][0]) + (truth[hb][1] - truth[ha][1]) * 2.0
         assert clock_offset(sols, ha, hb, t) == pytest.approx(expected, abs=4 * NOISE)
     assert clock_offset(sols, "h0", "nobody", t) is None
+
+
+def test_bounds_hold_through_standing_queues_path_asymmetry_and_drift():
+    """End to end, agent estimator to solve: 12 hosts with hidden clocks (+-10 ms, +-50 ppm), each
+    probing 4 random peers at 20 exchanges/s; constant path asymmetry of up to 100 ns each way;
+    two hosts whose egress sits in a standing queue (up to 50 and 30 us, on 90 % of the time:
+    purity cannot see it, and it biases every edge of the host the same way); one direction of
+    one pair 5 us longer from t = 10 s (a path moved). After the agents' 30 s of margin warm-up,
+    >= 99 % of the true pairwise errors (all pairs of a solve and component, at the slot's middle)
+    lie within bound_a + bound_b, and the median bound is within 20 x the median error. The bound
+    that was the fit's standard error (20-105 ns in issue 28) is far below the errors here: their
+    p99 is microseconds. (Seeds 5-10 of this scenario: 98.1-100 % covered, bound/error 6-10 x.)"""
+    rng = np.random.default_rng(20261126)
+    fabric = Fabric.random(12, rng, REF)
+    probed = ProbedFabric(fabric, random_peers(12, 4, rng), rng, loaded={0: 50_000.0, 3: 30_000.0}, busy=0.9,
+                          shift=(1, 2, 5_000.0, 10.0))
+    slots: dict[int, list] = {}
+    for e in probed.clock_edges(52):
+        slots.setdefault(slot_of(e.window_start, W_S), []).append(e)
+    errors, bounds = [], []
+    for slot in sorted(slots)[17:]:  # MARGIN_WARMUP (15 windows) and the first, partial ones
+        result = solve(slots[slot], slot * W_NS, W_S)
+        sols = {s.host: s for s in result.solutions}
+        assert len(sols) == 12 and result.components == 1 and result.unchecked == 0
+        t = slot * W_NS + W_NS // 2
+        for i, j in itertools.combinations(range(12), 2):
+            a, b = sols[fabric.hosts[i]], sols[fabric.hosts[j]]
+            errors.append(abs(clock_offset(sols, a.host, b.host, t) - probed.pair_truth(i, j, t)))
+            bounds.append(a.bound_ns + b.bound_ns)
+    errors_a, bounds_a = np.array(errors), np.array(bounds)
+    assert len(errors_a) >= 500 and np.percentile(errors_a, 99) > 1_000  # the queues do bias
+    assert np.mean(errors_a <= bounds_a) >= 0.99
+    assert np.median(bounds_a) < 20 * np.median(errors_a)
+
+
+def test_a_component_whose_edges_form_a_tree_is_not_solved(rng):
+    """Nothing checks an edge that is the only link between its hosts: a path of one-way edges
+    gets no solutions (a ring beside it does)."""
+    fabric = Fabric.random(8, rng, REF)
+    ring = [(i, (i + 1) % 4) for i in range(4)]
+    path = [(4, 5), (5, 6), (6, 7)]
+    result = solve(_edges(fabric, ring, rng, both=False) + _edges(fabric, path, rng, both=False), REF, W_S)
+    assert sorted(s.host for s in result.solutions) == ["h0", "h1", "h2", "h3"]
+    assert result.unchecked == 4 and result.components == 1
+    assert {s.component for s in result.solutions} == {0}
 
 
 def test_second_pass_matters_at_large_offset_times_drift(rng):
@@ -217,6 +265,7 @@ def test_api_solves_ingested_edges_and_corrects_later_windows(tmp_path, rng):
     last = status["last_solve"]
     assert (last["hosts"], last["components"], last["edges_used"], last["edges_dropped"]) == (6, 1, len(edges), 0)
     assert last["slot_start_ns"] == ref and last["method"] == "svm" and status["pending_edges"] == 0
+    assert last["hosts_unchecked"] == 0 and all(h["component"] == 0 for h in status["hosts"])
     truth = fabric.truth()
     assert [h["host"] for h in status["hosts"]] == sorted(truth)
     for h in status["hosts"]:

@@ -298,3 +298,43 @@ def test_theil_sen_slope_matches_scipy_and_shrugs_off_an_outlier():
     y[3] += 50_000
     assert theil_sen_slope(x, y) == pytest.approx(theilslopes(y, x).slope)
     assert abs(theil_sen_slope(x, y) - 20_000) < 200
+
+
+def _pure_window(rng, w0, offset_ns, standing_fwd_ns=0):
+    """40 pure exchanges of one window; the forward direction waits in a standing queue (both
+    packets of every pair alike: purity cannot see it)."""
+    t1, t2, t3, t4 = exchanges(rng, 40, offset_ns, 0, start=w0, queue_fwd=500.0, queue_rev=500.0)
+    out = []
+    for i in range(40):
+        ex = Exchange(i, None, 0, 0.0, bool(i % 2), 0)
+        ex.t1 = int(t1[i])  # the reply leaves and arrives later too
+        ex.t2, ex.t3, ex.t4 = (int(t[i]) + standing_fwd_ns for t in (t2, t3, t4))
+        ex.pure_fwd = ex.pure_rev = True
+        out.append(ex)
+    return out
+
+
+def test_a_standing_queue_raises_the_bound_by_the_margins_excess():
+    """A standing queue on one direction biases the max-margin line by half of it, and no two-way
+    method can tell it from an offset; what shows is the margin (half the gap between the
+    envelopes), grown by as much over the pair's baseline. Before MARGIN_WARMUP windows there is
+    no baseline and the whole margin is in the bound."""
+    from hostprobe.clock_edges import MARGIN_WARMUP
+
+    rng = np.random.default_rng(12)
+    clock, sync, edges = collect()
+    start = T0 // (2 * S) * 2 * S
+    queue = 30_000
+    for k in range(MARGIN_WARMUP + 2):
+        w0 = start + 2 * S * k
+        sync.add("b", _pure_window(rng, w0, 1_000_000, standing_fwd_ns=queue if k == MARGIN_WARMUP + 1 else 0))
+        sync.run(w0 + 2 * S)
+    svm = [rec for _, rec in edges if rec.method == "svm"]
+    assert len(svm) == MARGIN_WARMUP + 2
+    first, clean, queued = svm[0], svm[-2], svm[-1]
+    assert first.margin_ns == pytest.approx(8_000, abs=300) and first.bound_ns >= first.margin_ns  # warm-up
+    assert clean.bound_ns < 300 and abs(clean.offset_ns + clean.drift_ppb - 1_000_000) < clean.bound_ns
+    error = queued.offset_ns + queued.drift_ppb - 1_000_000  # at the window's middle
+    assert error == pytest.approx(queue / 2, rel=0.1)  # the bias: invisible in the line itself
+    assert queued.margin_ns == pytest.approx(clean.margin_ns + queue / 2, rel=0.1)
+    assert abs(error) <= queued.bound_ns < 2 * abs(error)

@@ -53,6 +53,8 @@ class SolveStats(BaseModel):
     edges_used: int
     edges_dropped: int = Field(description="outliers: residual above max(5 x bound, 5 us)")
     edges_ignored: int
+    hosts_unchecked: int = Field(0, description="hosts not solved: their component's edges form a tree, nothing "
+                                                "checks them")
     dropped: list[str] = Field(description="host_a->host_b of the dropped edges (at most 50)")
     converged: bool
 
@@ -159,7 +161,7 @@ class ClockService:
             self.last = SolveStats(
                 slot_start_ns=result.slot_start_ns, solved_at_ns=now, duration_s=took, method=result.method,
                 hosts=len(solutions), components=result.components, edges_used=result.edges_used,
-                edges_dropped=len(result.dropped), edges_ignored=result.ignored,
+                edges_dropped=len(result.dropped), edges_ignored=result.ignored, hosts_unchecked=result.unchecked,
                 dropped=[f"{a}->{b}" for a, b in result.dropped[:50]], converged=result.converged)
         if self.metrics is not None:
             self.metrics.clock_hosts.set(len(solutions))

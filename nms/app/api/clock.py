@@ -21,7 +21,10 @@ class HostClock(BaseModel):
     window_start: int = Field(description="the solved slot's start, fabric time (ns)")
     offset_ns: float = Field(description="clock_host - fabric time at window_start")
     drift_ppb: float = Field(description="ns per second, relative to fabric time")
-    bound_ns: float
+    bound_ns: float = Field(description="|error of clock_b - clock_a| <= bound_a + bound_b within the slot "
+                                        "(hosts of one component; >= 99 % of pairs on the lab)")
+    component: int | None = Field(None, description="connected component in its solve: offsets are comparable "
+                                                    "only within one")
     age_s: float = Field(description="now - window_start")
     in_last_solve: bool = Field(description="part of the newest solve (only those correct probe windows)")
 
@@ -47,7 +50,7 @@ def clock(clk: ClockDep, config: ConfigDep,
     solutions, last, pending = clk.snapshot()
     wanted = set(host)
     hosts = [HostClock(host=s.host, window_start=s.window_start, offset_ns=s.offset_ns, drift_ppb=s.drift_ppb,
-                       bound_ns=s.bound_ns, age_s=(now - s.window_start) / 1e9,
+                       bound_ns=s.bound_ns, component=s.component, age_s=(now - s.window_start) / 1e9,
                        in_last_solve=last is not None and s.window_start == last.slot_start_ns)
              for s in solutions if not wanted or s.host in wanted]
     return ClockStatus(enabled=cfg.enabled, method=cfg.method, window_s=cfg.window_s, solve_lag_s=cfg.solve_lag,
