@@ -13,10 +13,12 @@ import sqlite3
 import pytest
 
 from correlator.incidents import IncidentManager
+from nms.app.notify import NOTIFIER_GROUP
+from nms.app.plugins import load_plugin
 from nms.records import Finding, IncidentEvent
 from nms.state import StateStore
 from tests._fabric_synth import NS
-from tests._notify import notifications, until
+from tests._notify import event, incident, notifications, until
 from tests.test_correlator_faults import Run, link_of
 from tests.test_incidents import T0, W, finding
 
@@ -264,3 +266,27 @@ def test_finding_explains_is_bounded_and_optional():
     f = Finding(kind="link_down", element="a:1--b:1", element_kind="link", ts=T0, confidence=1.0,
                 severity="critical", summary="down")
     assert f.explains == []
+
+
+def test_every_sink_says_what_a_parent_absorbed():
+    """The one update for the parent (sinks are pure: rendered without I/O)."""
+    parent = incident(id=7, kind="device_down", element="spine1", element_kind="device",
+                      dedup_key="device:spine1", children=[3, 4], explains=["link:a:1--spine1:1"])
+    ev = event("opened", parent).model_copy(update={"absorbed": [3, 4]})
+    config = notifications([
+        {"name": "hook", "kind": "webhook", "url": "http://127.0.0.1:9/h"},
+        {"name": "pd", "kind": "pagerduty", "url": "http://127.0.0.1:9/pd", "secret": "k" * 32},
+        {"name": "slack", "kind": "slack", "url": "http://127.0.0.1:9/services/T0/B0/x"},
+        {"name": "am", "kind": "alertmanager", "url": "http://127.0.0.1:9/am"},
+        {"name": "snow", "kind": "servicenow", "url": "http://127.0.0.1:9/sn", "username": "u", "secret": "p" * 8}])
+    bodies = {s.kind: json.loads(load_plugin(NOTIFIER_GROUP, s.kind).from_config(s, "lab").render(ev, 1, T0).body)
+              for s in config.sinks}
+    assert bodies["webhook"]["absorbed"] == [3, 4] and bodies["webhook"]["incident"]["children"] == [3, 4]
+    details = bodies["pagerduty"]["payload"]["custom_details"]
+    assert (details["children"], details["absorbed"]) == ([3, 4], [3, 4])
+    slack = json.dumps(bodies["slack"]["blocks"])
+    assert "*Absorbed*\\n#3 #4 (notified before; now under #7)" in slack and "*Explains*\\n#3 #4" in slack
+    annotations = bodies["alertmanager"]["alerts"][0]["annotations"]
+    assert (annotations["children"], annotations["absorbed"]) == ("#3 #4", "#3 #4")
+    info = json.loads(bodies["servicenow"]["records"][0]["additional_info"])
+    assert (info["children"], info["absorbed"]) == ([3, 4], [3, 4])
