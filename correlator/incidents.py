@@ -7,7 +7,10 @@ its open incident every window (kind, last seen, evidence, paths, jobs, confiden
 `updated` event is emitted only when something an operator cares about changed since the last
 opened/updated event: the kind (a link down that turns out to flap), severity, the summary
 (numbers in it ignored) or direction, the set of jobs, or the number of affected paths by half
-or more. `apply` runs in a worker thread; listeners run after the commit, in event
+or more. One incident per failure: a finding that explains others (`Finding.explains`: a dead
+switch its links) is a parent, the incidents of what it explains its children (adopted when
+they came first), which wait for it and resolve with it or are re-raised (docs/correlator.md).
+`apply` runs in a worker thread; listeners run after the commit, in event
 order, under the manager's lock (they must be quick: a notifier enqueues). Stream subscribers
 get events through their asyncio loop (`call_soon_threadsafe`) into a bounded queue; one that
 falls `queue_size` events behind is dropped with a log line, never slowing `apply`.
