@@ -13,6 +13,7 @@ import sqlite3
 import pytest
 
 from correlator.incidents import IncidentManager
+from nms.app.dashboards.incident_points import incident_point
 from nms.app.notify import NOTIFIER_GROUP
 from nms.app.plugins import load_plugin
 from nms.records import Finding, IncidentEvent
@@ -290,3 +291,8 @@ def test_every_sink_says_what_a_parent_absorbed():
     assert (annotations["children"], annotations["absorbed"]) == ("#3 #4", "#3 #4")
     info = json.loads(bodies["servicenow"]["records"][0]["additional_info"])
     assert (info["children"], info["absorbed"]) == ([3, 4], [3, 4])
+
+
+def test_dashboard_points_mark_a_child():
+    assert incident_point(event("updated", incident(id=3, parent_id=7))).fields["parent_id"] == 7
+    assert "parent_id" not in incident_point(event("opened", incident(id=7))).fields

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from correlator.incidents import IncidentManager
 from nms.app.cli import app as cli
+from nms.app.cli.incidents import _line
 from tests.helpers import TOKENS, auth
 from tests.test_incidents import T0, W, finding
 from tests.test_incidents_api import client, live  # noqa: F401  (fixtures)
@@ -95,3 +96,10 @@ def test_cli_lists_children_under_the_parent_and_shows_them(live):  # noqa: F811
     assert all(link in out.output for link in LINKS) and "explains (2)" in out.output
     out = nms("show", str(links[1]))
     assert f"incident {parent} (this one is explained by it)" in out.output
+
+
+def test_watch_lines_name_a_childs_parent():
+    child = {"id": 12, "severity": "critical", "kind": "link_down", "element": LINKS[0], "summary": "down",
+             "parent_id": 11, "acknowledged_by": None}
+    assert "link_down" in _line("updated", "40", child) and "(under #11)" in _line("updated", "40", child)
+    assert "under" not in _line("opened", "41", {**child, "parent_id": None})

@@ -170,8 +170,9 @@ def _sse(lines: Iterator[str]) -> Iterator[tuple[str, str | None, str]]:
 
 def _line(event: str, event_id: str | None, incident: dict) -> str:
     ack = f" (ack {incident['acknowledged_by']})" if incident.get("acknowledged_by") else ""
+    under = f" (under #{incident['parent_id']})" if incident.get("parent_id") else ""
     return (f"{event:<12} #{incident['id']:<5} {incident['severity']:<8} {incident['kind']} {incident['element']}: "
-            f"{incident['summary']}{ack}" + (f"  [event {event_id}]" if event_id else ""))
+            f"{incident['summary']}{under}{ack}" + (f"  [event {event_id}]" if event_id else ""))
 
 
 def _follow(url: str, token: str | None, params: dict, seen: dict, as_json: bool) -> None:
