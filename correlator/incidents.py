@@ -251,7 +251,8 @@ class IncidentManager:
                     now_ns: int | None = None) -> IncidentEvent:
         """Record who acknowledged an incident (open or resolved) and when. Only the first ack
         counts: a later one changes nothing, emits nothing, and returns the first as an event.
-        KeyError for an unknown id."""
+        A parent's ack acknowledges its children not yet acknowledged (an adopted child's ack goes
+        to the sinks: it acknowledges the page it raised). KeyError for an unknown id."""
         with self._lock:
             incident = self.state.get_incident(incident_id)
             if incident is None:
@@ -259,15 +260,21 @@ class IncidentManager:
             if incident.acknowledged_ns is not None:
                 return IncidentEvent(event="acknowledged", ts=incident.acknowledged_ns, incident=incident)
             now = time.time_ns() if now_ns is None else now_ns
-            incident = incident.model_copy(update={"acknowledged_by": by, "acknowledged_ns": now})
-            event = IncidentEvent(event="acknowledged", ts=now, incident=incident)
+            children = [c for c in self.state.incident_children([incident.id]).get(incident.id, [])
+                        if c.acknowledged_ns is None]
+            items = []
             with self.state.incident_batch() as batch:
-                batch.update(incident)
-                event_id = batch.add_event(event, comment)
-            if incident.state == "open":
-                self._open[incident.dedup_key] = incident
-            self._dispatch([StreamEvent(event_id, event)])
-        return event
+                for one, note in [(incident, comment),
+                                  *[(c, f"with its parent, incident {incident.id}") for c in children]]:
+                    one = one.model_copy(update={"acknowledged_by": by, "acknowledged_ns": now})
+                    event = IncidentEvent(event="acknowledged", ts=now, incident=one)
+                    batch.update(one)
+                    items.append(StreamEvent(batch.add_event(event, note), event))
+            for item in items:
+                if item.event.incident.state == "open":
+                    self._open[item.event.incident.dedup_key] = item.event.incident
+            self._dispatch(items)
+        return items[0].event
 
     # --- reading -------------------------------------------------------------------------------
 

@@ -296,3 +296,22 @@ def test_every_sink_says_what_a_parent_absorbed():
 def test_dashboard_points_mark_a_child():
     assert incident_point(event("updated", incident(id=3, parent_id=7))).fields["parent_id"] == 7
     assert "parent_id" not in incident_point(event("opened", incident(id=7))).fields
+
+
+def test_acknowledging_a_parent_acknowledges_its_children(state):
+    m = IncidentManager(state, resolve_after=2)
+    link = "leaf1:swp3--spine1:swp1"
+    [child] = m.apply([finding(element=link)], T0)
+    [opened, _] = m.apply([finding(kind="device_down", element="spine1", element_kind="device",
+                                   explains=[f"link:{link}"])], T0 + W)
+    heard: list[IncidentEvent] = []
+    m.add_listener(heard.append)
+    m.acknowledge(opened.incident.id, "noc-alice", "spine1 is being replaced", now_ns=T0 + 2 * W)
+    assert [(e.incident.id, e.incident.acknowledged_by, e.notifies) for e in heard] == [
+        (opened.incident.id, "noc-alice", True), (child.incident.id, "noc-alice", True)]  # adopted: its page too
+    [entry] = [e for e in m.events(child.incident.id) if e.event == "acknowledged"]
+    assert entry.comment == f"with its parent, incident {opened.incident.id}"
+    assert {i.id: i.acknowledged_by for i in m.open_incidents()} == {child.incident.id: "noc-alice",
+                                                                     opened.incident.id: "noc-alice"}
+    m.acknowledge(opened.incident.id, "noc-bob")  # the first ack stands, for both
+    assert len(heard) == 2
