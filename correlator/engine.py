@@ -170,7 +170,22 @@ class Correlator:
         return Finding(kind=d.kind, element=d.element, element_kind=d.element_kind, ts=now_ns,
                        confidence=max(0.0, min(1.0, d.confidence)), severity=SEVERITY[d.kind],
                        summary=d.summary[:1024], direction=d.direction, evidence=_plain(d.evidence), paths=paths,
-                       jobs=jobs)
+                       jobs=jobs, explains=self._explains(d.kind, d.element))
+
+    def _explains(self, kind: str, element: str) -> list[str]:
+        """The elements whose down state a down NIC or switch explains (incident parents, docs/correlator.md):
+        a NIC its access link; a device its links and the NICs at their far ends."""
+        index = self.index
+        if kind == "nic_down":
+            host, _, nic = element.partition(":")
+            lid = index.nic_access.get((host, nic))
+            return [] if lid is None else [f"link:{index.name(lid)}"]
+        if kind != "device_down":
+            return []
+        lids = index.links_of(element)
+        access = {lid: nic for nic, lid in index.nic_access.items()}
+        return sorted([f"link:{index.name(lid)}" for lid in lids]
+                      + [f"nic:{access[lid][0]}:{access[lid][1]}" for lid in lids if lid in access])
 
 
 def _plain(value):

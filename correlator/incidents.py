@@ -7,7 +7,10 @@ its open incident every window (kind, last seen, evidence, paths, jobs, confiden
 `updated` event is emitted only when something an operator cares about changed since the last
 opened/updated event: the kind (a link down that turns out to flap), severity, the summary
 (numbers in it ignored) or direction, the set of jobs, or the number of affected paths by half
-or more. `apply` runs in a worker thread; listeners run after the commit, in event
+or more. One incident per failure: a finding that explains others (`Finding.explains`: a dead
+switch its links) is a parent, the incidents of what it explains its children (adopted when
+they came first), which wait for it and resolve with it or are re-raised (docs/correlator.md).
+`apply` runs in a worker thread; listeners run after the commit, in event
 order, under the manager's lock (they must be quick: a notifier enqueues). Stream subscribers
 get events through their asyncio loop (`call_soon_threadsafe`) into a bounded queue; one that
 falls `queue_size` events behind is dropped with a log line, never slowing `apply`.
@@ -29,6 +32,7 @@ from nms.state import IncidentEventEntry, StateStore
 
 log = logging.getLogger(__name__)
 SEVERITY_RANK = {"warning": 0, "minor": 1, "major": 2, "critical": 3}
+EXPLAINED_KINDS = frozenset({"link_down", "link_flapping", "nic_down"})  # what a parent's fault can explain
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
@@ -73,6 +77,10 @@ def _opened(f: Finding, window_ns: int) -> Incident:
                     last_seen_ns=window_ns)
 
 
+def _bumped(incident: Incident, window_ns: int) -> Incident:
+    return incident.model_copy(update={"updates": incident.updates + 1, "updated_ns": window_ns})
+
+
 def _refreshed(incident: Incident, f: Finding, window_ns: int) -> Incident:
     return incident.model_copy(update={
         "kind": f.kind, "element_kind": f.element_kind, "direction": f.direction, "severity": f.severity,
@@ -99,7 +107,7 @@ class IncidentManager:
     # --- the lifecycle ---------------------------------------------------------------------------
 
     def apply(self, findings: builtins.list[Finding], window_ns: int) -> builtins.list[IncidentEvent]:
-        """One correlator window: open, refresh or resolve incidents; returns the events emitted."""
+        """One correlator window: open, refresh, adopt or resolve incidents; returns the events emitted."""
         best = _strongest(findings)
         with self._lock:
             if not best and not self._open:
@@ -107,45 +115,38 @@ class IncidentManager:
             now_open, announced, emitted = dict(self._open), {}, []
             with self.state.incident_batch() as batch:
 
-                def emit(kind: IncidentEventKind, incident: Incident) -> None:
-                    event = IncidentEvent(event=kind, ts=window_ns, incident=incident)
+                def emit(kind: IncidentEventKind, incident: Incident,
+                         absorbed: builtins.list[int] | None = None) -> None:
+                    event = IncidentEvent(event=kind, ts=window_ns, incident=incident, absorbed=absorbed or [])
                     emitted.append(StreamEvent(batch.add_event(event), event))
 
-                for key, finding in best.items():
+                def keep(incident: Incident, event: IncidentEventKind | None = None,
+                         absorbed: builtins.list[int] | None = None) -> None:
+                    batch.update(incident)
+                    now_open[incident.dedup_key] = incident
+                    if event is not None:
+                        announced[incident.id] = incident
+                        emit(event, incident, absorbed)
+
+                def refreshed(key: str, finding: Finding, parent_id: int | None = None
+                              ) -> tuple[Incident, IncidentEventKind | None]:
+                    """The key's incident opened (a new one: with `parent_id`) or refreshed, not yet kept."""
                     current = now_open.get(key)
                     if current is None:
-                        incident = batch.insert(_opened(finding, window_ns))
-                        announced[incident.id] = now_open[key] = incident
-                        emit("opened", incident)
-                        continue
+                        opened = _opened(finding, window_ns).model_copy(update={"parent_id": parent_id})
+                        return batch.insert(opened), "opened"
                     incident = _refreshed(current, finding, window_ns)
-                    what = changed(self._announced.get(current.id, current), incident)
-                    if what:
-                        incident = incident.model_copy(update={"updates": incident.updates + 1,
-                                                               "updated_ns": window_ns})
-                        announced[incident.id] = incident
-                    batch.update(incident)
-                    now_open[key] = incident
-                    if what:
-                        log.info("incident %d (%s) updated: %s", incident.id, key, ", ".join(what))
-                        emit("updated", incident)
-                for key, incident in self._open.items():
-                    if key in best:
-                        continue
-                    # one per step, but never more than the windows since it was last seen: an extra
-                    # step (path events) or a late one must not change how long "N clean windows" is
-                    clean = min(incident.clean_windows + 1,
-                                round((window_ns - incident.last_seen_ns) / self.window_ns))
-                    if clean < self.resolve_after:
-                        if clean != incident.clean_windows:
-                            now_open[key] = incident.model_copy(update={"clean_windows": clean})
-                            batch.update(now_open[key])
-                        continue
-                    incident = incident.model_copy(update={"clean_windows": clean, "state": "resolved",
-                                                           "resolved_ns": window_ns})
-                    batch.update(incident)
-                    del now_open[key]
-                    emit("resolved", incident)
+                    what = changed(announced.get(current.id) or self._announced.get(current.id, current), incident)
+                    if not what:
+                        return incident, None
+                    log.info("incident %d (%s) updated: %s", incident.id, key, ", ".join(what))
+                    return _bumped(incident, window_ns), "updated"
+
+                done = self._parents(best, now_open, window_ns, refreshed, keep)
+                for key, finding in best.items():
+                    if key not in done:
+                        keep(*refreshed(key, finding))
+                self._resolve(best, now_open, window_ns, batch, emit, keep)
             # committed: now the memory follows
             self._open = now_open
             self._announced.update(announced)
@@ -155,11 +156,103 @@ class IncidentManager:
             self._dispatch(emitted)
         return [item.event for item in emitted]
 
+    def _parents(self, best: dict[str, Finding], now_open: dict[str, Incident], window_ns: int, refreshed, keep
+                 ) -> set[str]:
+        """Findings that explain others (a dead switch its links): their incidents, and as children
+        the incidents of what they explain: opened silently, or adopted when they came first (then
+        the parent's event lists them as `absorbed`). One level: a child's own children move up to
+        its new parent. Returns the keys handled here."""
+        explained = {k for key, f in best.items() for k in f.explains if k != key}
+        done: set[str] = set()
+        for key, finding in best.items():
+            current = now_open.get(key)
+            if not finding.explains or key in explained or (current is not None and current.parent_id is not None):
+                continue
+            parent, event = refreshed(key, finding)
+            by_id = {i.id: i for i in now_open.values()}
+            kids, absorbed, child_events = set(parent.children), [], []
+            for k in finding.explains:
+                own, child = best.get(k), now_open.get(k)
+                kind = own.kind if own is not None else child.kind if child is not None else None
+                if k == key or k in done or kind not in EXPLAINED_KINDS:
+                    continue
+                if child is None and own is not None:
+                    child, child_event = refreshed(k, own, parent.id)
+                elif child is not None and child.parent_id is None:
+                    for gid in child.children:  # one level only: grandchildren come along
+                        if (grand := by_id.get(gid)) is not None:
+                            keep(grand.model_copy(update={"parent_id": parent.id}))
+                            kids.add(gid)
+                    child = child.model_copy(update={"parent_id": parent.id, "adopted_ns": window_ns, "children": []})
+                    child = _bumped(_refreshed(child, own, window_ns) if own is not None else child, window_ns)
+                    child_event = "updated"
+                    absorbed.append(child.id)
+                    log.info("incident %d (%s) adopted by incident %d (%s)", child.id, k, parent.id, key)
+                else:
+                    continue  # already a child: refreshed like any other
+                done.add(k)
+                kids.add(child.id)
+                child_events.append((child, child_event))
+            parent = parent.model_copy(update={"children": sorted(kids), "explains": finding.explains})
+            if absorbed and event is None:
+                parent, event = _bumped(parent, window_ns), "updated"
+            keep(parent, event, sorted(absorbed))
+            for child, child_event in child_events:
+                keep(child, child_event)
+            done.add(key)
+        return done
+
+    def _resolve(self, best: dict[str, Finding], now_open: dict[str, Incident], window_ns: int, batch, emit,
+                 keep) -> None:
+        """Incidents without a finding this window count clean windows and resolve after
+        `resolve_after`. A child waits for its parent (the parent's fault explains its silence);
+        when the parent resolves, a child whose own finding is in this window is re-raised as a
+        top-level incident (its fault outlived the explanation), the others resolve with it."""
+        open_ids = {i.id for i in now_open.values()}
+        parents = []
+        for key, incident in builtins.list(now_open.items()):
+            if key in best:
+                continue
+            # one per step, but never more than the windows since it was last seen: an extra
+            # step (path events) or a late one must not change how long "N clean windows" is
+            clean = min(incident.clean_windows + 1, round((window_ns - incident.last_seen_ns) / self.window_ns))
+            if clean < self.resolve_after or incident.parent_id in open_ids:
+                if clean != incident.clean_windows:
+                    keep(incident.model_copy(update={"clean_windows": clean}))
+                continue
+            incident = incident.model_copy(update={"clean_windows": clean, "state": "resolved",
+                                                   "resolved_ns": window_ns})
+            del now_open[key]
+            if incident.children:
+                parents.append(incident)
+                continue
+            batch.update(incident)
+            emit("resolved", incident)
+        for parent in parents:
+            children = [i for i in now_open.values() if i.parent_id == parent.id]
+            raised = [c for c in children if c.last_seen_ns == window_ns]
+            parent = parent.model_copy(update={"children": [i for i in parent.children
+                                                            if i not in {c.id for c in raised}]})
+            batch.update(parent)
+            emit("resolved", parent)
+            for child in children:
+                if child in raised:
+                    log.info("incident %d (%s) re-raised: its fault outlived its parent %d", child.id,
+                             child.dedup_key, parent.id)
+                    keep(child.model_copy(update={"parent_id": None}),
+                         "updated" if child.adopted_ns is not None else "opened")
+                    continue
+                child = child.model_copy(update={"state": "resolved", "resolved_ns": window_ns})
+                batch.update(child)
+                del now_open[child.dedup_key]
+                emit("resolved", child)
+
     def acknowledge(self, incident_id: int, by: str, comment: str | None = None,
                     now_ns: int | None = None) -> IncidentEvent:
         """Record who acknowledged an incident (open or resolved) and when. Only the first ack
         counts: a later one changes nothing, emits nothing, and returns the first as an event.
-        KeyError for an unknown id."""
+        A parent's ack acknowledges its children not yet acknowledged (an adopted child's ack goes
+        to the sinks: it acknowledges the page it raised). KeyError for an unknown id."""
         with self._lock:
             incident = self.state.get_incident(incident_id)
             if incident is None:
@@ -167,15 +260,21 @@ class IncidentManager:
             if incident.acknowledged_ns is not None:
                 return IncidentEvent(event="acknowledged", ts=incident.acknowledged_ns, incident=incident)
             now = time.time_ns() if now_ns is None else now_ns
-            incident = incident.model_copy(update={"acknowledged_by": by, "acknowledged_ns": now})
-            event = IncidentEvent(event="acknowledged", ts=now, incident=incident)
+            children = [c for c in self.state.incident_children([incident.id]).get(incident.id, [])
+                        if c.acknowledged_ns is None]
+            items = []
             with self.state.incident_batch() as batch:
-                batch.update(incident)
-                event_id = batch.add_event(event, comment)
-            if incident.state == "open":
-                self._open[incident.dedup_key] = incident
-            self._dispatch([StreamEvent(event_id, event)])
-        return event
+                for one, note in [(incident, comment),
+                                  *[(c, f"with its parent, incident {incident.id}") for c in children]]:
+                    one = one.model_copy(update={"acknowledged_by": by, "acknowledged_ns": now})
+                    event = IncidentEvent(event="acknowledged", ts=now, incident=one)
+                    batch.update(one)
+                    items.append(StreamEvent(batch.add_event(event, note), event))
+            for item in items:
+                if item.event.incident.state == "open":
+                    self._open[item.event.incident.dedup_key] = item.event.incident
+            self._dispatch(items)
+        return items[0].event
 
     # --- reading -------------------------------------------------------------------------------
 
@@ -192,10 +291,14 @@ class IncidentManager:
 
     def list(self, state: IncidentState | None = None, kind: str | None = None, job: str | None = None,
              element: str | None = None, since_ns: int | None = None, until_ns: int | None = None,
-             limit: int = 1000) -> builtins.list[Incident]:
-        """Newest first; see StateStore.list_incidents for the element and time filters."""
+             limit: int = 1000, top_level: bool = False) -> builtins.list[Incident]:
+        """Newest first; see StateStore.list_incidents for the filters and `top_level`."""
         return self.state.list_incidents(state=state, kind=kind, job=job, element=element, since_ns=since_ns,
-                                         until_ns=until_ns, limit=limit)
+                                         until_ns=until_ns, limit=limit, top_level=top_level)
+
+    def children(self, parent_ids: builtins.list[int]) -> dict[int, builtins.list[Incident]]:
+        """The child incidents of these parents, by parent id, oldest first."""
+        return self.state.incident_children(parent_ids)
 
     # --- listeners and the stream ----------------------------------------------------------------
 

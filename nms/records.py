@@ -801,6 +801,10 @@ class Finding(Record):
     paths: list[str] = Field(default_factory=list, max_length=10_000,
                              description="affected probe paths as src_host:src_nic>dst_host:dst_nic/path_id")
     jobs: list[str] = Field(default_factory=list, description="jobs whose hosts talk across the element")
+    explains: list[str] = Field(default_factory=list, max_length=10_000,
+                                description="dedup keys (element_kind:element) of the elements whose down or "
+                                            "flapping state this fault explains: a dead switch's links and the NICs "
+                                            "on them, a down NIC's access link")
 
     @property
     def dedup_key(self) -> str:
@@ -836,6 +840,15 @@ class Incident(Record):
     clean_windows: int = Field(0, ge=0, description="windows in a row without the finding")
     acknowledged_by: str | None = None
     acknowledged_ns: int | None = None
+    parent_id: int | None = Field(None, description="a child: the incident whose fault explains this one (a switch's "
+                                                    "death its links' link_down). A child sends no notifications of "
+                                                    "its own and resolves with its parent (docs/correlator.md)")
+    children: list[int] = Field(default_factory=list, description="a parent: ids of the incidents it explains")
+    explains: list[str] = Field(default_factory=list, description="a parent: dedup keys of the elements its fault "
+                                                                  "explains (children are opened only for those "
+                                                                  "that showed a fault of their own)")
+    adopted_ns: int | None = Field(None, description="a child that was opened on its own (and notified) before its "
+                                                     "parent appeared: when the parent adopted it")
 
 
 IncidentEventKind = Literal["opened", "updated", "resolved", "acknowledged"]
@@ -847,6 +860,16 @@ class IncidentEvent(Record):
     event: IncidentEventKind
     ts: TimestampNs
     incident: Incident
+    absorbed: list[int] = Field(default_factory=list, description="ids of the open incidents this event's incident "
+                                                                   "adopted as children in this event (each was "
+                                                                   "notified as opened on its own before)")
+
+    @property
+    def notifies(self) -> bool:
+        """Whether the event goes to the notification sinks: a child's events do not, except the
+        resolve and ack of an adopted child (they close the page its own `opened` raised)."""
+        inc = self.incident
+        return inc.parent_id is None or (inc.adopted_ns is not None and self.event in ("resolved", "acknowledged"))
 
 
 DeliveryState = Literal["pending", "delivered", "failed"]

@@ -67,6 +67,9 @@ _INCIDENT_SCHEMA = (
     "event TEXT NOT NULL, ts INTEGER NOT NULL, comment TEXT, body TEXT NOT NULL)",
     "CREATE INDEX IF NOT EXISTS incident_events_incident ON incident_events (incident_id, id)",
 )
+# added to databases of earlier versions (their rows: NULL, every incident top-level, as it was)
+_INCIDENT_COLUMNS = {"parent_id": "INTEGER"}
+_INCIDENT_INDEXES = ("CREATE INDEX IF NOT EXISTS incidents_parent ON incidents (parent_id)",)
 
 
 _ACTION_SCHEMA = (
@@ -116,13 +119,15 @@ class IncidentWriter:
                                "VALUES (?, ?, ?, ?, ?, ?, '')", (incident.dedup_key, incident.state, incident.kind,
                                                                  incident.element, incident.opened_ns,
                                                                  incident.resolved_ns))
+        # parent_id: written by update below
         incident = incident.model_copy(update={"id": cur.lastrowid})
         self.update(incident)
         return incident
 
     def update(self, incident: Incident) -> None:
-        self._db.execute("UPDATE incidents SET state = ?, kind = ?, resolved_ns = ?, body = ? WHERE id = ?",
-                         (incident.state, incident.kind, incident.resolved_ns, incident.model_dump_json(), incident.id))
+        self._db.execute("UPDATE incidents SET state = ?, kind = ?, resolved_ns = ?, parent_id = ?, body = ? "
+                         "WHERE id = ?", (incident.state, incident.kind, incident.resolved_ns, incident.parent_id,
+                                          incident.model_dump_json(), incident.id))
 
     def add_event(self, event: IncidentEvent, comment: str | None = None) -> int:
         """Append to the history; returns the event's id."""
@@ -137,6 +142,30 @@ def _inserted_id(cur: sqlite3.Cursor) -> int:
     if cur.lastrowid is None:
         raise RuntimeError("the INSERT gave no row id")
     return cur.lastrowid
+
+
+def _incident_match(table: str, kind: str | None, job: str | None, element: str | None, since_ns: int | None,
+                    until_ns: int | None) -> tuple[list[str], list[str | int]]:
+    """SQL conditions on the incidents row `table` for list_incidents' filters."""
+    where: list[str] = []
+    params: list[str | int] = []
+    if kind is not None:
+        where.append(f"{table}.kind = ?")
+        params.append(kind)
+    if job is not None:
+        where.append(f"EXISTS (SELECT 1 FROM json_each({table}.body, '$.jobs') WHERE value = ?)")
+        params.append(job)
+    if element is not None:
+        e = element.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        where.append(f"({table}.element = ? OR " + " OR ".join([f"{table}.element LIKE ? ESCAPE '\\'"] * 4) + ")")
+        params += [element, f"{e}:%", f"{e}--%", f"%--{e}", f"%--{e}:%"]
+    if since_ns is not None:
+        where.append(f"({table}.resolved_ns IS NULL OR {table}.resolved_ns >= ?)")
+        params.append(since_ns)
+    if until_ns is not None:
+        where.append(f"{table}.opened_ns <= ?")
+        params.append(until_ns)
+    return where, params
 
 
 def open_sqlite(path: Path) -> sqlite3.Connection:
@@ -164,6 +193,17 @@ class StateStore:
         self._db.execute("CREATE INDEX IF NOT EXISTS agent_commands_status ON agent_commands (status, issued_ns)")
         for statement in _INCIDENT_SCHEMA + _ACTION_SCHEMA:
             self._db.execute(statement)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Bring an older database's tables up to date (columns added since); idempotent."""
+        with self._transaction() as db:
+            have = {row[1] for row in db.execute("PRAGMA table_info(incidents)")}
+            for column, sql_type in _INCIDENT_COLUMNS.items():
+                if column not in have:
+                    db.execute(f"ALTER TABLE incidents ADD COLUMN {column} {sql_type}")
+            for statement in _INCIDENT_INDEXES:
+                db.execute(statement)
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -318,29 +358,28 @@ class StateStore:
 
     def list_incidents(self, state: IncidentState | None = None, kind: str | None = None, job: str | None = None,
                        element: str | None = None, since_ns: int | None = None, until_ns: int | None = None,
-                       limit: int | None = 1000) -> list[Incident]:
+                       limit: int | None = 1000, top_level: bool = False) -> list[Incident]:
         """Newest first. `element` matches the element itself, a link with that end, and whatever
         belongs to that device (`leaf1` matches `leaf1:swp1--spine1:swp2`); since/until keep the
-        incidents whose active span (opened .. resolved, or now while open) overlaps the range."""
+        incidents whose active span (opened .. resolved, or now while open) overlaps the range.
+        `top_level`: parents and lone incidents only, those that match or have a child that matches
+        (kind, job, element, since, until; `state` is the top-level incident's)."""
         where: list[str] = []
         params: list[str | int] = []
-        for column, value in (("state", state), ("kind", kind)):
-            if value is not None:
-                where.append(f"{column} = ?")
-                params.append(value)
-        if job is not None:
-            where.append("EXISTS (SELECT 1 FROM json_each(incidents.body, '$.jobs') WHERE value = ?)")
-            params.append(job)
-        if element is not None:
-            e = element.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-            where.append("(element = ? OR " + " OR ".join(["element LIKE ? ESCAPE '\\'"] * 4) + ")")
-            params += [element, f"{e}:%", f"{e}--%", f"%--{e}", f"%--{e}:%"]
-        if since_ns is not None:
-            where.append("(resolved_ns IS NULL OR resolved_ns >= ?)")
-            params.append(since_ns)
-        if until_ns is not None:
-            where.append("opened_ns <= ?")
-            params.append(until_ns)
+        if state is not None:
+            where.append("state = ?")
+            params.append(state)
+        match, match_params = _incident_match("incidents", kind, job, element, since_ns, until_ns)
+        if top_level:
+            where.append("parent_id IS NULL")
+            if match:
+                child, child_params = _incident_match("c", kind, job, element, since_ns, until_ns)
+                where.append(f"(({' AND '.join(match)}) OR EXISTS (SELECT 1 FROM incidents c "
+                             f"WHERE c.parent_id = incidents.id AND {' AND '.join(child)}))")
+                params += match_params + child_params
+        else:
+            where += match
+            params += match_params
         sql = "SELECT body FROM incidents" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id DESC"
         if limit is not None:
             sql += " LIMIT ?"
@@ -348,6 +387,19 @@ class StateStore:
         with self._lock:
             rows = self._db.execute(sql, params).fetchall()
         return [Incident.model_validate_json(r[0]) for r in rows]
+
+    def incident_children(self, parent_ids: list[int]) -> dict[int, list[Incident]]:
+        """The children of these incidents, by parent id, oldest first."""
+        out: dict[int, list[Incident]] = {}
+        for start in range(0, len(parent_ids), 500):
+            chunk = parent_ids[start:start + 500]
+            with self._lock:
+                rows = self._db.execute(f"SELECT body FROM incidents WHERE parent_id IN ({','.join('?' * len(chunk))}) "
+                                        "ORDER BY id", chunk).fetchall()
+            for (body,) in rows:
+                child = Incident.model_validate_json(body)
+                out.setdefault(child.parent_id or 0, []).append(child)
+        return out
 
     def incident_events(self, incident_id: int | None = None, after: int = 0, limit: int = 1000,
                         newest: bool = False) -> list[IncidentEventEntry]:

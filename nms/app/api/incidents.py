@@ -40,6 +40,19 @@ class AckBody(BaseModel):
     comment: str | None = Field(None, max_length=1024, description="kept with the acknowledged event")
 
 
+class IncidentWithChildren(Incident):
+    """An incident with the incidents it explains (docs/correlator.md, "One incident per failure")."""
+
+    child_incidents: list[Incident] = Field(default_factory=list,
+                                            description="the incidents whose parent_id is this one, in full, oldest "
+                                                        "first (a child's own is empty)")
+
+
+def _nested(incidents: IncidentManager, parents: list[Incident]) -> list[IncidentWithChildren]:
+    kids = incidents.children([i.id for i in parents if i.children])
+    return [IncidentWithChildren(**dict(i), child_incidents=kids.get(i.id, [])) for i in parents]
+
+
 def _incident(incidents: IncidentManager, incident_id: int) -> Incident:
     incident = incidents.get(incident_id)
     if incident is None:
@@ -104,25 +117,30 @@ async def stream(
     return EventStream(_stream(request, sub, snapshot=state == "open", running=running), headers=HEADERS)
 
 
-@router.get("", response_model=list[Incident], dependencies=[Depends(require("read"))],
-            summary="Incidents, newest first")
+@router.get("", response_model=list[IncidentWithChildren], dependencies=[Depends(require("read"))],
+            summary="Incidents, newest first: top-level ones with their children nested (or every one with flat)")
 def list_incidents(incidents: IncidentsDep, state: IncidentState | None = None, kind: FaultKind | None = None,
                    job: str | None = Query(None, max_length=128, description="only incidents that affect this job"),
                    element: str | None = Query(None, max_length=512, description="an element, a link end (dev:port) "
                                                                                  "or a device: what touches it"),
                    since: TimestampNs | None = Query(None, description="active at or after (ns or RFC 3339)"),
                    until: TimestampNs | None = Query(None, description="active at or before (ns or RFC 3339)"),
+                   flat: bool = Query(False, description="every incident as its own item, children too (with "
+                                                         "child_incidents empty); without it, the top-level incidents "
+                                                         "that match or have a child that matches (state: the "
+                                                         "top-level one's), each with its children"),
                    limit: int = Query(1000, ge=1, le=100_000)) -> list[Incident]:
     if since is not None and until is not None and until < since:
         raise HTTPException(422, [{"loc": ["query", "until"], "msg": "until is before since", "type": "value_error"}])
-    return incidents.list(state=state, kind=kind, job=job, element=element, since_ns=since, until_ns=until,
-                          limit=limit)
+    found = incidents.list(state=state, kind=kind, job=job, element=element, since_ns=since, until_ns=until,
+                           limit=limit, top_level=not flat)
+    return found if flat else list(_nested(incidents, found))
 
 
-@router.get("/{incident_id}", response_model=Incident, dependencies=[Depends(require("read"))],
-            responses=NOT_FOUND, summary="One incident")
-def get_incident(incident_id: IncidentId, incidents: IncidentsDep) -> Incident:
-    return _incident(incidents, incident_id)
+@router.get("/{incident_id}", response_model=IncidentWithChildren, dependencies=[Depends(require("read"))],
+            responses=NOT_FOUND, summary="One incident, with its children (parent_id names a child's parent)")
+def get_incident(incident_id: IncidentId, incidents: IncidentsDep) -> IncidentWithChildren:
+    return _nested(incidents, [_incident(incidents, incident_id)])[0]
 
 
 @router.get("/{incident_id}/events", response_model=list[IncidentEventEntry], dependencies=[Depends(require("read"))],

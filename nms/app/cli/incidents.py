@@ -57,11 +57,13 @@ def list_incidents(state: str | None = typer.Option(None, help="open or resolved
                    element: str | None = typer.Option(None, help="an element, a port (dev:port) or a device"),
                    since: str | None = typer.Option(None, help="active since: a duration ago (1h), ns or RFC 3339"),
                    limit: int = typer.Option(1000, min=1),
+                   flat: bool = typer.Option(False, "--flat", help="every incident on its own row, children too"),
                    as_json: bool = typer.Option(False, "--json", help="print JSON"),
                    wide: bool = WideOpt, url: str = UrlOpt, token: str | None = TokenOpt) -> None:
     """List incidents, newest first (at 80 columns: id, state, kind, element, severity, opened; --wide: every
-    column, exact times)."""
-    params: dict = {"limit": limit}
+    column, exact times). The incidents a failure explains (a dead switch's links) are listed under it,
+    indented (└ id)."""
+    params: dict = {"limit": limit, "flat": flat}
     for name, value in (("state", state), ("kind", kind), ("job", job), ("element", element)):
         if value:
             params[name] = value
@@ -74,13 +76,18 @@ def list_incidents(state: str | None = typer.Option(None, help="open or resolved
     table = ListTable("id", "state", "kind", "element", "severity" if wide else "sev", Col("opened", drop=1),
                       Col("age", drop=2), Col("jobs", wrap=not wide, drop=3), Col("ack", drop=4))
     now = time.time_ns()
-    for i in incidents:
-        table.add_row(str(i["id"]), i["state"], i["kind"], i["element"],
+    rows = [(str(i["id"]), i) for i in incidents]
+    if not flat:
+        rows = [row for i in incidents for row in [(str(i["id"]), i)]
+                + [(f"└ {c['id']}", c) for c in i.get("child_incidents", [])]]
+    for shown, i in rows:
+        table.add_row(shown, i["state"], i["kind"], i["element"],
                       short_severity(i["severity"], SEVERITY_STYLE, wide),
                       fmt_time(i["opened_ns"]) if wide else ago(i["opened_ns"], now), _age(i),
                       ("," if wide else ", ").join(i["jobs"]), i["acknowledged_by"] or "")
     table.print(console, wide, err_console)
-    err_console.print(f"{len(incidents)} incident(s)")
+    children = len(rows) - len(incidents)
+    err_console.print(f"{len(incidents)} incident(s)" + (f", {children} under them" if children else ""))
 
 
 @incidents_app.command("show")
@@ -101,6 +108,7 @@ def show_incident(incident_id: int = typer.Argument(..., help="incident id"),
             ("opened", f"{fmt_time(i['opened_ns'])} ({_age(i)})"), ("last seen", fmt_time(i["last_seen_ns"])),
             ("resolved", fmt_time(i["resolved_ns"]) if i["resolved_ns"] is not None else ""),
             ("updates", str(i["updates"])), ("clean windows", str(i["clean_windows"])),
+            ("parent", f"incident {i['parent_id']} (this one is explained by it)" if i.get("parent_id") else ""),
             ("jobs", ", ".join(i["jobs"])),
             ("acknowledged", f"by {i['acknowledged_by']} at {fmt_time(i['acknowledged_ns'])}"
              if i["acknowledged_ns"] is not None else "")]
@@ -112,6 +120,16 @@ def show_incident(incident_id: int = typer.Argument(..., help="incident id"),
                   + (" ..." if len(i["paths"]) > 10 else ""), highlight=False, markup=False)
     console.print("evidence:")
     console.print_json(json.dumps(i["evidence"]))
+    if i.get("explains"):
+        console.print(f"explains ({len(i['explains'])}): " + ", ".join(i["explains"][:20])
+                      + (" ..." if len(i["explains"]) > 20 else ""), highlight=False, markup=False)
+    if i.get("child_incidents"):
+        kids = Table("id", "state", "kind", "element", "adopted", title="children (no notifications of their own)",
+                     title_justify="left")
+        for c in i["child_incidents"]:
+            kids.add_row(str(c["id"]), c["state"], c["kind"], c["element"],
+                         fmt_time(c["adopted_ns"]) if c.get("adopted_ns") is not None else "")
+        console.print(kids)
     history = Table("event id", "event", "time", "severity", "note", title="events", title_justify="left")
     for e in events:
         note = (f"by {e['incident']['acknowledged_by']}" + (f": {e['comment']}" if e["comment"] else "")
@@ -152,8 +170,9 @@ def _sse(lines: Iterator[str]) -> Iterator[tuple[str, str | None, str]]:
 
 def _line(event: str, event_id: str | None, incident: dict) -> str:
     ack = f" (ack {incident['acknowledged_by']})" if incident.get("acknowledged_by") else ""
+    under = f" (under #{incident['parent_id']})" if incident.get("parent_id") else ""
     return (f"{event:<12} #{incident['id']:<5} {incident['severity']:<8} {incident['kind']} {incident['element']}: "
-            f"{incident['summary']}{ack}" + (f"  [event {event_id}]" if event_id else ""))
+            f"{incident['summary']}{under}{ack}" + (f"  [event {event_id}]" if event_id else ""))
 
 
 def _follow(url: str, token: str | None, params: dict, seen: dict, as_json: bool) -> None:

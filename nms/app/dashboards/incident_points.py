@@ -18,7 +18,7 @@ MEASUREMENT = "incident_event"
 TAGS = ("kind", "element_kind", "element", "severity", "event")
 declare_fields(MEASUREMENT, {"id": "integer", "summary": "string", "state": "string", "confidence": "float",
                              "duration_s": "float", "updates": "integer", "paths": "integer", "jobs": "string",
-                             "direction": "string"})
+                             "direction": "string", "parent_id": "integer"})
 
 
 def incident_point(event: IncidentEvent) -> Point:
@@ -28,6 +28,8 @@ def incident_point(event: IncidentEvent) -> Point:
               "paths": len(inc.paths), "jobs": ",".join(inc.jobs)}
     if inc.direction:
         fields["direction"] = inc.direction
+    if inc.parent_id is not None:  # a child (docs/correlator.md): count failures with `parent_id` absent
+        fields["parent_id"] = inc.parent_id
     tags = {"kind": inc.kind, "element_kind": inc.element_kind, "element": inc.element[:256],
             "severity": inc.severity, "event": event.event}
     return Point(MEASUREMENT, tags, fields, event.ts)

@@ -48,6 +48,10 @@ class AlertmanagerSink(Sink):
             annotations["direction"] = inc.direction
         if inc.acknowledged_by:
             annotations["acknowledged_by"] = inc.acknowledged_by
+        if inc.children:
+            annotations["children"] = " ".join(f"#{i}" for i in inc.children[:100])
+        if event.absorbed:
+            annotations["absorbed"] = " ".join(f"#{i}" for i in event.absorbed[:100])
         base = self.external_url or ""
         group_labels = {"alertname": inc.kind, "incident_id": str(inc.id), "site": self.site}
         alert = {

@@ -132,9 +132,10 @@ class Notifier:
     # --- producer side (any thread) -------------------------------------------------------------
 
     def submit(self, event: IncidentEvent) -> None:
-        """Queue `event` for every sink that takes it. Thread-safe, quick, never raises."""
+        """Queue `event` for every sink that takes it (not a child's: `IncidentEvent.notifies`).
+        Thread-safe, quick, never raises."""
         try:
-            if not self._sinks:
+            if not self._sinks or not event.notifies:  # a child's page is its parent's (docs/correlator.md)
                 return
             if self._closed:
                 log.warning("notifier stopped: %s of incident %d not queued", event.event, event.incident.id)

@@ -38,6 +38,7 @@ class PagerDutySink(Sink):
                     "confidence": inc.confidence, "direction": inc.direction, "evidence": inc.evidence,
                     "jobs": inc.jobs[:MAX_LIST], "jobs_count": len(inc.jobs), "paths_count": len(inc.paths),
                     "opened": iso_utc(inc.opened_ns), "updates": inc.updates,
+                    "children": inc.children[:MAX_LIST], "absorbed": event.absorbed[:MAX_LIST],
                 },
             }
             doc["client"] = "fabric-nms"

@@ -29,7 +29,8 @@ class ServiceNowSink(Sink):
                 "element_kind": inc.element_kind, "direction": inc.direction, "confidence": inc.confidence,
                 "evidence": inc.evidence, "jobs": inc.jobs[:100], "jobs_count": len(inc.jobs),
                 "paths_count": len(inc.paths), "opened": iso_utc(inc.opened_ns),
-                "acknowledged_by": inc.acknowledged_by}
+                "acknowledged_by": inc.acknowledged_by, "children": inc.children[:100],
+                "absorbed": event.absorbed[:100]}
         record = {
             "source": "fabric-nms",
             "event_class": truncate(f"fabric-nms:{self.site}", 100),

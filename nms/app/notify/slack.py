@@ -19,6 +19,10 @@ def _esc(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def _ids(ids: list[int]) -> str:
+    return " ".join(f"#{i}" for i in ids[:20]) + (f" (+{len(ids) - 20} more)" if len(ids) > 20 else "")
+
+
 class SlackSink(Sink):
     kind = "slack"
 
@@ -36,6 +40,10 @@ class SlackSink(Sink):
             fields.append(f"*Resolved*\n{iso_utc(inc.resolved_ns)}")
         if inc.acknowledged_by:
             fields.append(f"*Acknowledged by*\n{_esc(inc.acknowledged_by)}")
+        if inc.children:
+            fields.append(f"*Explains*\n{_ids(inc.children)}")
+        if event.absorbed:
+            fields.append(f"*Absorbed*\n{_ids(event.absorbed)} (notified before; now under #{inc.id})")
         jobs = ", ".join(inc.jobs[:20]) + (f" (+{len(inc.jobs) - 20} more)" if len(inc.jobs) > 20 else "")
         blocks = [
             {"type": "header", "text": {"type": "plain_text", "text": truncate(f"{ICON[event.event]} {head}", 150),

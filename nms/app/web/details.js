@@ -37,6 +37,16 @@ function table(parent, rows, cls) {
   return t;
 }
 
+// Open incidents in list order: newest top-level first, each followed by its children (the incidents
+// its failure explains, docs/correlator.md); a child whose parent is not open is listed on its own.
+export function incidentTree(incidents) {
+  const all = [...incidents];
+  const ids = new Set(all.map((i) => i.id));
+  const top = all.filter((i) => i.parent_id == null || !ids.has(i.parent_id)).sort((a, b) => b.id - a.id);
+  return top.flatMap((p) => [{ inc: p, child: false },
+    ...all.filter((c) => c.parent_id === p.id).sort((a, b) => a.id - b.id).map((c) => ({ inc: c, child: true }))]);
+}
+
 export function incidentBlock(parent, inc) {
   const box = add(parent, "div", undefined, `incident-detail sev-${inc.severity}`);
   box.dataset.incident = inc.id;
@@ -44,7 +54,9 @@ export function incidentBlock(parent, inc) {
   add(box, "p", inc.summary, "summary");
   table(box, [["element", inc.element], ["direction", inc.direction ?? "-"],
               ["confidence", format(inc.confidence)], ["opened", new Date(inc.opened_ns / 1e6).toISOString()],
-              ["jobs", format(inc.jobs)], ["acknowledged by", inc.acknowledged_by ?? "-"]]);
+              ["jobs", format(inc.jobs)], ["acknowledged by", inc.acknowledged_by ?? "-"],
+              ...(inc.parent_id != null ? [["explained by", `#${inc.parent_id}`]] : []),
+              ...(inc.children?.length ? [["explains", inc.children.map((i) => `#${i}`).join(" ")]] : [])]);
   add(box, "h4", "evidence");
   table(box, flatten(inc.evidence), "evidence");
 }

@@ -2,7 +2,7 @@
 // /incidents/stream?state=open (open incidents), both EventSource with the session cookie.
 import { layout } from "./layout.js";
 import { Drawing } from "./draw.js";
-import { show } from "./details.js";
+import { incidentTree, show } from "./details.js";
 
 const $ = (id) => document.getElementById(id);
 const body = document.body;
@@ -103,16 +103,17 @@ function renderIncidents() {
   const list = $("incidents");
   list.replaceChildren();
   const open = [...state.incidents.values()].sort((a, b) => b.id - a.id);
-  for (const inc of open) {
+  const rows = incidentTree(open);
+  for (const { inc, child } of rows) {
     const li = document.createElement("li");
-    li.className = `sev-${inc.severity}`;
+    li.className = `sev-${inc.severity}` + (child ? " child" : "");
     li.dataset.incident = inc.id;
-    li.textContent = `#${inc.id} ${inc.kind} ${inc.element}`;
+    li.textContent = `${child ? "└ " : ""}#${inc.id} ${inc.kind} ${inc.element}`;
     li.title = inc.summary;
     li.addEventListener("click", () => select({ incident: inc.id }));
     list.appendChild(li);
   }
-  $("incident-count").textContent = String(open.length);
+  $("incident-count").textContent = String(rows.filter((r) => !r.child).length);  // one per failure
   body.dataset.incidents = open.map((i) => i.id).join(" ");
   drawing.markIncidents(open, (id) => select({ incident: id }));
   refreshDetails();
