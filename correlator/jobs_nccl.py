@@ -1,8 +1,9 @@
 """Jobs and collective performance from the NCCL plugin's records (ingest kinds nccl_*).
 
 - Jobs: every record names its job (the launcher's environment at plugin init). NcclComm says
-  which rank of which communicator runs on which host; proxy steps add the QPs (IB) or sockets
-  and network devices each rank used, proxy ops the peers it talked to. A job appears in the state
+  which rank of which communicator runs on which host; proxy steps, or the agent's per-second step
+  stats (NcclStepStats), add the QPs (IB) or sockets and network devices each rank used, proxy ops
+  the peers it talked to. A job appears in the state
   store on its own (labels `source: nccl`). A job registered by hand (POST /jobs) with the same id
   is merged, never duplicated: the hand-registered name, start, end, labels, hosts, NICs and rank
   placements win; the plugin adds the hosts and ranks it lacks, and QPs/peers/devices to ranks it
@@ -36,6 +37,7 @@ from nms.records import (
     NcclComm,
     NcclProxyOp,
     NcclProxyStep,
+    NcclStepStats,
     RankPlacement,
 )
 
@@ -127,15 +129,15 @@ class NcclJobs:
                         elif len(self._early) < MAX_PENDING:
                             stop, seen, ops = self._early.get(parent, (0, now, 0))
                             self._early[parent] = (max(stop, r.stop_ns), now, ops + 1)
-                elif isinstance(r, NcclProxyStep):
+                elif isinstance(r, (NcclProxyStep, NcclStepStats)):
                     info = self._rank(r)
                     before = (len(info.qps), len(info.devices), len(info.peers))
                     if r.connection is not None and len(info.qps) < 4096:
-                        info.qps.add(r.connection)
+                        info.qps.add(int(r.connection))
                     if r.net_device is not None and len(info.devices) < 64:
                         info.devices.add(r.net_device)
                     if r.peer is not None:
-                        info.peers.add(r.peer)
+                        info.peers.add(int(r.peer))
                     if (len(info.qps), len(info.devices), len(info.peers)) != before:
                         self._dirty_jobs.add(r.job_id)  # the job is rewritten only when it learned something
 

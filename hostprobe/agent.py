@@ -142,7 +142,8 @@ class Agent:
             return None
         path = settings.socket or self.buffer_dir / "nccl.sock"
         try:
-            return NcclListener(path, settings.socket_mode, self.cfg.host, self.reporter.put, self.stats)
+            return NcclListener(path, settings.socket_mode, self.cfg.host, self.reporter.put, self.stats,
+                                settings.raw_steps_per_s)
         except OSError as e:
             log.warning("NCCL plugin socket not opened: %s", e)
             return None

@@ -545,6 +545,66 @@ class NcclProxyStep(_NcclEvent):
     recv_gpu_wait_ns: int | None = Field(None, ge=0, le=INT64_MAX)
 
 
+class NcclStepStats(TelemetryRecord):
+    """Proxy steps folded by the host agent (hostprobe/nccl_steps.py): one record per second (by the
+    steps' stop) per (job, comm, rank, peer, channel, direction, connection). `*_p50_ns` / `*_p99_ns` /
+    `*_max_ns` of a state: how long the steps stayed in it (from entering it to entering the next state
+    or stopping), over the steps that entered it; None when none did. Tags are decimal strings like
+    `rank`. `connection`: the QP number (IB) or fd (sockets) when NCCL reported one (an NCCL built with
+    net profiling); stock builds report none and the QPs come from the host (hostprobe/rdma_qps.py)."""
+
+    measurement: ClassVar[str] = "nccl_step_stats"
+    tag_keys: ClassVar[tuple[str, ...]] = ("host", "job_id", "comm_id", "rank", "peer", "channel", "direction",
+                                           "connection")
+    time_attr: ClassVar[str] = "start_ns"
+
+    host: Ident
+    job_id: Ident | None = None
+    comm_id: Ident
+    rank: Ident
+    peer: Ident | None = Field(None, pattern=r"^-?[0-9]+$", description="the remote rank, decimal")
+    channel: Ident | None = Field(None, pattern=r"^[0-9]+$")
+    direction: Literal["send", "recv"] | None = None
+    connection: Ident | None = Field(None, pattern=r"^-?[0-9]+$", description="QP number / socket fd, decimal")
+    start_ns: TimestampNs = Field(description="the second's start (the steps' stop times fall in it; a step that "
+                                              "came after its second was sent is counted in the next open one)")
+    stop_ns: TimestampNs = Field(description="the second's end")
+    pid: int = Field(ge=0, le=2**32 - 1)
+    net: Literal["ib", "socket"] | None = None
+    net_device: Int64 | None = None
+    steps: int = Field(ge=1, le=INT64_MAX)
+    bytes: Counter = Field(description="sum of the steps' trans_size")
+    net_bytes: Counter
+    net_events: int = Field(ge=0, le=INT64_MAX)
+    step_p50_ns: int = Field(ge=0, le=INT64_MAX, description="step duration (start -> stop) median")
+    step_p99_ns: int = Field(ge=0, le=INT64_MAX)
+    step_max_ns: int = Field(ge=0, le=INT64_MAX)
+    send_gpu_wait_p50_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    send_gpu_wait_p99_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    send_gpu_wait_max_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    send_peer_wait_p50_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    send_peer_wait_p99_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    send_peer_wait_max_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    send_wait_p50_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    send_wait_p99_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    send_wait_max_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    recv_wait_p50_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    recv_wait_p99_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    recv_wait_max_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    recv_flush_wait_p50_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    recv_flush_wait_p99_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    recv_flush_wait_max_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    recv_gpu_wait_p50_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    recv_gpu_wait_p99_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    recv_gpu_wait_max_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+
+    @model_validator(mode="after")
+    def _window(self) -> NcclStepStats:
+        if self.stop_ns <= self.start_ns:
+            raise ValueError("stop_ns is not after start_ns")
+        return self
+
+
 class NcclCollectivePerf(TelemetryRecord):
     """One collective of one communicator, assembled by the service from its ranks' records
     (correlator/jobs_nccl.py): duration is the slowest rank's (start -> its last proxy op's stop, else
@@ -606,6 +666,7 @@ INGEST_KINDS: dict[str, type[TelemetryRecord] | type[GenericPoint]] = {
     "nccl_collectives": NcclCollective,
     "nccl_proxy_ops": NcclProxyOp,
     "nccl_proxy_steps": NcclProxyStep,
+    "nccl_step_stats": NcclStepStats,
 }
 
 
