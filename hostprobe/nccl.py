@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hostprobe.nccl_steps import RawStepLimit, StepFolder
+from hostprobe.rdma_qps import QpReporter, RdmaOutputError
 from nccl_plugin.decode import WireError, decode_batch, to_records
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class NcclIntake:
         self._drops: OrderedDict[int, int] = OrderedDict()  # pid -> its plugin's cumulative drops
         self.steps = StepFolder(host, step_grace_s)
         self.raw = RawStepLimit(raw_steps_per_s)
+        # pid -> (job id, {(comm_id, rank)}): whose QPs the host's RDMA netlink is asked for
+        self.processes: OrderedDict[int, tuple[str | None, set[tuple[str, int]]]] = OrderedDict()
 
     def handle(self, data: bytes, now_ns: int | None = None) -> int:
         """Decodes one datagram, hands its records on (its proxy steps to the folder); returns how many
@@ -59,6 +62,12 @@ class NcclIntake:
             self.stats["nccl_bad_batches"] += 1
             log.warning("NCCL plugin batch dropped: %s", e)
             return 0
+        _, ranks = self.processes.setdefault(batch.pid, (batch.job_id, set()))
+        if len(ranks) < 256:
+            ranks.update((e["comm_id"], e["rank"]) for e in batch.events if e["comm_id"] != "0" * 16)
+        self.processes.move_to_end(batch.pid)
+        while len(self.processes) > MAX_PROCESSES:
+            self.processes.popitem(last=False)
         steps = [e for e in batch.events if e["kind"] == "proxy_step"]
         if steps:
             for event in steps:
@@ -86,6 +95,20 @@ class NcclIntake:
         self.stats["nccl_step_stats"] += len(stats)
         return len(stats)
 
+    def report_qps(self, qps: QpReporter, now: float) -> int:
+        """The NCCL processes' RDMA QPs (hostprobe/rdma_qps.py) handed on as nccl_rdma_qps records."""
+        try:
+            records = qps.read(dict(self.processes), now, time.time_ns())
+        except RdmaOutputError as e:
+            self.stats["nccl_bad_records"] += 1
+            log.warning("RDMA QP list not read: %s", e)
+            return 0
+        if qps.unavailable and not self.stats.get("rdma_unavailable"):
+            self.stats["rdma_unavailable"] = 1
+            log.info("no RDMA QPs read on this host: %s", qps.unavailable)
+        self._hand_on([("nccl_rdma_qps", r) for r in records], [], "rdma")
+        return len(records)
+
     def _hand_on(self, records: list, errors: list[str], source: str) -> None:
         for kind, record in records:
             self.put(kind, record)
@@ -99,10 +122,11 @@ class NcclListener(threading.Thread):
     """The socket and the thread reading it into an NcclIntake."""
 
     def __init__(self, path: Path, mode: int, host: str, put: Callable[[str, object], None], stats: dict,
-                 raw_steps_per_s: int = 0):
+                 raw_steps_per_s: int = 0, qps: QpReporter | None = None):
         super().__init__(name="nccl-listener", daemon=True)
         self.path = Path(path)
         self.intake = NcclIntake(host, put, stats, raw_steps_per_s)
+        self.qps = qps
         self._halt = threading.Event()
         self.sock = self._bind(mode)
 
@@ -138,6 +162,8 @@ class NcclListener(threading.Thread):
             if time.monotonic() - last_tick >= 0.2:
                 last_tick = time.monotonic()
                 self._guarded(self.intake.tick)
+                if self.qps is not None and self.qps.due(last_tick):
+                    self._guarded(self.intake.report_qps, self.qps, last_tick)
             try:
                 data = self.sock.recv(MAX_DATAGRAM)
             except TimeoutError:

@@ -605,6 +605,55 @@ class NcclStepStats(TelemetryRecord):
         return self
 
 
+class NcclRdmaQp(TelemetryRecord):
+    """One RDMA QP of a process the NCCL plugin reported, as the host's RDMA netlink shows it
+    (`rdma -j resource show qp`, hostprobe/rdma_qps.py): not from NCCL, whose stock builds never name
+    a QP. `ranks`: the communicator ranks that process holds ("comm_id:rank", comma-separated); which
+    of them uses the QP follows from the peer's end (correlator/qp_join.py). `sport`: the RoCE v2 UDP
+    source port by the kernel's rdma_get_udp_sport() with flow label 0 (what NCCL passes). The path
+    fields use ProbePath's vocabulary, for the QP's own 5-tuple traced (dport 4791, no reverse trace:
+    the peer's NIC consumes the probes)."""
+
+    measurement: ClassVar[str] = "nccl_rdma_qp"
+    tag_keys: ClassVar[tuple[str, ...]] = ("host", "job_id", "device", "lqpn")
+
+    host: Ident
+    job_id: Ident | None = None
+    device: Ident = Field(description="the RDMA device, e.g. mlx5_0")
+    lqpn: Ident = Field(pattern=r"^[0-9]+$", description="local QP number, decimal")
+    ts: TimestampNs
+    port: int | None = Field(None, ge=0, le=255)
+    netdev: Ident | None = Field(None, description="the device port's network interface")
+    src_addr: str | None = Field(None, max_length=64, description="the netdev's address (the agent's NIC config)")
+    rqpn: int | None = Field(None, ge=0, le=2**24 - 1, description="remote QP number (connected QPs)")
+    type: str = Field(max_length=16, description="RC, UC, UD, XRC_INI, ...")
+    state: str = Field(max_length=16, description="RESET, INIT, RTR, RTS, SQD, SQE, ERR")
+    pid: int = Field(ge=0, le=2**32 - 1)
+    comm: str | None = Field(None, max_length=64, description="the process name")
+    ranks: str = Field("", max_length=4096, description="comm_id:rank of the process's ranks, comma-separated")
+    sport: int | None = Field(None, ge=0, le=65535, description="RoCE v2 UDP source port (flow label 0)")
+    dst_addr: str | None = Field(None, max_length=64, description="the peer's address, when traced")
+    path_id: Ident | None = Field(None, description="the traced path's id (hostprobe/trace.py's path_id)")
+    fwd_hops: str | None = Field(None, max_length=1024, description="routers of the QP's 5-tuple, source side first")
+    fwd_complete: bool | None = None
+
+
+class QpRoute(Record):
+    """One QP of a job joined with its peer's end (correlator/qp_join.py)."""
+
+    host: Ident
+    device: Ident
+    lqpn: int = Field(ge=0, le=2**24 - 1)
+    rqpn: int = Field(ge=0, le=2**24 - 1)
+    peer_host: Ident
+    peer_device: Ident
+    comm_id: Ident | None = Field(None, description="None: the two processes share several communicators")
+    rank: int | None = None
+    peer_rank: int | None = None
+    sport: int | None = None
+    path_id: Ident | None = None
+
+
 class NcclCollectivePerf(TelemetryRecord):
     """One collective of one communicator, assembled by the service from its ranks' records
     (correlator/jobs_nccl.py): duration is the slowest rank's (start -> its last proxy op's stop, else
@@ -647,6 +696,8 @@ class JobSlowdown(Record):
     slow_collectives: list[int] = Field(default_factory=list, description="seq numbers of the slow collectives "
                                                                          "(the latest up to 32)")
     host_pairs: list[str] = Field(default_factory=list, description="host>host pairs its ranks' QPs connect")
+    qps: list[QpRoute] = Field(default_factory=list, max_length=10_000,
+                               description="the communicator's QPs, each joined with its peer's end")
 
 
 # Record kinds accepted by POST /ingest/<kind>.
@@ -667,6 +718,7 @@ INGEST_KINDS: dict[str, type[TelemetryRecord] | type[GenericPoint]] = {
     "nccl_proxy_ops": NcclProxyOp,
     "nccl_proxy_steps": NcclProxyStep,
     "nccl_step_stats": NcclStepStats,
+    "nccl_rdma_qps": NcclRdmaQp,
 }
 
 

@@ -22,6 +22,7 @@ from nms.records import (
     NcclComm,
     NcclProxyOp,
     NcclProxyStep,
+    NcclRdmaQp,
     NcclStepStats,
     PathEvent,
     PortRates,
@@ -34,7 +35,7 @@ from nms.records import (
 HOST_FIELD: dict[type, str] = {ProbeWindow: "src_host", PathEvent: "src_host", ProbePath: "src_host",
                                ClockEdge: "host_a", HostNicSample: "host", NcclComm: "host", NcclCollective: "host",
                                NcclProxyOp: "host", NcclProxyStep: "host",
-                               NcclStepStats: "host"}
+                               NcclStepStats: "host", NcclRdmaQp: "host"}
 REFUSED: dict[type, str] = {
     ClockSolution: "clock solutions are computed by the service",
     PortSample: "switch data is not a host's to send",
