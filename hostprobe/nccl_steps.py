@@ -130,7 +130,9 @@ class RawStepLimit:
         self.per_s, self.second, self.used, self.refused = per_s, -1, 0, 0
 
     def take(self, n: int, now_ns: int) -> int:
-        """How many of n steps may go raw now."""
+        """How many of n steps may go raw now (with raw steps off, none, and none counted as refused)."""
+        if self.per_s == 0:
+            return 0
         second = now_ns // SECOND
         if second != self.second:
             self.second, self.used = second, 0

@@ -108,8 +108,9 @@ COMM = "00000000c0ffee01"
 # --- the RoCE v2 source port ------------------------------------------------------------------------
 
 def kernel_sport(fl: int, lqpn: int, rqpn: int) -> int:
-    """include/rdma/ib_verbs.h (NVIDIA/NV-Kernels 2a8826fc, as in mainline since v5.10), written out here
-    with explicit unsigned arithmetic, independently of hostprobe/rdma_qps.py:
+    """include/rdma/ib_verbs.h (read in the kernel tree NVIDIA/NV-Kernels at 2a8826fc: torvalds/linux's
+    8.6 GB snapshot could not be fetched here), written out with explicit unsigned arithmetic,
+    independently of hostprobe/rdma_qps.py:
 
         rdma_calc_flow_label(lqpn, rqpn): u64 v = (u64)lqpn * rqpn; v ^= v >> 20; v ^= v >> 40;
                                           return (u32)(v & IB_GRH_FLOWLABEL_MASK)        [0x000FFFFF]
