@@ -1,8 +1,8 @@
 """The two ends of each RDMA connection of a job, from the agents' QP lists (NcclRdmaQp records).
 
 A connected QP names only its remote QP number (RDMA netlink shows no remote GID). Its other end is
-the QP whose local number is my remote one and whose remote number is my local one, on another
-device (another host, or another device of the same host); among the job's QPs that pair is unique
+the QP whose local number is my remote one and whose remote number is my local one (another host,
+another device, or a loopback connection on the same device); among the job's QPs that pair is unique
 in practice, and a pair found twice is left out rather than guessed. The ranks follow from the two
 processes: the communicator both hold a rank of (when they share several, the QP's communicator is
 not known from the host, and only the hosts are joined).
@@ -43,7 +43,7 @@ def join_qps(qps: Iterable[NcclRdmaQp]) -> list[QpRoute]:
         if qp.rqpn is None:
             continue
         ends = [p for p in by_pair.get((qp.rqpn, int(qp.lqpn)), [])
-                if (p.host, p.device) != (qp.host, qp.device) and p.job_id == qp.job_id]
+                if (p.host, p.device, p.lqpn) != (qp.host, qp.device, qp.lqpn) and p.job_id == qp.job_id]
         if len(ends) != 1:
             continue  # the peer's agent has not reported it (yet), or the pair is not unique
         peer = ends[0]

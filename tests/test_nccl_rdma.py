@@ -260,3 +260,67 @@ def test_the_job_lists_the_hosts_qps_and_a_finding_names_those_crossing_it(tmp_p
     assert [(q["host"], q["qpn"], q["rank"], q["peer_rank"]) for q in ev["qps"]] == [("gpu-a", 0x1A4, 0, 1)]
     assert "over 1 QP(s) (ranks 0>1)" in out.summary and "job-qp" in out.summary
     state.close()
+
+
+def test_the_join_agrees_with_the_plugins_recorded_net_events(tmp_path):
+    """The real plugin, driven by the C driver as NCCL with net profiling drives it (an IB net event
+    per collective step naming QP 1000 + rank), its datagrams folded by the agent's intake; the hosts'
+    QP lists for those QPs (rank r's QP 1000 + r connected to its peer's): the steps name exactly the
+    joined QPs of their rank, towards their peer."""
+    from hostprobe.nccl import NcclIntake
+    from tests.nccl.harness import Sink, build_driver, run_driver, short_dir
+
+    sink = Sink(short_dir() / "qp.sock")
+    try:
+        run_driver(build_driver(tmp_path), 6, "run", 2, 20, NMS_NCCL_SOCKET=str(sink.path), SLURM_JOB_ID="job-qp")
+        sink.drain()
+    finally:
+        sink.close()
+    got: list = []
+    intake = NcclIntake("h1", lambda kind, record: got.append(record), {})
+    for data in sink.datagrams:
+        intake.handle(data)
+    intake.tick(final=True)
+    host_of = {"0": "gpu-a", "1": "gpu-b"}
+    steps = [r.model_copy(update={"host": host_of[r.rank]}) for r in got if isinstance(r, NcclStepStats)]
+    assert {(s.rank, s.connection, s.net) for s in steps if s.net == "ib"} == {("0", "1000", "ib"), ("1", "1001", "ib")}
+    comm = steps[0].comm_id
+    lists = {rank: json.dumps([_qp("mlx5_0", 1000 + rank, 1001 - rank, 7000 + rank)]) for rank in (0, 1)}
+    recs = []
+    for rank, host in ((0, "gpu-a"), (1, "gpu-b")):
+        recs += qp_records(parse_qps(lists[rank]), parse_links(LINKS), {7000 + rank: ("job-qp", {(comm, rank)})},
+                           host, {}, 10**18)
+    routes = join_qps(recs)
+    assert [(r.host, r.lqpn, r.rank, r.peer_rank) for r in routes] == [("gpu-a", 1000, 0, 1), ("gpu-b", 1001, 1, 0)]
+    assert agrees_with_net_events(routes, steps) == []
+    wrong = [s.model_copy(update={"connection": "1002"}) for s in steps if s.net == "ib" and s.rank == "0"][:1]
+    assert agrees_with_net_events(routes, wrong) == ["gpu-a rank 0: QP 1002 is not among the host's joined QPs"]
+
+
+def test_the_agents_intake_reports_the_qps_of_the_processes_it_heard_from(tmp_path):
+    """NcclIntake + QpReporter with a stand-in `rdma` that prints the recorded mlx5 list (no RDMA
+    netlink here): only the QPs of the plugin's process (pid 4100; not the kernel's), with its job
+    and ranks."""
+    from hostprobe.nccl import NcclIntake
+    from tests.test_nccl_decode import coll, header
+
+    (tmp_path / "qp.json").write_text(MLX5_HOST_A)
+    (tmp_path / "link.json").write_text(LINKS)
+    tool = tmp_path / "rdma"
+    tool.write_text(f'#!/bin/sh\ncase "$2" in resource) cat {tmp_path}/qp.json;; link) cat {tmp_path}/link.json;; '
+                    'esac\n')
+    tool.chmod(0o755)
+    got, stats = [], {}
+    intake = NcclIntake("gpu-a", lambda kind, record: got.append((kind, record)), stats)
+    intake.handle(header(1, pid=4100, job=b"job-qp") + coll(1))
+    reporter = QpReporter("gpu-a", {"ens1f0np0": "10.0.0.1"}, interval=10.0, rdma=str(tool))
+    assert reporter.due(100.0) and intake.report_qps(reporter, 100.0) == 3
+    assert not reporter.due(105.0) and reporter.due(110.0)
+    qps = [r for kind, r in got if kind == "nccl_rdma_qps"]
+    assert [(r.lqpn, r.rqpn, r.job_id, r.ranks, r.src_addr, r.state) for r in qps] == [
+        ("420", 0x2B7, "job-qp", "0000000000abcdef:3", "10.0.0.1", "RTS"),
+        ("421", 0x2B8, "job-qp", "0000000000abcdef:3", "10.0.0.1", "RTS"),
+        ("425", None, "job-qp", "0000000000abcdef:3", "10.0.0.1", "INIT")]  # not connected yet: no peer, no port
+    assert qps[2].sport is None and qps[0].sport == roce_udp_sport(0, 0x1A4, 0x2B7)
+    (tmp_path / "qp.json").write_text(HNS_DD_BROKEN)  # an unreadable list: said, counted, nothing sent
+    assert intake.report_qps(reporter, 120.0) == 0 and stats["nccl_bad_records"] == 1
