@@ -3,7 +3,8 @@
 1. cost per event on NCCL's thread: the C driver (tests/nccl/driver.c) times a proxy step
    (startEvent + recordEventState + stopEvent, NCCL's most frequent event) through the plugin and
    through no-op functions behind the same function pointers; best of 5 interleaved rounds;
-2. the agent's side: datagrams of a driver run decoded into records (hostprobe/nccl.py's path);
+2. the agent's side: datagrams of a driver run decoded into records (hostprobe/nccl.py's path, with
+   raw steps on so that part 3 has them: the folding's cost is included);
 3. ingest: the decoded proxy-step records through `POST /ingest/nccl_proxy_steps` of a real
    `nms serve` (embedded store), as a ratio to writing the same points straight into the store;
 4. records per rank per second the agent hands on, before (every step a record, the agent's
@@ -63,7 +64,8 @@ def captured_batches(driver: Path, threads: int, iters: int) -> list[bytes]:
 
 def decode_rate(datagrams: list[bytes]) -> tuple[float, list]:
     records: list = []
-    intake = NcclIntake("h1", lambda kind, record: records.append((kind, record)), {})
+    # raw steps on (the debug setting, unlimited): every record decoded and validated, steps folded too
+    intake = NcclIntake("h1", lambda kind, record: records.append((kind, record)), {}, raw_steps_per_s=10**9)
     started = time.perf_counter()
     for data in datagrams:
         intake.handle(data)
