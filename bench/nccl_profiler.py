@@ -3,9 +3,13 @@
 1. cost per event on NCCL's thread: the C driver (tests/nccl/driver.c) times a proxy step
    (startEvent + recordEventState + stopEvent, NCCL's most frequent event) through the plugin and
    through no-op functions behind the same function pointers; best of 5 interleaved rounds;
-2. the agent's side: datagrams of a driver run decoded into records (hostprobe/nccl.py's path);
+2. the agent's side: datagrams of a driver run decoded into records (hostprobe/nccl.py's path, with
+   raw steps on so that part 3 has them: the folding's cost is included);
 3. ingest: the decoded proxy-step records through `POST /ingest/nccl_proxy_steps` of a real
-   `nms serve` (embedded store), as a ratio to writing the same points straight into the store.
+   `nms serve` (embedded store), as a ratio to writing the same points straight into the store;
+4. records per rank per second the agent hands on, before (every step a record, the agent's
+   `nccl.raw_steps_per_s` unlimited) and after folding steps into per-second stats
+   (hostprobe/nccl_steps.py), on a paced driver run (`--pace-us` between groups).
 
     PYTHONPATH=. .venv/bin/python bench/nccl_profiler.py [--events 100000] [--batches 10]
 
@@ -21,6 +25,7 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -59,11 +64,37 @@ def captured_batches(driver: Path, threads: int, iters: int) -> list[bytes]:
 
 def decode_rate(datagrams: list[bytes]) -> tuple[float, list]:
     records: list = []
-    intake = NcclIntake("h1", lambda kind, record: records.append((kind, record)), {})
+    # raw steps on (the debug setting, unlimited): every record decoded and validated, steps folded too
+    intake = NcclIntake("h1", lambda kind, record: records.append((kind, record)), {}, raw_steps_per_s=10**9)
     started = time.perf_counter()
     for data in datagrams:
         intake.handle(data)
     return len(records) / (time.perf_counter() - started), records
+
+
+def records_per_rank_per_second(driver: Path, ranks: int, seconds: float, pace_us: int) -> dict[str, float]:
+    """A paced driver run's datagrams through the agent's intake twice: raw steps and folded ones."""
+    sink = Sink(short_dir() / "rate.sock")
+    iters = max(1, int(seconds * 1e6 / max(pace_us, 1)))
+    try:
+        out = run_driver(driver, 6, "run", ranks, iters, NMS_NCCL_SOCKET=str(sink.path), SLURM_JOB_ID="bench",
+                         NMS_NCCL_RING_SIZE="65536", DRIVER_PACE_US=str(pace_us), timeout=seconds * 20 + 60)
+        sink.drain()
+    finally:
+        sink.close()
+    wall_s = int(out["wall_ns"]) / 1e9
+    result = {"wall_s": wall_s, "ranks": ranks}
+    for name, raw in (("before", 10**9), ("after", 0)):
+        kinds: Counter[str] = Counter()
+        intake = NcclIntake("h1", lambda kind, record, kinds=kinds: kinds.update([kind]), {}, raw_steps_per_s=raw)
+        for data in sink.datagrams:
+            intake.handle(data)
+        intake.tick(final=True)
+        if name == "before":  # every step went raw; its per-second stats are not shipped in this mode
+            kinds.pop("nccl_step_stats", None)
+        result[name] = sum(kinds.values()) / ranks / wall_s
+        result[f"{name}_steps"] = (kinds.get("nccl_proxy_steps", 0) + kinds.get("nccl_step_stats", 0)) / ranks / wall_s
+    return result
 
 
 def ingest_ratio(steps: list, workdir: Path, batch: int) -> tuple[float, float]:
@@ -97,6 +128,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=100_000, help="proxy steps per timed round")
     parser.add_argument("--batches", type=int, default=10, help="ingest batches of 5,000 proxy steps")
+    parser.add_argument("--seconds", type=float, default=4.0, help="length of the paced run (records per second)")
+    parser.add_argument("--pace-us", type=int, default=100, help="pause between a rank's groups in the paced run")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="nms-bench-nccl-") as tmp:
         workdir = Path(tmp)
@@ -117,6 +150,10 @@ def main() -> None:
         direct, api = ingest_ratio(steps, workdir, 5000)
         print(f"ingest of {len(steps)} proxy steps (embedded): direct {direct:,.0f}/s, API {api:,.0f}/s, "
               f"API/direct {api / direct:.2f}")
+        rate = records_per_rank_per_second(driver, 4, args.seconds, args.pace_us)
+        print(f"records per rank per second ({rate['ranks']} ranks, {rate['wall_s']:.1f} s paced run): "
+              f"before {rate['before']:,.0f} (steps {rate['before_steps']:,.0f}), after {rate['after']:,.0f} "
+              f"(step stats {rate['after_steps']:,.1f}), x{rate['before'] / max(rate['after'], 1e-9):.1f} fewer")
 
 
 if __name__ == "__main__":

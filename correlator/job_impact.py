@@ -3,10 +3,11 @@
 A slowdown (correlator/slowdown.py) is explained by a fabric finding on the paths its ranks use
 (`impact.on_job_paths`): that finding carries the slowdown as evidence (`job_slowdowns`: the
 collective, its baseline and current bus bandwidth, the slow collectives' sequence numbers) and
-its summary names the job. A slowdown that no fabric finding explains becomes a finding of its
-own, kind `job_slowdown` on the element `job:<id>`, saying so: it is not blamed on the network.
-That finding waits until the slowdown is NO_CAUSE_AFTER_NS old, so that a fabric fault still
-being localized is not first reported as a host-side slowdown.
+its summary names the job, and the job's QPs whose traced path is one of the finding's paths
+(`crossing_qps`: QP, rank and peer rank, in the evidence). A slowdown that no fabric finding
+explains becomes a finding of its own, kind `job_slowdown` on the element `job:<id>`, saying so:
+it is not blamed on the network. That finding waits until the slowdown is NO_CAUSE_AFTER_NS old,
+so that a fabric fault still being localized is not first reported as a host-side slowdown.
 
 A fault's finding can miss a window while its incident stays open (the incident resolves only after
 N clean windows), and a job's collectives take a few more to recover after the fault heals. So an
@@ -20,13 +21,29 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from correlator.impact import on_job_paths
-from nms.records import Finding, Incident, JobSlowdown
+from nms.records import Finding, Incident, JobSlowdown, QpRoute
 
 
-def slowdown_evidence(s: JobSlowdown) -> dict:
-    return {"job": s.job_id, "comm": s.comm_id, "op": s.op, "size_bucket": s.size_bucket, "since_ns": s.since_ns,
-            "baseline_busbw_gbps": round(s.baseline_busbw_gbps, 6), "busbw_gbps": round(s.busbw_gbps, 6),
-            "ratio": round(s.ratio, 4), "slow_collectives": list(s.slow_collectives)}
+def slowdown_evidence(s: JobSlowdown, crossing: Sequence[QpRoute] = ()) -> dict:
+    out = {"job": s.job_id, "comm": s.comm_id, "op": s.op, "size_bucket": s.size_bucket, "since_ns": s.since_ns,
+           "baseline_busbw_gbps": round(s.baseline_busbw_gbps, 6), "busbw_gbps": round(s.busbw_gbps, 6),
+           "ratio": round(s.ratio, 4), "slow_collectives": list(s.slow_collectives)}
+    if crossing:
+        out["qps"] = [{"host": q.host, "device": q.device, "qpn": q.lqpn, "rank": q.rank, "peer_host": q.peer_host,
+                       "peer_rank": q.peer_rank, "sport": q.sport} for q in crossing[:100]]
+    return out
+
+
+def crossing_qps(finding: Finding, s: JobSlowdown) -> list[QpRoute]:
+    """The slowdown's QPs whose traced 5-tuple is one of the finding's paths (by path id: a QP's
+    path shares the prober's id when both were traced the same way, over RDMA UD to port 4791)."""
+    ids = {p.rsplit("/", 1)[-1] for p in finding.paths}
+    return [q for q in s.qps if q.path_id is not None and q.path_id in ids]
+
+
+def _qps_text(qps: Sequence[QpRoute]) -> str:
+    ranks = sorted({f"{q.rank}>{q.peer_rank}" for q in qps if q.rank is not None})
+    return f" over {len(qps)} QP(s)" + (f" (ranks {', '.join(ranks[:8])})" if ranks else "")
 
 
 def describe(s: JobSlowdown) -> str:
@@ -58,8 +75,11 @@ def join(findings: Sequence[Finding], slowdowns: Sequence[JobSlowdown], now_ns: 
         causes = [i for i, f in enumerate(out) if f.element_kind != "job" and on_job_paths(f, s.job_id, s.host_pairs)]
         for i in causes:
             f = out[i]
-            evidence = {**f.evidence, "job_slowdowns": [*f.evidence.get("job_slowdowns", []), slowdown_evidence(s)]}
-            summary = f"{f.summary}; slows job {s.job_id}: {describe(s)}"[:1024]
+            crossing = crossing_qps(f, s)
+            evidence = {**f.evidence,
+                        "job_slowdowns": [*f.evidence.get("job_slowdowns", []), slowdown_evidence(s, crossing)]}
+            summary = f"{f.summary}; slows job {s.job_id}: {describe(s)}"
+            summary = (summary + (_qps_text(crossing) if crossing else ""))[:1024]
             out[i] = f.model_copy(update={"evidence": evidence, "summary": summary})
         if causes or any(i.element_kind != "job" and on_job_paths(i, s.job_id, s.host_pairs) for i in open_incidents):
             explained.add(_key(s))

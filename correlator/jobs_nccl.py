@@ -1,8 +1,9 @@
 """Jobs and collective performance from the NCCL plugin's records (ingest kinds nccl_*).
 
 - Jobs: every record names its job (the launcher's environment at plugin init). NcclComm says
-  which rank of which communicator runs on which host; proxy steps add the QPs (IB) or sockets
-  and network devices each rank used, proxy ops the peers it talked to. A job appears in the state
+  which rank of which communicator runs on which host; proxy steps, or the agent's per-second step
+  stats (NcclStepStats), add the QPs (IB) or sockets and network devices each rank used, proxy ops
+  the peers it talked to. A job appears in the state
   store on its own (labels `source: nccl`). A job registered by hand (POST /jobs) with the same id
   is merged, never duplicated: the hand-registered name, start, end, labels, hosts, NICs and rank
   placements win; the plugin adds the hosts and ranks it lacks, and QPs/peers/devices to ranks it
@@ -27,6 +28,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from correlator.qp_join import join_qps
 from correlator.slowdown import DetectorConfig, SlowdownDetector, bandwidths, op_bytes, size_bucket
 from nms.records import (
     Job,
@@ -36,6 +38,9 @@ from nms.records import (
     NcclComm,
     NcclProxyOp,
     NcclProxyStep,
+    NcclRdmaQp,
+    NcclStepStats,
+    QpRoute,
     RankPlacement,
 )
 
@@ -44,6 +49,7 @@ log = logging.getLogger(__name__)
 SOURCE_LABEL = "source"
 ORPHAN_S = 60.0  # proxy ops whose collective has not come after this long are dropped
 MAX_PENDING = 200_000  # rank records waiting for their proxy ops; the oldest are assembled early beyond
+MAX_QPS = 200_000  # the agents' latest QP lists (NcclRdmaQp); the oldest are forgotten beyond
 
 
 @dataclass
@@ -89,6 +95,7 @@ class NcclJobs:
         self._op_seq: dict[tuple[str, int, str], int] = {}  # (host, pid, comm) -> newest seq with a proxy op
         self._parts: dict[tuple, list[_RankColl]] = {}  # (job, comm, seq) -> ranks done, waiting for the others
         self._recent: dict[str, deque[NcclCollectivePerf]] = {}  # job -> recent assembled collectives
+        self._qps: dict[tuple[str, str, str], NcclRdmaQp] = {}  # (host, device, lqpn) -> the agent's latest
 
     # --- intake -------------------------------------------------------------------------------
 
@@ -97,6 +104,9 @@ class NcclJobs:
         with self._lock:
             for r in records:
                 if r.job_id is None:
+                    continue
+                if isinstance(r, NcclRdmaQp):
+                    self._add_qp(r)
                     continue
                 self._job_start[r.job_id] = min(self._job_start.get(r.job_id, r.start_ns), r.start_ns)
                 if isinstance(r, NcclComm):
@@ -127,17 +137,30 @@ class NcclJobs:
                         elif len(self._early) < MAX_PENDING:
                             stop, seen, ops = self._early.get(parent, (0, now, 0))
                             self._early[parent] = (max(stop, r.stop_ns), now, ops + 1)
-                elif isinstance(r, NcclProxyStep):
+                elif isinstance(r, (NcclProxyStep, NcclStepStats)):
                     info = self._rank(r)
                     before = (len(info.qps), len(info.devices), len(info.peers))
                     if r.connection is not None and len(info.qps) < 4096:
-                        info.qps.add(r.connection)
+                        info.qps.add(int(r.connection))
                     if r.net_device is not None and len(info.devices) < 64:
                         info.devices.add(r.net_device)
                     if r.peer is not None:
-                        info.peers.add(r.peer)
+                        info.peers.add(int(r.peer))
                     if (len(info.qps), len(info.devices), len(info.peers)) != before:
                         self._dirty_jobs.add(r.job_id)  # the job is rewritten only when it learned something
+
+    def _add_qp(self, r: NcclRdmaQp) -> None:
+        key = (r.host, r.device, r.lqpn)
+        old = self._qps.get(key)
+        if old is None or (old.rqpn, old.state, old.path_id) != (r.rqpn, r.state, r.path_id):
+            self._dirty_jobs.add(r.job_id)
+        self._qps[key] = r
+        if len(self._qps) > MAX_QPS:
+            for k in sorted(self._qps, key=lambda k: self._qps[k].ts)[:MAX_QPS // 10]:
+                del self._qps[k]
+
+    def _routes(self, job_id: str) -> list[QpRoute]:
+        return join_qps(q for q in self._qps.values() if q.job_id == job_id)
 
     def _comm(self, job_id: str, comm_id: str) -> _Comm:
         comm = self._comms.get(comm_id)
@@ -226,14 +249,19 @@ class NcclJobs:
 
     def _job(self, job_id: str) -> Job:
         ranks, hosts = [], set()
+        host_qps: dict[tuple[str, int], set[int]] = {}  # QPs from the hosts' RDMA netlink, joined
+        for route in self._routes(job_id):
+            if route.comm_id is not None and route.rank is not None:
+                host_qps.setdefault((route.comm_id, route.rank), set()).add(route.lqpn)
         for comm_id, comm in self._comms.items():
             if comm.job_id != job_id:
                 continue
             for rank, host in sorted(comm.ranks.items()):
                 info = self._ranks.get((job_id, comm_id, rank), _RankInfo())
                 hosts.add(host)
+                qps = sorted(info.qps | host_qps.get((comm_id, rank), set()))[:4096]
                 ranks.append(RankPlacement(rank=rank, host=host, comm_id=comm_id, peers=sorted(info.peers)[:4096],
-                                           qps=sorted(info.qps), net_devices=sorted(info.devices)))
+                                           qps=qps, net_devices=sorted(info.devices)))
         return Job(id=job_id, hosts=sorted(hosts), ranks=ranks, start=self._job_start[job_id],
                    labels={SOURCE_LABEL: "nccl"})
 
@@ -262,15 +290,24 @@ class NcclJobs:
         return active, cleared
 
     def _with_pairs(self, s: JobSlowdown) -> JobSlowdown:
+        """The slowdown with its communicator's host pairs and QPs (each joined with its peer's end;
+        a QP whose communicator the hosts cannot tell counts when both its hosts hold ranks of it)."""
         comm = self._comms.get(s.comm_id)
         pairs = set()
+        qps = []
         if comm is not None:
             for rank, host in comm.ranks.items():
                 for peer in self._ranks.get((s.job_id, s.comm_id, rank), _RankInfo()).peers:
                     other = comm.ranks.get(peer)
                     if other is not None and other != host:
                         pairs.add(f"{host}>{other}")
-        return s.model_copy(update={"host_pairs": sorted(pairs)})
+            hosts = set(comm.ranks.values())
+            for route in self._routes(s.job_id):
+                if route.comm_id == s.comm_id or (route.comm_id is None and {route.host, route.peer_host} <= hosts):
+                    qps.append(route)
+                    if route.host != route.peer_host:
+                        pairs.add(f"{route.host}>{route.peer_host}")
+        return s.model_copy(update={"host_pairs": sorted(pairs), "qps": qps[:10_000]})
 
 
 def _union(a: list[int], b: list[int], limit: int) -> list[int]:

@@ -36,6 +36,7 @@ from hostprobe.host_clock import Clock
 from hostprobe.nccl import NcclListener
 from hostprobe.netlink import LinkMonitor
 from hostprobe.prober import LocalNic, Prober
+from hostprobe.rdma_qps import QpReporter
 from hostprobe.report import Reporter
 from hostprobe.responder import Responder, make_responders
 from hostprobe.steer import Peer, SteerError, Steering
@@ -142,7 +143,10 @@ class Agent:
             return None
         path = settings.socket or self.buffer_dir / "nccl.sock"
         try:
-            return NcclListener(path, settings.socket_mode, self.cfg.host, self.reporter.put, self.stats)
+            qps = QpReporter(self.cfg.host, {n.name: n.address for n in self.nics},
+                             settings.qp_interval or 0.0)
+            return NcclListener(path, settings.socket_mode, self.cfg.host, self.reporter.put, self.stats,
+                                settings.raw_steps_per_s, qps)
         except OSError as e:
             log.warning("NCCL plugin socket not opened: %s", e)
             return None

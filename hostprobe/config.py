@@ -95,6 +95,10 @@ class NcclSettings(Strict):
     enabled: bool = True
     socket: Path | None = None  # default: <report.buffer_dir>/nccl.sock
     socket_mode: int = Field(0o666, ge=0, le=0o777)  # the jobs' users must be able to write to it
+    # proxy steps are folded into one record per second per connection; debugging: this many raw a second too
+    raw_steps_per_s: int = Field(0, ge=0, le=100_000)
+    # the NCCL processes' RDMA QPs from `rdma -j resource show qp`, this often (null: never)
+    qp_interval: Seconds | None = 10.0
 
 
 class SteeringSettings(Strict):

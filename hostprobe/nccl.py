@@ -8,6 +8,10 @@ another agent is not); its mode lets the jobs' users write to it. A batch that i
 counted and dropped, a bad record in a good batch is counted and the rest is kept. The plugins'
 own drop counters (ring full, no slot, agent absent or slow) arrive in every batch header and are
 summed over the processes seen into `nccl_plugin_dropped`.
+
+Proxy steps are not handed on one by one: they are folded into one record per second per
+connection (hostprobe/nccl_steps.py, `tick`); `raw_steps_per_s` > 0 lets that many a second through
+as they came too (debugging).
 """
 
 from __future__ import annotations
@@ -17,10 +21,13 @@ import os
 import socket
 import stat
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
+from hostprobe.nccl_steps import RawStepLimit, StepFolder
+from hostprobe.rdma_qps import QpReporter, RdmaOutputError
 from nccl_plugin.decode import WireError, decode_batch, to_records
 
 log = logging.getLogger(__name__)
@@ -32,14 +39,22 @@ MAX_PROCESSES = 4096  # plugin processes whose drop counters are remembered
 class NcclIntake:
     """Datagrams -> records handed to `put(ingest kind, record)`, with the counters in `stats`."""
 
-    def __init__(self, host: str, put: Callable[[str, object], None], stats: dict):
+    def __init__(self, host: str, put: Callable[[str, object], None], stats: dict, raw_steps_per_s: int = 0,
+                 step_grace_s: float = 1.0):
         self.host, self.put, self.stats = host, put, stats
-        for key in ("nccl_batches", "nccl_bad_batches", "nccl_records", "nccl_bad_records", "nccl_plugin_dropped"):
+        for key in ("nccl_batches", "nccl_bad_batches", "nccl_records", "nccl_bad_records", "nccl_plugin_dropped",
+                    "nccl_steps", "nccl_step_stats", "nccl_steps_late", "nccl_raw_steps", "nccl_raw_steps_refused"):
             stats.setdefault(key, 0)
         self._drops: OrderedDict[int, int] = OrderedDict()  # pid -> its plugin's cumulative drops
+        self.steps = StepFolder(host, step_grace_s)
+        self.raw = RawStepLimit(raw_steps_per_s)
+        # pid -> (job id, {(comm_id, rank)}): whose QPs the host's RDMA netlink is asked for
+        self.processes: OrderedDict[int, tuple[str | None, set[tuple[str, int]]]] = OrderedDict()
 
-    def handle(self, data: bytes) -> int:
-        """Decodes one datagram and hands its records on; returns how many."""
+    def handle(self, data: bytes, now_ns: int | None = None) -> int:
+        """Decodes one datagram, hands its records on (its proxy steps to the folder); returns how many
+        records it handed on now."""
+        now_ns = time.time_ns() if now_ns is None else now_ns
         self.stats["nccl_batches"] += 1
         try:
             batch = decode_batch(data)
@@ -47,13 +62,25 @@ class NcclIntake:
             self.stats["nccl_bad_batches"] += 1
             log.warning("NCCL plugin batch dropped: %s", e)
             return 0
+        _, ranks = self.processes.setdefault(batch.pid, (batch.job_id, set()))
+        if len(ranks) < 256:
+            ranks.update((e["comm_id"], e["rank"]) for e in batch.events if e["comm_id"] != "0" * 16)
+        self.processes.move_to_end(batch.pid)
+        while len(self.processes) > MAX_PROCESSES:
+            self.processes.popitem(last=False)
+        steps = [e for e in batch.events if e["kind"] == "proxy_step"]
+        if steps:
+            for event in steps:
+                self.steps.add(batch.pid, batch.job_id, event)
+            self.stats["nccl_steps"] += len(steps)
+            self.stats["nccl_steps_late"] = self.steps.late
+            raw = self.raw.take(len(steps), now_ns)
+            self.stats["nccl_raw_steps"] += raw
+            self.stats["nccl_raw_steps_refused"] = self.raw.refused
+            keep = {id(e) for e in steps[:raw]}
+            batch.events = [e for e in batch.events if e["kind"] != "proxy_step" or id(e) in keep]
         records, errors = to_records(batch, self.host)
-        for kind, record in records:
-            self.put(kind, record)
-        self.stats["nccl_records"] += len(records)
-        if errors:
-            self.stats["nccl_bad_records"] += len(errors)
-            log.warning("NCCL plugin (pid %d): %d bad record(s), first: %s", batch.pid, len(errors), errors[0])
+        self._hand_on(records, errors, f"pid {batch.pid}")
         self._drops[batch.pid] = batch.dropped
         self._drops.move_to_end(batch.pid)
         while len(self._drops) > MAX_PROCESSES:
@@ -61,14 +88,45 @@ class NcclIntake:
         self.stats["nccl_plugin_dropped"] = sum(self._drops.values())
         return len(records)
 
+    def tick(self, now_ns: int | None = None, final: bool = False) -> int:
+        """Hands on the step records of the seconds that closed (all of them when final); how many."""
+        stats, errors = self.steps.drain() if final else self.steps.due(time.time_ns() if now_ns is None else now_ns)
+        self._hand_on([("nccl_step_stats", r) for r in stats], errors, "step folding")
+        self.stats["nccl_step_stats"] += len(stats)
+        return len(stats)
+
+    def report_qps(self, qps: QpReporter, now: float) -> int:
+        """The NCCL processes' RDMA QPs (hostprobe/rdma_qps.py) handed on as nccl_rdma_qps records."""
+        try:
+            records = qps.read(dict(self.processes), now, time.time_ns())
+        except RdmaOutputError as e:
+            self.stats["nccl_bad_records"] += 1
+            log.warning("RDMA QP list not read: %s", e)
+            return 0
+        if qps.unavailable and not self.stats.get("rdma_unavailable"):
+            self.stats["rdma_unavailable"] = 1
+            log.info("no RDMA QPs read on this host: %s", qps.unavailable)
+        self._hand_on([("nccl_rdma_qps", r) for r in records], [], "rdma")
+        return len(records)
+
+    def _hand_on(self, records: list, errors: list[str], source: str) -> None:
+        for kind, record in records:
+            self.put(kind, record)
+        self.stats["nccl_records"] += len(records)
+        if errors:
+            self.stats["nccl_bad_records"] += len(errors)
+            log.warning("NCCL plugin (%s): %d bad record(s), first: %s", source, len(errors), errors[0])
+
 
 class NcclListener(threading.Thread):
     """The socket and the thread reading it into an NcclIntake."""
 
-    def __init__(self, path: Path, mode: int, host: str, put: Callable[[str, object], None], stats: dict):
+    def __init__(self, path: Path, mode: int, host: str, put: Callable[[str, object], None], stats: dict,
+                 raw_steps_per_s: int = 0, qps: QpReporter | None = None):
         super().__init__(name="nccl-listener", daemon=True)
         self.path = Path(path)
-        self.intake = NcclIntake(host, put, stats)
+        self.intake = NcclIntake(host, put, stats, raw_steps_per_s)
+        self.qps = qps
         self._halt = threading.Event()
         self.sock = self._bind(mode)
 
@@ -99,7 +157,13 @@ class NcclListener(threading.Thread):
         return sock
 
     def run(self) -> None:
+        last_tick = time.monotonic()
         while not self._halt.is_set():
+            if time.monotonic() - last_tick >= 0.2:
+                last_tick = time.monotonic()
+                self._guarded(self.intake.tick)
+                if self.qps is not None and self.qps.due(last_tick):
+                    self._guarded(self.intake.report_qps, self.qps, last_tick)
             try:
                 data = self.sock.recv(MAX_DATAGRAM)
             except TimeoutError:
@@ -108,16 +172,21 @@ class NcclListener(threading.Thread):
                 if self._halt.is_set():
                     return
                 raise
-            try:
-                self.intake.handle(data)
-            except Exception:  # a bug here must not silence the listener for good
-                log.exception("NCCL batch handling failed")
+            self._guarded(self.intake.handle, data)
+
+    def _guarded(self, fn: Callable, *args) -> None:
+        try:
+            fn(*args)
+        except Exception:  # a bug here must not silence the listener for good
+            log.exception("NCCL batch handling failed")
 
     def stop(self, timeout: float = 2.0) -> None:
         self._halt.set()
         if self.is_alive():
             self.join(timeout)
         self.sock.close()
+        if not self.is_alive():  # the seconds still open go out with the agent's last flush
+            self._guarded(self.intake.tick, None, True)
         try:
             self.path.unlink()
         except FileNotFoundError:

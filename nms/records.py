@@ -552,6 +552,115 @@ class NcclProxyStep(_NcclEvent):
     recv_gpu_wait_ns: int | None = Field(None, ge=0, le=INT64_MAX)
 
 
+class NcclStepStats(TelemetryRecord):
+    """Proxy steps folded by the host agent (hostprobe/nccl_steps.py): one record per second (by the
+    steps' stop) per (job, comm, rank, peer, channel, direction, connection). `*_p50_ns` / `*_p99_ns` /
+    `*_max_ns` of a state: how long the steps stayed in it (from entering it to entering the next state
+    or stopping), over the steps that entered it; None when none did. Tags are decimal strings like
+    `rank`. `connection`: the QP number (IB) or fd (sockets) when NCCL reported one (an NCCL built with
+    net profiling); stock builds report none and the QPs come from the host (hostprobe/rdma_qps.py)."""
+
+    measurement: ClassVar[str] = "nccl_step_stats"
+    tag_keys: ClassVar[tuple[str, ...]] = ("host", "job_id", "comm_id", "rank", "peer", "channel", "direction",
+                                           "connection")
+    time_attr: ClassVar[str] = "start_ns"
+
+    host: Ident
+    job_id: Ident | None = None
+    comm_id: Ident
+    rank: Ident
+    peer: Ident | None = Field(None, pattern=r"^-?[0-9]+$", description="the remote rank, decimal")
+    channel: Ident | None = Field(None, pattern=r"^[0-9]+$")
+    direction: Literal["send", "recv"] | None = None
+    connection: Ident | None = Field(None, pattern=r"^-?[0-9]+$", description="QP number / socket fd, decimal")
+    start_ns: TimestampNs = Field(description="the second's start (the steps' stop times fall in it; a step that "
+                                              "came after its second was sent is counted in the next open one)")
+    stop_ns: TimestampNs = Field(description="the second's end")
+    pid: int = Field(ge=0, le=2**32 - 1)
+    net: Literal["ib", "socket"] | None = None
+    net_device: Int64 | None = None
+    steps: int = Field(ge=1, le=INT64_MAX)
+    bytes: Counter = Field(description="sum of the steps' trans_size")
+    net_bytes: Counter
+    net_events: int = Field(ge=0, le=INT64_MAX)
+    step_p50_ns: int = Field(ge=0, le=INT64_MAX, description="step duration (start -> stop) median")
+    step_p99_ns: int = Field(ge=0, le=INT64_MAX)
+    step_max_ns: int = Field(ge=0, le=INT64_MAX)
+    send_gpu_wait_p50_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    send_gpu_wait_p99_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    send_gpu_wait_max_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    send_peer_wait_p50_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    send_peer_wait_p99_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    send_peer_wait_max_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    send_wait_p50_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    send_wait_p99_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    send_wait_max_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    recv_wait_p50_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    recv_wait_p99_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    recv_wait_max_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    recv_flush_wait_p50_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    recv_flush_wait_p99_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    recv_flush_wait_max_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    recv_gpu_wait_p50_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    recv_gpu_wait_p99_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+    recv_gpu_wait_max_ns: int | None = Field(None, ge=0, le=INT64_MAX)
+
+    @model_validator(mode="after")
+    def _window(self) -> NcclStepStats:
+        if self.stop_ns <= self.start_ns:
+            raise ValueError("stop_ns is not after start_ns")
+        return self
+
+
+class NcclRdmaQp(TelemetryRecord):
+    """One RDMA QP of a process the NCCL plugin reported, as the host's RDMA netlink shows it
+    (`rdma -j resource show qp`, hostprobe/rdma_qps.py): not from NCCL, whose stock builds never name
+    a QP. `ranks`: the communicator ranks that process holds ("comm_id:rank", comma-separated); which
+    of them uses the QP follows from the peer's end (correlator/qp_join.py). `sport`: the RoCE v2 UDP
+    source port by the kernel's rdma_get_udp_sport() with flow label 0 (what NCCL passes). The path
+    fields use ProbePath's vocabulary, for the QP's own 5-tuple traced (dport 4791, no reverse trace:
+    the peer's NIC consumes the probes)."""
+
+    measurement: ClassVar[str] = "nccl_rdma_qp"
+    tag_keys: ClassVar[tuple[str, ...]] = ("host", "job_id", "device", "lqpn")
+
+    host: Ident
+    job_id: Ident | None = None
+    device: Ident = Field(description="the RDMA device, e.g. mlx5_0")
+    lqpn: Ident = Field(pattern=r"^[0-9]+$", description="local QP number, decimal")
+    ts: TimestampNs
+    port: int | None = Field(None, ge=0, le=255)
+    netdev: Ident | None = Field(None, description="the device port's network interface")
+    src_addr: str | None = Field(None, max_length=64, description="the netdev's address (the agent's NIC config)")
+    rqpn: int | None = Field(None, ge=0, le=2**24 - 1, description="remote QP number (connected QPs)")
+    type: str = Field(max_length=16, description="RC, UC, UD, XRC_INI, ...")
+    state: str = Field(max_length=16, description="RESET, INIT, RTR, RTS, SQD, SQE, ERR")
+    pid: int = Field(ge=0, le=2**32 - 1)
+    comm: str | None = Field(None, max_length=64, description="the process name")
+    ranks: str = Field("", max_length=4096, description="comm_id:rank of the process's ranks, comma-separated")
+    sport: int | None = Field(None, ge=0, le=65535, description="RoCE v2 UDP source port (flow label 0)")
+    dst_addr: str | None = Field(None, max_length=64, description="the peer's address, when traced")
+    path_id: Ident | None = Field(None, description="the traced path's id (hostprobe/trace.py's path_id)")
+    fwd_hops: str | None = Field(None, max_length=1024, description="routers of the QP's 5-tuple, source side first")
+    fwd_complete: bool | None = None
+
+
+class QpRoute(Record):
+    """One QP of a job joined with its peer's end (correlator/qp_join.py)."""
+
+    host: Ident
+    device: Ident
+    lqpn: int = Field(ge=0, le=2**24 - 1)
+    rqpn: int = Field(ge=0, le=2**24 - 1)
+    peer_host: Ident
+    peer_device: Ident
+    comm_id: Ident | None = Field(None, description="None: the two processes share several communicators")
+    rank: int | None = None
+    peer_rank: int | None = None
+    sport: int | None = None
+    path_id: Ident | None = None
+
+
 class NcclCollectivePerf(TelemetryRecord):
     """One collective of one communicator, assembled by the service from its ranks' records
     (correlator/jobs_nccl.py): duration is the slowest rank's (start -> its last proxy op's stop, else
@@ -594,6 +703,8 @@ class JobSlowdown(Record):
     slow_collectives: list[int] = Field(default_factory=list, description="seq numbers of the slow collectives "
                                                                          "(the latest up to 32)")
     host_pairs: list[str] = Field(default_factory=list, description="host>host pairs its ranks' QPs connect")
+    qps: list[QpRoute] = Field(default_factory=list, max_length=10_000,
+                               description="the communicator's QPs, each joined with its peer's end")
 
 
 # Record kinds accepted by POST /ingest/<kind>.
@@ -613,6 +724,8 @@ INGEST_KINDS: dict[str, type[TelemetryRecord] | type[GenericPoint]] = {
     "nccl_collectives": NcclCollective,
     "nccl_proxy_ops": NcclProxyOp,
     "nccl_proxy_steps": NcclProxyStep,
+    "nccl_step_stats": NcclStepStats,
+    "nccl_rdma_qps": NcclRdmaQp,
 }
 
 

@@ -19,8 +19,8 @@ from tests.test_cli_service import _free_port
 
 ADMIN = "nccl-test-admin-token-0123456789"
 AGENT = "nccl-test-agent-token-0123456789"
-MEASUREMENTS = {"nccl_collective": 2 * 40 * 2, "nccl_proxy_op": 2 * 40 * 2, "nccl_proxy_step": 2 * 40 * 4,
-                "nccl_comm": 2}  # 2 ranks x 40 groups: a collective and a p2p each, an op per task, 2 steps per op
+MEASUREMENTS = {"nccl_collective": 2 * 40 * 2, "nccl_proxy_op": 2 * 40 * 2, "nccl_comm": 2}
+STEPS = 2 * 40 * 4  # 2 ranks x 40 groups: a collective and a p2p each, an op per task, 2 steps per op
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +76,14 @@ def test_plugin_records_reach_the_store_through_the_agent(bed, tmp_path):
     t0 = time.time_ns()
     out = run_driver(build_driver(tmp_path), 6, "run", 2, 40, NMS_NCCL_SOCKET=str(bed["socket"]),
                      SLURM_JOB_ID="job-9")
-    assert int(out["sent"]) == int(out["expected"]) == sum(MEASUREMENTS.values())
+    assert int(out["sent"]) == int(out["expected"]) == sum(MEASUREMENTS.values()) + STEPS
     rows: dict[str, list[dict]] = {}
 
-    def complete() -> bool:
-        rows.update({m: _rows(bed["url"], m, t0) for m in MEASUREMENTS})
-        return all(len(rows[m]) == n for m, n in MEASUREMENTS.items())
+    def complete() -> bool:  # the steps come folded, once their second is over (+1 s of grace)
+        start = t0 - t0 % 10**9  # step stats are stamped with their second's start
+        rows.update({m: _rows(bed["url"], m, start) for m in (*MEASUREMENTS, "nccl_step_stats", "nccl_proxy_step")})
+        return (all(len(rows[m]) == n for m, n in MEASUREMENTS.items())
+                and sum(r["steps"] for r in rows["nccl_step_stats"]) == STEPS)
 
     _wait(complete, bed["tmp"] / "agent.log")
     assert {(r["job_id"], r["host"]) for m in MEASUREMENTS for r in rows[m]} == {("job-9", "h1")}
@@ -90,12 +92,20 @@ def test_plugin_records_reach_the_store_through_the_agent(bed, tmp_path):
     assert all(r["bytes"] == 4 * r["count"] for r in colls)
     tasks = {(r["pid"], r["event_id"]) for r in rows["nccl_collective"]}
     assert all((r["pid"], r["parent_id"]) in tasks for r in rows["nccl_proxy_op"])
-    steps = rows["nccl_proxy_step"]
-    assert {r["net"] for r in steps} == {"ib", "socket"} and all(r["stop_ns"] >= r["time"] for r in steps)
+    assert rows["nccl_proxy_step"] == []  # raw steps only when asked (nccl.raw_steps_per_s)
+    stats = rows["nccl_step_stats"]
+    # per rank: the collectives' steps on channels 0-3 over its QP, the p2ps' on channel 0 over its socket
+    assert {(r["rank"], r["channel"], r["direction"], r["connection"], r["net"]) for r in stats} == {
+        (str(rank), str(ch), "send", str(1000 + rank), "ib") for rank in (0, 1) for ch in range(4)} | {
+        (str(rank), "0", "send", str(50 + rank), "socket") for rank in (0, 1)}
+    assert sum(r["bytes"] for r in stats) == STEPS * 4096 and all(r["send_wait_max_ns"] > 0 for r in stats)
+    assert {r["peer"] for r in stats} == {"0", "1"} and all(r["stop_ns"] == r["time"] + 10**9 for r in stats)
     assert {r["comm_name"] for r in rows["nccl_comm"]} == {"driver-comm"}
 
     status = bed["tmp"] / "h1" / "status.json"
-    _wait(lambda: json.loads(status.read_text())["stats"].get("nccl_records") == int(out["expected"]), status)
+    want = sum(MEASUREMENTS.values()) + len(stats)
+    _wait(lambda: json.loads(status.read_text())["stats"].get("nccl_records") == want, status)
+    assert json.loads(status.read_text())["stats"]["nccl_steps"] == STEPS
 
 
 def test_the_agent_token_may_post_nccl_records_of_its_own_host_only(bed):
@@ -130,4 +140,6 @@ def test_intake_counts_bad_batches_and_the_plugins_drops():
     assert intake.handle(header(1, pid=7, d_ring=12, d_slots=0, d_send=5) + coll(4)) == 1  # cumulative: latest wins
     assert got == [("nccl_collectives", 1), ("nccl_collectives", 3), ("nccl_collectives", 4)]
     assert stats == {"nccl_batches": 4, "nccl_bad_batches": 1, "nccl_records": 3, "nccl_bad_records": 1,
-                     "nccl_plugin_dropped": 6 + 17}  # pid 4242: 1+2+3; pid 7: 12+0+5
+                     "nccl_plugin_dropped": 6 + 17,  # pid 4242: 1+2+3; pid 7: 12+0+5
+                     "nccl_steps": 0, "nccl_step_stats": 0, "nccl_steps_late": 0, "nccl_raw_steps": 0,
+                     "nccl_raw_steps_refused": 0}

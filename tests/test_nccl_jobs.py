@@ -21,6 +21,7 @@ from nms.records import (
     NcclComm,
     NcclProxyOp,
     NcclProxyStep,
+    NcclStepStats,
     RankPlacement,
 )
 from nms.state import StateStore
@@ -146,6 +147,24 @@ def ring_records(seq: int, duration_ns: int, job: str = "job-7", nbytes: int = M
     return out
 
 
+def folded(records: list) -> list:
+    """The records as the agents send them: each host's proxy steps folded into per-second stats
+    (hostprobe/nccl_steps.py), no raw step."""
+    from hostprobe.nccl_steps import StepFolder
+
+    folders: dict[str, StepFolder] = {}
+    out = [r for r in records if not isinstance(r, NcclProxyStep)]
+    for r in records:
+        if isinstance(r, NcclProxyStep):
+            event = {**r.model_dump(), "rank": int(r.rank)}
+            folders.setdefault(r.host, StepFolder(r.host)).add(r.pid, r.job_id, event)
+    for folder in folders.values():
+        stats, errors = folder.drain()
+        assert errors == []
+        out += stats
+    return out
+
+
 @pytest.fixture
 def tracked(tmp_path):
     state = StateStore(tmp_path / "state.sqlite")
@@ -167,6 +186,21 @@ def test_a_job_appears_with_ranks_hosts_peers_and_qps(tracked):
     assert perf0.duration_ns == 2 * 10**6 and perf0.ranks_seen == 4 and perf0.nranks == 4
     assert perf0.busbw_gbps == pytest.approx(MIB / 2e6 * 1.5) and perf0.size_bucket == "1MiB"
     assert written == [perf0]
+
+
+def test_the_agents_step_stats_stand_for_the_steps(tracked):
+    """Without raw steps (the agent's default) the job gets the same ranks, peers, QPs and devices,
+    and the collectives the same durations and slowdown."""
+    jobs, state, written = tracked
+    for seq in range(12):
+        jobs.add(folded(ring_records(seq, (2 if seq < 8 else 8) * 10**6, with_comm=seq == 0)))
+    jobs.flush(force=True)
+    job = state.get_job("job-7")
+    assert [(r.rank, r.host, r.peers, r.qps, r.net_devices) for r in job.ranks] == [
+        (i, h, sorted({(i + 1) % 4, (i - 1) % 4}), [0x100 + 10 * i, 0x101 + 10 * i], [0]) for i, h in enumerate(HOSTS)]
+    assert [c.duration_ns for c in written] == [2 * 10**6] * 8 + [8 * 10**6] * 4
+    [slow] = jobs.slowdowns("job-7")[0]
+    assert slow.slow_collectives == [8, 9, 10, 11] and slow.host_pairs
 
 
 def test_records_without_a_job_id_build_nothing(tracked):
@@ -356,12 +390,13 @@ def test_nms_jobs_show_against_a_running_service(tmp_path):
     srv = start_server(tmp_path)
     try:
         url, t = srv["url"], time.time_ns() - 60 * 10**9
-        kinds = {NcclComm: "nccl_comms", NcclProxyOp: "nccl_proxy_ops", NcclProxyStep: "nccl_proxy_steps",
+        kinds = {NcclComm: "nccl_comms", NcclProxyOp: "nccl_proxy_ops", NcclStepStats: "nccl_step_stats",
                  NcclCollective: "nccl_collectives"}
         records = []
         for seq in range(12):
             records += ring_records(seq, (2 if seq < 9 else 8) * 10**6, job="job-9", t=t + seq * 10**8,
                                     with_comm=seq == 0)
+        records = folded(records)  # the agents' way: steps as per-second stats, no raw step
         for cls, kind in kinds.items():
             r = httpx.post(f"{url}/ingest/{kind}", headers={"Authorization": f"Bearer {TOKEN}"},
                            json={"items": [x.model_dump(mode="json") for x in records if type(x) is cls]})

@@ -22,6 +22,8 @@ from nms.records import (
     NcclComm,
     NcclProxyOp,
     NcclProxyStep,
+    NcclRdmaQp,
+    NcclStepStats,
     PathEvent,
     PortRates,
     PortSample,
@@ -32,7 +34,8 @@ from nms.records import (
 # the attribute that names the host a record comes from
 HOST_FIELD: dict[type, str] = {ProbeWindow: "src_host", PathEvent: "src_host", ProbePath: "src_host",
                                ClockEdge: "host_a", HostNicSample: "host", NcclComm: "host", NcclCollective: "host",
-                               NcclProxyOp: "host", NcclProxyStep: "host"}
+                               NcclProxyOp: "host", NcclProxyStep: "host",
+                               NcclStepStats: "host", NcclRdmaQp: "host"}
 REFUSED: dict[type, str] = {
     ClockSolution: "clock solutions are computed by the service",
     PortSample: "switch data is not a host's to send",

@@ -216,6 +216,8 @@ static void* comm_thread(void* arg) {
   const char* group_env = getenv("DRIVER_GROUP");
   int group_size = group_env ? atoi(group_env) : 1;
   if (group_size < 1 || group_size > 256) group_size = 1;
+  const char* pace_env = getenv("DRIVER_PACE_US");
+  int pace_us = pace_env ? atoi(pace_env) : 0;
   void *colls[256], *p2ps[256];
   for (int i0 = 0; i0 < iters; i0 += group_size) {
     int n = iters - i0 < group_size ? iters - i0 : group_size;
@@ -230,6 +232,7 @@ static void* comm_thread(void* arg) {
       proxy_push(&q, (task_t){colls[k], 1, (i0 + k) % 4});
       proxy_push(&q, (task_t){p2ps[k], 0, 0});
     }
+    if (pace_us > 0) usleep((useconds_t)pace_us); /* DRIVER_PACE_US: a job's pace, for rates per second */
   }
   pthread_mutex_lock(&q.lock);
   q.done = 1;
