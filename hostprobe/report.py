@@ -111,7 +111,7 @@ class Reporter(threading.Thread):
             return False
         status = response.status_code
         self._healthy = status < 500
-        if status == 200:
+        if status in (200, 202):  # 202: a cluster's API has it on the bus (docs/cluster.md)
             rejected = len(response.json().get("rejected", []))
             self.stats["records_rejected"] += rejected
             self.delivered += count - rejected

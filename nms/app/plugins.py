@@ -5,10 +5,13 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 from typing import Any
 
+from nms.bus import Bus
 from nms.config import NmsConfig
+from nms.config.models import BusConfig
 from nms.store import TimeSeriesStore
 
 STORE_GROUP = "nms.stores"
+BUS_GROUP = "nms.buses"
 
 
 class PluginError(Exception):
@@ -26,3 +29,10 @@ def load_plugin(group: str, name: str) -> Any:
 def open_store(config: NmsConfig) -> TimeSeriesStore:
     backend = load_plugin(STORE_GROUP, config.store.backend)
     return backend.from_config(config)
+
+
+def open_bus(config: BusConfig) -> Bus:
+    """The telemetry bus of a cluster (not connected yet)."""
+    backend = load_plugin(BUS_GROUP, config.backend)
+    bus: Bus = backend.from_config(config)
+    return bus

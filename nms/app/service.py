@@ -23,8 +23,11 @@ from nms.app.correlation import MIN_GAP_S, CorrelationService
 from nms.app.dashboards.incident_points import IncidentPoints
 from nms.app.metrics import ServiceMetrics
 from nms.app.notify import Notifier
-from nms.app.plugins import open_store
+from nms.app.plugins import open_bus, open_store
 from nms.app.polling import Poller
+from nms.app.roles import parse_roles
+from nms.app.telemetry_bus import TelemetryPublisher, stream_specs
+from nms.app.writer import BusWriter
 from nms.config import NmsConfig
 from nms.signing import CommandSigner
 from nms.state import StateStore
@@ -34,8 +37,10 @@ log = logging.getLogger(__name__)
 
 
 class Service:
-    def __init__(self, config: NmsConfig, store: TimeSeriesStore | None = None):
+    def __init__(self, config: NmsConfig, store: TimeSeriesStore | None = None, roles: frozenset[str] | None = None):
         self.config = config
+        # what this process runs (nms.app.roles); all of it by default
+        self.roles = roles if roles is not None else parse_roles("all", config.cluster.bus is not None)
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = store if store is not None else open_store(config)
         self.state = StateStore(config.data_dir / "state.sqlite")
@@ -77,6 +82,13 @@ class Service:
         self.audit_source = SnapshotSource(config.fabric, self.poller, self.store,
                                            clock=self.clock if config.clock.enabled else None,
                                            feed=self.incident_feed if self.correlation is not None else None)
+        # a cluster (docs/cluster.md): ingest publishes on the bus, `write` members store what it carries
+        bus_cfg = config.cluster.bus
+        self.bus = open_bus(bus_cfg) if bus_cfg is not None and self.roles & {"api", "write"} else None
+        self.publisher = (TelemetryPublisher(self.bus, bus_cfg, self.metrics.registry)
+                          if self.bus is not None and bus_cfg is not None and "api" in self.roles else None)
+        self.writer = (BusWriter(self.bus, bus_cfg, config.cluster.write, self.store, self.metrics.registry)
+                       if self.bus is not None and bus_cfg is not None and "write" in self.roles else None)
 
     def _action_context(self):
         """The planner's view: the topology and the switches' interface addresses (for avoid_hops)."""
@@ -91,7 +103,9 @@ class Service:
         """Validated records of POST /ingest/<kind>, before they are stored: the records to store
         (the same number, in order). Clock edges feed the clock solve; probe windows get
         clock-corrected delays; everything goes to the correlator. A failure here never loses the
-        batch: it is stored as it came."""
+        batch: it is stored as it came. A process without the correlate role stores them as they came."""
+        if "correlate" not in self.roles:
+            return records
         if self.config.clock.enabled:
             try:
                 if kind == "clock_edges":
@@ -123,7 +137,14 @@ class Service:
 
     async def start(self) -> None:
         """Start the scheduler on the running event loop: store retention, one polling job per
-        (collector, device), the clock solve every clock.window_s."""
+        (collector, device), the clock solve every clock.window_s; each only where its role runs here.
+        With a bus: connect, create its streams, start the writer."""
+        if self.bus is not None:
+            await self.bus.connect()
+            await self.bus.ensure_streams(stream_specs(self.config.cluster.bus))  # type: ignore[arg-type]
+        if self.writer is not None:
+            await self.writer.start()
+        correlate = "correlate" in self.roles
         self.scheduler = AsyncIOScheduler(
             timezone="UTC", job_defaults={"misfire_grace_time": int(self.config.scheduler.misfire_grace),
                                           "coalesce": True, "max_instances": 1})
@@ -131,27 +152,27 @@ class Service:
         if retention:
             self.scheduler.add_job(self._prune, "interval", seconds=self.config.scheduler.retention_interval,
                                    id="store-retention", args=[retention])
-        if self.config.correlator.incident_retention:
+        if correlate and self.config.correlator.incident_retention:
             self.scheduler.add_job(self._prune_incidents, "interval", seconds=self.config.scheduler.retention_interval,
                                    id="incident-retention", args=[self.config.correlator.incident_retention])
-        if self.config.polling.enabled:
+        if "poll" in self.roles and self.config.polling.enabled:
             self.poller.schedule(self.scheduler)
-        if self.config.clock.enabled:
+        if correlate and self.config.clock.enabled:
             self.scheduler.add_job(self.solve_clock, "interval", seconds=self.config.clock.window_s, id="clock-solve")
-        if self.config.audits.enabled:
+        if correlate and self.config.audits.enabled:
             self.audits.schedule(self.scheduler, self.audit_source, self.metrics.scheduler_runs)
             if self.correlation is None:  # no correlator windows: the audits' incidents get their own
                 self.scheduler.add_job(self._audit_incidents, "interval", seconds=self.config.correlator.interval,
                                        id="audit-incidents")
-        if self.config.actions.enabled:
+        if correlate and self.config.actions.enabled:
             self.scheduler.add_job(self.actions.tick, "interval", seconds=self.config.correlator.interval,
                                    id="actions")
         self.scheduler.start()
-        if self.correlation is not None:
+        if correlate and self.correlation is not None:
             self._correlating = asyncio.create_task(self._correlate_loop(), name="correlate")
         await self.notifier.start()
-        log.info("service started: store=%s, api on %s:%d", self.store.name,
-                 self.config.api.host, self.config.api.port)
+        log.info("service started: roles %s, store=%s%s", ",".join(sorted(self.roles)), self.store.name,
+                 f", api on {self.config.api.host}:{self.config.api.port}" if "api" in self.roles else "")
 
     async def _threaded(self, job: str, fn, *args):
         """Run a scheduled job's work in a worker thread, counted per outcome; a failure is logged
@@ -217,7 +238,9 @@ class Service:
             log.exception("actions tick failed")
 
     async def stop(self) -> None:
-        """Clean shutdown: stop scheduling, flush the store (or spool it), close state."""
+        """Clean shutdown: stop scheduling and writing, flush the store (or spool it), close state and bus."""
+        if self.writer is not None:
+            await self.writer.stop()
         if self.scheduler is not None and self.scheduler.running:
             self.scheduler.shutdown(wait=False)
         if self._correlating is not None:
@@ -228,6 +251,8 @@ class Service:
         await self.poller.close()
         await self.notifier.stop()
         await asyncio.to_thread(self.store.close)
+        if self.bus is not None:
+            await self.bus.close()
         self.audits.history.close()
         self.state.close()
         log.info("service stopped; store flushed")

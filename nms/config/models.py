@@ -788,6 +788,52 @@ class AuditsConfig(Strict):
         return settings
 
 
+# --- cluster (docs/cluster.md) ---------------------------------------------------------------
+
+NatsUrl = Annotated[str, Field(pattern=r"^(nats|tls)://[^/\s]+$")]
+SubjectToken = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
+class BusConfig(Strict):
+    """The telemetry bus the roles share (NATS JetStream; the backend is an `nms.buses` entry point)."""
+
+    backend: Literal["nats"] = "nats"
+    servers: list[NatsUrl] = Field(default_factory=lambda: ["nats://127.0.0.1:4222"], min_length=1)
+    token: SecretStr | None = None
+    username: str | None = None
+    password: SecretStr | None = None
+    # first token of every subject and of the stream names: several sites can share one NATS
+    prefix: SubjectToken = "nms"
+    replicas: int = Field(1, ge=1, le=5)  # JetStream stream replicas (3 in a 3-node cluster)
+    retention: Seconds = 24 * 3600.0  # how long a stream keeps records (also after they are written)
+    max_bytes: ByteSize | None = None  # per stream; None: bounded by retention only
+    duplicate_window: Seconds = 120.0  # a batch published twice within it is stored once
+    connect_timeout: Seconds = 5.0
+    publish_timeout: Seconds = 5.0  # an ingest answers 503 when JetStream did not acknowledge within it
+
+    @model_validator(mode="after")
+    def _one_auth(self) -> BusConfig:
+        if self.token is not None and (self.username or self.password):
+            raise ValueError("give either token or username/password, not both")
+        if self.password is not None and not self.username:
+            raise ValueError("password needs a username")
+        return self
+
+
+class WriterConfig(Strict):
+    """The `write` role: telemetry streams -> the store, in batches, acknowledged once stored."""
+
+    batch_messages: int = Field(64, ge=1, le=10_000)  # bus messages fetched (and stored) at once
+    fetch_timeout: Seconds = 1.0
+    ack_wait: Seconds = 30.0  # a batch not acknowledged within it is delivered again (to any writer)
+    flush_timeout: Seconds = 30.0  # longest wait for the store to take a batch before it is redelivered
+
+
+class ClusterConfig(Strict):
+    bus: BusConfig | None = None  # None: one process, no bus (the default)
+    write: WriterConfig = WriterConfig()
+
+
 class NmsConfig(Strict):
     site: Name = "default"
     data_dir: Path = Path("./data")
@@ -804,6 +850,14 @@ class NmsConfig(Strict):
     audits: AuditsConfig = AuditsConfig()
     actions: ActionsConfig = ActionsConfig()
     fabric: FabricConfig = FabricConfig()
+    cluster: ClusterConfig = ClusterConfig()
+
+    @model_validator(mode="after")
+    def _cluster_store(self) -> NmsConfig:
+        if self.cluster.bus is not None and self.store.backend == "embedded":
+            raise ValueError("store.backend: the embedded DuckDB store is single-node; a cluster (cluster.bus) "
+                             "needs a shared store: store.backend: influxdb")
+        return self
 
     @model_validator(mode="after")
     def _token_hosts(self) -> NmsConfig:

@@ -302,6 +302,12 @@ class TimeSeriesStore(ABC):
         Backends that judge every point at write() (the embedded store) have none."""
         return []
 
+    def keep_refused(self, refused: list[tuple[Point, str]]) -> int:
+        """Keep points write() refused, with their reasons, where quarantined() shows them: for a writer
+        whose senders got their answer long before (a cluster's `write` role). Returns how many were
+        kept; backends without a quarantine keep none (the caller logs them)."""
+        return 0
+
     def replay_quarantine(self) -> int:
         """Send the quarantined points again (after the operator fixed the cause); return how many."""
         return 0

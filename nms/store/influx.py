@@ -572,6 +572,15 @@ class InfluxStore(TimeSeriesStore):
         log.warning("InfluxDB refused %d points: %s; kept in %s", len(lines), reason, self._quarantine.path)
         return len(lines)
 
+    def keep_refused(self, refused: list[tuple[Point, str]]) -> int:
+        by_reason: dict[str, list[bytes]] = {}
+        for p, reason in refused:
+            by_reason.setdefault(reason, []).append(encode_point(p).encode())
+        kept = 0
+        for reason, lines in by_reason.items():
+            kept += self._to_quarantine(lines, reason)
+        return kept
+
     def replay_quarantine(self) -> int:
         """Queue every quarantined point again (behind the spool); returns how many. Points the
         server still refuses come back to the quarantine with the new reason."""

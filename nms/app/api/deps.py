@@ -19,6 +19,7 @@ from nms.app.clock_service import ClockService
 from nms.app.metrics import ServiceMetrics
 from nms.app.notify import Notifier
 from nms.app.polling import Poller
+from nms.app.telemetry_bus import TelemetryPublisher
 from nms.config import NmsConfig
 from nms.state import StateStore
 from nms.store import TimeSeriesStore
@@ -85,6 +86,11 @@ async def get_on_ingest(request: Request) -> Callable[[str, list], list]:
     return _service(request).on_ingest
 
 
+async def get_publisher(request: Request) -> TelemetryPublisher | None:
+    """The telemetry bus publisher of a cluster's API (None: one process, ingest writes the store)."""
+    return _service(request).publisher
+
+
 async def get_started_at(request: Request) -> float:
     return _service(request).started_at
 
@@ -118,6 +124,7 @@ AuditSourceDep = Annotated[SnapshotSource, Depends(get_audit_source)]
 NcclJobsDep = Annotated[NcclJobs, Depends(get_nccl_jobs)]
 NotifierDep = Annotated[Notifier, Depends(get_notifier)]
 OnIngestDep = Annotated[Callable[[str, list], list], Depends(get_on_ingest)]
+PublisherDep = Annotated[TelemetryPublisher | None, Depends(get_publisher)]
 StartedAtDep = Annotated[float, Depends(get_started_at)]
 RunningDep = Annotated[Callable[[], bool], Depends(get_running)]
 FabricViewsDep = Annotated[FabricViews, Depends(get_fabric_views)]

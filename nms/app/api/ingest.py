@@ -12,12 +12,15 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 
-from nms.app.api.deps import ConfigDep, MetricsDep, OnIngestDep, StoreDep
+from nms.app.api.deps import ConfigDep, MetricsDep, OnIngestDep, PublisherDep, StoreDep
 from nms.app.auth import AUTH_RESPONSES, ErrorDetail, Principal, require
 from nms.app.binding import own_records
 from nms.app.metrics import ServiceMetrics
+from nms.app.telemetry_bus import TelemetryPublisher
+from nms.bus import BusError
+from nms.config import NmsConfig
 from nms.records import INGEST_KINDS
-from nms.store import TimeSeriesStore
+from nms.store import TimeSeriesStore, validate_point
 
 router = APIRouter(prefix="/ingest", tags=["ingest"], responses=AUTH_RESPONSES)
 
@@ -92,32 +95,62 @@ class Ingestor:
                 bad.append(ItemError(index=i, errors=[_error_text(err) for err in e.errors(include_input=False)]))
         return good, bad
 
-    def ingest(self, body: bytes, host: str | None, *, max_items: int, on_ingest: Callable[[str, list], list],
-               store: TimeSeriesStore, metrics: ServiceMetrics) -> IngestResult:
-        """Validate, let the service see the records (`on_ingest`), store them, count them."""
+    def prepare(self, body: bytes, host: str | None, *, max_items: int, on_ingest: Callable[[str, list], list]
+                ) -> tuple[list[tuple[int, Any]], list[ItemError]]:
+        """Validate, keep a host-bound token's own records, let the service see them (`on_ingest`):
+        the (index, record) items to keep and the rejected ones."""
         good, bad = self.validate(body, max_items)
         if host is not None:  # a host-bound token: only its host's records (nms.app.binding)
             good, refused = own_records(good, host)
             bad = sorted(bad + [ItemError(index=i, errors=[reason]) for i, reason in refused], key=lambda e: e.index)
-        accepted = 0
         if good:
             # the service sees the validated records first (clock sync: edges in, windows corrected)
             records = on_ingest(self.kind, [record for _, record in good])
-            result = store.write([record.to_point() for record in records])
+            good = [(index, record) for (index, _), record in zip(good, records, strict=True)]
+        return good, bad
+
+    def ingest(self, body: bytes, host: str | None, *, max_items: int, on_ingest: Callable[[str, list], list],
+               store: TimeSeriesStore, metrics: ServiceMetrics) -> IngestResult:
+        """Validate, let the service see the records (`on_ingest`), store them, count them."""
+        good, bad = self.prepare(body, host, max_items=max_items, on_ingest=on_ingest)
+        accepted = 0
+        if good:
+            result = store.write([record.to_point() for _, record in good])
             accepted = result.accepted
             for point_index, reason in result.rejected:
                 bad.append(ItemError(index=good[point_index][0], errors=[reason]))
             bad.sort(key=lambda e: e.index)
-        metrics.ingest_items.labels(self.kind, "accepted").inc(accepted)
-        metrics.ingest_items.labels(self.kind, "rejected").inc(len(bad))
-        return IngestResult(accepted=accepted, rejected=bad)
+        return _counted(self.kind, IngestResult(accepted=accepted, rejected=bad), metrics)
+
+    def checked(self, body: bytes, host: str | None, *, max_items: int, on_ingest: Callable[[str, list], list]
+                ) -> tuple[list[Any], list[ItemError]]:
+        """prepare(), then the store's own point checks (nms.store.validate_point): what a cluster's
+        API publishes on the bus, and what it rejects as the single process would."""
+        good, bad = self.prepare(body, host, max_items=max_items, on_ingest=on_ingest)
+        records = []
+        for index, record in good:
+            reason = validate_point(record.to_point())
+            if reason is None:
+                records.append(record)
+            else:
+                bad.append(ItemError(index=index, errors=[reason]))
+        bad.sort(key=lambda e: e.index)
+        return records, bad
+
+
+def _counted(kind: str, result: IngestResult, metrics: ServiceMetrics) -> IngestResult:
+    metrics.ingest_items.labels(kind, "accepted").inc(result.accepted)
+    metrics.ingest_items.labels(kind, "rejected").inc(len(result.rejected))
+    return result
 
 
 def _route(ingestor: Ingestor):
     async def ingest(request: Request, config: ConfigDep, store: StoreDep, metrics: MetricsDep, on_ingest: OnIngestDep,
-                     who: Principal = Depends(require("ingest"))) -> JSONResponse:
+                     publisher: PublisherDep, who: Principal = Depends(require("ingest"))) -> JSONResponse:
         body = decode_body(await request.body(), request.headers.get("content-encoding", "").lower(),
                            config.api.max_body_bytes)
+        if publisher is not None:  # a cluster: on the bus, answered once JetStream acknowledged it
+            return await _publish(ingestor, body, who.host, config, on_ingest, publisher, metrics)
         result = await run_in_threadpool(ingestor.ingest, body, who.host, max_items=config.api.max_items_per_batch,
                                          on_ingest=on_ingest, store=store, metrics=metrics)
         # 422 only when a non-empty batch had nothing worth keeping.
@@ -125,6 +158,20 @@ def _route(ingestor: Ingestor):
         return JSONResponse(result.model_dump(), status_code=status)
 
     return ingest
+
+
+async def _publish(ingestor: Ingestor, body: bytes, host: str | None, config: NmsConfig,
+                   on_ingest: Callable[[str, list], list], publisher: TelemetryPublisher,
+                   metrics: ServiceMetrics) -> JSONResponse:
+    records, bad = await run_in_threadpool(ingestor.checked, body, host, max_items=config.api.max_items_per_batch,
+                                           on_ingest=on_ingest)
+    if records:
+        try:
+            await publisher.publish(ingestor.kind, records)
+        except BusError as e:  # nothing acknowledged for sure: the sender keeps the batch and retries
+            raise HTTPException(503, f"telemetry bus: {e}; retry later") from None
+    result = _counted(ingestor.kind, IngestResult(accepted=len(records), rejected=bad), metrics)
+    return JSONResponse(result.model_dump(), status_code=422 if not records and bad else 202)
 
 
 INGESTORS = [Ingestor(kind, model) for kind, model in INGEST_KINDS.items()]
@@ -135,12 +182,15 @@ for _ingestor in INGESTORS:
         summary=f"Ingest a batch of {_model.__name__} records",
         description=(f"Body: `{{\"items\": [{_model.__name__}, ...]}}`, optionally gzip-encoded. Items that fail "
                      "validation are returned in `rejected` with reasons; the others are stored. 422 when none "
-                     "is stored. A host-bound token's items about another host are rejected likewise."),
-        responses={422: {"model": IngestResult, "description": "no item of the batch was valid"},
+                     "is stored. A host-bound token's items about another host are rejected likewise. In a cluster "
+                     "(cluster.bus) the kept items go on the telemetry bus and the answer is 202 once it "
+                     "acknowledged them (docs/cluster.md)."),
+        responses={202: {"model": IngestResult, "description": "cluster: the kept items are on the bus"},
+                   422: {"model": IngestResult, "description": "no item of the batch was valid"},
                    400: {"model": ErrorDetail, "description": "body is not gzip, JSON, or {\"items\": [...]}"},
                    413: {"model": ErrorDetail, "description": "body or batch too large"},
                    415: {"model": ErrorDetail, "description": "unsupported Content-Encoding"},
-                   503: {"model": ErrorDetail, "description": "telemetry store unavailable; retry later"}},
+                   503: {"model": ErrorDetail, "description": "telemetry store or bus unavailable; retry later"}},
         openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
             "schema": {"$ref": f"#/components/schemas/{_ingestor.envelope.__name__}"}}}}},
     )

@@ -95,7 +95,9 @@ def config_check(file: Path = typer.Argument(..., help="YAML configuration file"
     fabric = cfg.fabric
     console.print(f"[green]ok[/] {file}: site {cfg.site!r}, store {cfg.store.backend}, "
                   f"{len(fabric.switches)} switches, {len(fabric.hosts)} hosts, {len(fabric.links)} links, "
-                  f"{len(cfg.api.tokens)} API tokens")
+                  f"{len(cfg.api.tokens)} API tokens"
+                  + (f", cluster bus {cfg.cluster.bus.backend} ({len(cfg.cluster.bus.servers)} servers)"
+                     if cfg.cluster.bus is not None else ""))
 
 
 QUIET_LOGGERS = ("apscheduler",)  # two INFO lines per job run (every 2 s): only at log_level debug
@@ -110,20 +112,33 @@ def configure_logging(level: str) -> None:
 
 
 @app.command()
-def serve(config: Path = typer.Option(..., "--config", "-c", help="YAML configuration file")) -> None:
-    """Run the service: REST API and scheduler in one process (Ctrl-C stops it cleanly)."""
+def serve(config: Path = typer.Option(..., "--config", "-c", help="YAML configuration file"),
+          role: str = typer.Option("all", "--role", help=(
+              "what this process runs, comma-combinable: api, poll, correlate, write (needs cluster.bus), "
+              "or all (with no bus configured: the single process). See docs/cluster.md"))) -> None:
+    """Run the service: REST API and scheduler in one process (Ctrl-C stops it cleanly), or some of its
+    roles as a member of a cluster."""
     import uvicorn
 
     from nms.app.api import create_app
+    from nms.app.roles import parse_roles
     from nms.app.service import Service
 
     cfg = _load(config)
+    try:
+        roles = parse_roles(role, cfg.cluster.bus is not None)
+    except ValueError as e:
+        err_console.print(f"[red]error:[/] {e}", markup=True, highlight=False)
+        raise typer.Exit(2) from None
     configure_logging(cfg.log_level)
+    if "api" not in roles:
+        _serve_headless(Service(cfg, roles=roles))
+        return
     if not cfg.api.tokens:
         err_console.print("[yellow]warning:[/] no API tokens configured: every authenticated endpoint "
                           "will answer 401 (see `nms token create`)")
     tls = cfg.api.tls
-    app = create_app(Service(cfg))
+    app = create_app(Service(cfg, roles=roles))
     server = uvicorn.Server(uvicorn.Config(app, host=cfg.api.host, port=cfg.api.port, log_level=cfg.log_level,
                                            ssl_certfile=str(tls.cert) if tls else None,
                                            ssl_keyfile=str(tls.key) if tls else None, server_header=False))
@@ -133,6 +148,31 @@ def serve(config: Path = typer.Option(..., "--config", "-c", help="YAML configur
         return
     # api.listen: the same server on more addresses (uvicorn binds one host itself)
     server.run(sockets=[_listen_socket(host, cfg.api.port) for host in dict.fromkeys([cfg.api.host, *cfg.api.listen])])
+
+
+def _serve_headless(service) -> None:
+    """A member without the API (poll, correlate, write): start, run until SIGTERM or Ctrl-C, stop cleanly."""
+    import asyncio
+    import signal
+
+    from nms.bus import BusError
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await service.start()
+            await stop.wait()
+        finally:
+            await service.stop()
+
+    try:
+        asyncio.run(run())
+    except BusError as e:
+        err_console.print(f"[red]error:[/] telemetry bus: {e}", highlight=False)
+        raise typer.Exit(1) from None
 
 
 def _listen_socket(host: str, port: int):

@@ -1,0 +1,181 @@
+"""The bus on NATS JetStream (nats-py; Debian's `nats-server` with `-js`): file-backed streams,
+publishes acknowledged by the stream (with a message id for de-duplication), durable pull consumers
+with explicit acks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.js import api
+
+from nms.bus import BusError, BusUnavailable, PublishAck, StreamSpec
+
+if TYPE_CHECKING:
+    from nms.config.models import BusConfig
+
+log = logging.getLogger(__name__)
+
+# a NATS connection that is down or a JetStream request that got no answer: retry later
+_UNAVAILABLE = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError,
+                nats.errors.OutboundBufferLimitError, nats.errors.StaleConnectionError,
+                nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError,
+                asyncio.TimeoutError, OSError)
+
+
+class NatsMessage:
+    __slots__ = ("_msg", "subject", "data")
+
+    def __init__(self, msg: Any) -> None:
+        self._msg = msg
+        self.subject: str = msg.subject
+        self.data: bytes = msg.data
+
+    @property
+    def deliveries(self) -> int:
+        return int(self._msg.metadata.num_delivered)
+
+    async def ack(self) -> None:
+        await self._msg.ack()
+
+    async def nak(self, delay_s: float | None = None) -> None:
+        await self._msg.nak(delay=delay_s)
+
+    async def term(self) -> None:
+        await self._msg.term()
+
+
+class NatsConsumer:
+    def __init__(self, sub: Any) -> None:
+        self._sub = sub
+
+    async def fetch(self, max_messages: int, timeout_s: float) -> list[NatsMessage]:
+        try:
+            msgs = await self._sub.fetch(max_messages, timeout=timeout_s)
+        except (TimeoutError, nats.errors.TimeoutError):  # nothing came within timeout_s
+            return []
+        except _UNAVAILABLE as e:
+            raise BusUnavailable(f"fetch failed: {type(e).__name__}: {e}") from None
+        return [NatsMessage(m) for m in msgs]
+
+
+class NatsBus:
+    name = "nats"
+
+    def __init__(self, config: BusConfig) -> None:
+        self.cfg = config
+        self._nc: Any = None
+        self._js: Any = None
+        self._published = 0
+
+    @classmethod
+    def from_config(cls, config: BusConfig) -> NatsBus:
+        return cls(config)
+
+    async def connect(self) -> None:
+        cfg = self.cfg
+        options: dict[str, Any] = {"servers": list(cfg.servers), "connect_timeout": cfg.connect_timeout,
+                                   # at start: each server a few times, then a clear error; once
+                                   # connected: reconnect for ever (below)
+                                   "max_reconnect_attempts": 2, "reconnect_time_wait": 0.5,
+                                   "allow_reconnect": True,
+                                   "error_cb": self._on_error, "disconnected_cb": self._on_disconnect,
+                                   "reconnected_cb": self._on_reconnect}
+        if cfg.token is not None:
+            options["token"] = cfg.token.get_secret_value()
+        elif cfg.username:
+            options["user"] = cfg.username
+            options["password"] = cfg.password.get_secret_value() if cfg.password else ""
+        try:
+            self._nc = await nats.connect(**options)
+        except (nats.errors.NoServersError, *_UNAVAILABLE) as e:
+            raise BusUnavailable(f"no NATS server answered at {', '.join(cfg.servers)}: {e}") from None
+        self._nc.options["max_reconnect_attempts"] = -1
+        self._nc.options["reconnect_time_wait"] = 1.0
+        self._js = self._nc.jetstream(timeout=cfg.publish_timeout)
+        log.info("bus: connected to NATS %s", self._nc.connected_url.geturl() if self._nc.connected_url else "?")
+
+    async def _on_error(self, e: Exception) -> None:
+        log.warning("bus: NATS error: %s", e)
+
+    async def _on_disconnect(self) -> None:
+        log.warning("bus: disconnected from NATS; reconnecting")
+
+    async def _on_reconnect(self) -> None:
+        log.info("bus: reconnected to NATS %s", self._nc.connected_url.geturl() if self._nc.connected_url else "?")
+
+    async def close(self) -> None:
+        if self._nc is not None and not self._nc.is_closed:
+            try:
+                await self._nc.drain()
+            except Exception as e:  # closing anyway
+                log.debug("bus: drain on close failed: %s", e)
+                with contextlib.suppress(Exception):
+                    await self._nc.close()
+
+    async def ensure_streams(self, streams: Sequence[StreamSpec]) -> None:
+        for spec in streams:
+            config = api.StreamConfig(
+                name=spec.name, subjects=list(spec.subjects), retention=api.RetentionPolicy.LIMITS,
+                storage=api.StorageType.FILE, max_age=spec.max_age_s, max_bytes=spec.max_bytes or -1,
+                num_replicas=spec.replicas, duplicate_window=spec.duplicate_window_s,
+                discard=api.DiscardPolicy.OLD)
+            try:
+                try:
+                    await self._js.stream_info(spec.name)
+                except nats.js.errors.NotFoundError:
+                    await self._js.add_stream(config)
+                    log.info("bus: stream %s created (%s)", spec.name, ", ".join(spec.subjects))
+                else:
+                    await self._js.update_stream(config)
+            except nats.js.errors.APIError as e:
+                raise BusError(f"stream {spec.name}: JetStream refused its configuration: {e}") from None
+            except _UNAVAILABLE as e:
+                raise BusUnavailable(f"stream {spec.name}: no answer from JetStream: {e}") from None
+
+    async def publish(self, subject: str, data: bytes, msg_id: str | None = None) -> PublishAck:
+        headers = {api.Header.MSG_ID: msg_id} if msg_id else None
+        try:
+            ack = await self._js.publish(subject, data, headers=headers)
+        except nats.js.errors.APIError as e:
+            if e.code == 503:
+                raise BusUnavailable(f"JetStream unavailable for {subject}: {e}") from None
+            raise BusError(f"JetStream refused a message on {subject}: {e}") from None
+        except _UNAVAILABLE as e:
+            raise BusUnavailable(f"no acknowledgement from JetStream for {subject} within "
+                                 f"{self.cfg.publish_timeout:g} s ({type(e).__name__})") from None
+        self._published += 1
+        return PublishAck(ack.stream, ack.seq, bool(ack.duplicate))
+
+    async def consumer(self, stream: str, durable: str, filter_subject: str, ack_wait_s: float,
+                       max_pending: int) -> NatsConsumer:
+        config = api.ConsumerConfig(durable_name=durable, ack_policy=api.AckPolicy.EXPLICIT,
+                                    deliver_policy=api.DeliverPolicy.ALL, ack_wait=ack_wait_s,
+                                    max_ack_pending=max_pending, filter_subject=filter_subject, max_deliver=-1)
+        try:
+            try:
+                await self._js.add_consumer(stream, config)
+            except nats.js.errors.BadRequestError as e:  # it exists with other settings: keep it, say so
+                log.warning("bus: consumer %s of %s exists with other settings (%s); using it as it is",
+                            durable, stream, e.description)
+            sub = await self._js.pull_subscribe_bind(durable=durable, stream=stream)
+        except nats.js.errors.APIError as e:
+            raise BusError(f"consumer {durable} of {stream}: {e}") from None
+        except _UNAVAILABLE as e:
+            raise BusUnavailable(f"consumer {durable} of {stream}: no answer from JetStream: {e}") from None
+        return NatsConsumer(sub)
+
+    @property
+    def max_message_bytes(self) -> int:
+        return int(self._nc.max_payload) if self._nc is not None else 1 << 20
+
+    def health(self) -> dict[str, object]:
+        connected = self._nc is not None and self._nc.is_connected
+        url = self._nc.connected_url.geturl() if connected and self._nc.connected_url else None
+        return {"backend": self.name, "ok": connected, "server": url, "published": self._published}

@@ -1,0 +1,116 @@
+"""The bus on a real nats-server with JetStream (nms/bus/nats.py), and a cluster API's ingest through it
+(nms/app/api/ingest.py): 202 once JetStream acknowledged, the ingest's own rejections, 503 while
+the bus is down. The fixture starts nats-server on a free loopback port (tests/_nats.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from fastapi.testclient import TestClient
+
+from nms.app.api import create_app
+from nms.app.service import Service
+from nms.app.telemetry_bus import decode, stream_name
+from nms.bus import BusUnavailable, StreamSpec
+from nms.bus.nats import NatsBus
+from nms.config.models import BusConfig
+from tests.helpers import auth, make_config, wait_until
+
+T0 = 1_764_000_000_000_000_000
+
+
+def test_publish_acknowledged_deduplicated_and_redelivered_until_acked(nats_server):
+    async def scenario():
+        bus = NatsBus(BusConfig(servers=[nats_server.url]))
+        await bus.connect()
+        spec = StreamSpec("T_TEL_X", ("t.tel.x.>",), max_age_s=3600)
+        await bus.ensure_streams([spec])
+        await bus.ensure_streams([spec])  # a second member finds it and keeps it
+        first = await bus.publish("t.tel.x.k.h1", b"one", msg_id="m1")
+        again = await bus.publish("t.tel.x.k.h1", b"one", msg_id="m1")
+        other = await bus.publish("t.tel.x.k.h2", b"two", msg_id="m2")
+        assert (first.stream, first.seq, first.duplicate) == ("T_TEL_X", 1, False)
+        assert again.duplicate and again.seq == 1 and other.seq == 2  # the duplicate is stored once
+        consumer = await bus.consumer("T_TEL_X", "w", "t.tel.x.>", ack_wait_s=1.0, max_pending=10)
+        got = await consumer.fetch(10, 2.0)
+        assert [(m.subject, m.data, m.deliveries) for m in got] == [("t.tel.x.k.h1", b"one", 1),
+                                                                   ("t.tel.x.k.h2", b"two", 1)]
+        await got[1].ack()
+        # never acknowledged (its taker died): delivered again after ack_wait, to whoever fetches
+        redelivered = await consumer.fetch(10, 3.0)
+        assert [(m.data, m.deliveries) for m in redelivered] == [(b"one", 2)]
+        await redelivered[0].ack()
+        assert await consumer.fetch(10, 1.5) == []
+        assert bus.health()["ok"] is True
+        await bus.close()
+
+    asyncio.run(scenario())
+
+
+def test_connect_to_no_server_is_a_clear_error():
+    async def scenario():
+        bus = NatsBus(BusConfig(servers=["nats://127.0.0.1:1"], connect_timeout=1))
+        try:
+            await bus.connect()
+        except BusUnavailable as e:
+            return str(e)
+        raise AssertionError("connected to nothing")
+
+    assert "no NATS server answered at nats://127.0.0.1:1" in asyncio.run(scenario())
+
+
+def _api_service(tmp_path, influx_url: str, nats_url: str) -> Service:
+    cfg = make_config(tmp_path / "api", store={"backend": "influxdb", "influxdb": {"url": influx_url,
+                                                                                  "database": "t_bus_api"}},
+                      cluster={"bus": {"servers": [nats_url], "publish_timeout": "2s", "prefix": "t1"}})
+    return Service(cfg, roles=frozenset({"api"}))
+
+
+def _stream_messages(nats_url: str, stream: str) -> list[tuple[str, bytes]]:
+    async def read():
+        bus = NatsBus(BusConfig(servers=[nats_url]))
+        await bus.connect()
+        consumer = await bus.consumer(stream, "reader", ">", ack_wait_s=30, max_pending=100)
+        msgs = await consumer.fetch(100, 2.0)
+        await bus.close()
+        return [(m.subject, m.data) for m in msgs]
+
+    return asyncio.run(read())
+
+
+def test_cluster_api_publishes_validated_records_and_answers_202_422_503(nats_server, influxd, tmp_path):
+    service = _api_service(tmp_path, influxd.url, nats_server.url)
+    with TestClient(create_app(service)) as client:
+        items = [{"device": d, "port": "swp1", "ts": T0 + i, "in_octets": i} for d in ("leaf1", "leaf2")
+                 for i in range(3)]
+        items.insert(2, {"device": "leaf1", "port": "swp1", "ts": T0, "in_octets": -1})  # the ingest refuses it
+        r = client.post("/ingest/port_samples", json={"items": items}, headers=auth("ingest"))
+        assert r.status_code == 202, r.text
+        assert r.json()["accepted"] == 6 and [e["index"] for e in r.json()["rejected"]] == [2]
+        bad = client.post("/ingest/port_samples", json={"items": [{"device": "leaf1"}]}, headers=auth("ingest"))
+        assert bad.status_code == 422  # nothing worth publishing: as the single process answers
+        # the store's own point checks apply before publishing (a NaN-free float, no reserved names)
+        point = {"measurement": "_internal", "fields": {"v": 1}, "ts": T0}
+        refused = client.post("/ingest/points", json={"items": [point]}, headers=auth("ingest"))
+        assert refused.status_code == 422 and "reserved" in refused.json()["rejected"][0]["errors"][0]
+        assert service.store.stats().get("points_written", 0) == 0  # the API wrote nothing itself
+        metrics = client.get("/metrics", headers=auth("read")).text
+        assert 'nms_bus_published_messages_total{kind="port_samples",result="acked"} 2.0' in metrics
+
+        nats_server.stop()  # the bus goes away: no 202 for what it did not acknowledge
+        down = client.post("/ingest/port_samples", json={"items": items[:1]}, headers=auth("ingest"))
+        assert down.status_code == 503 and "telemetry bus" in down.json()["detail"], down.text
+        nats_server.start()  # same port and store: the API reconnects, the stream kept what it acknowledged
+        wait_until(lambda: client.post("/ingest/port_samples", json={"items": items[:1]},
+                                       headers=auth("ingest")).status_code == 202, 30, what="202 after NATS restart")
+
+    messages = _stream_messages(nats_server.url, stream_name("t1", "switch"))
+    by_subject: dict[str, list] = {}
+    for subj, data in messages:
+        by_subject.setdefault(subj, []).extend(decode(subj, data)[1])
+    assert sorted(by_subject) == ["t1.tel.switch.port_samples.leaf1", "t1.tel.switch.port_samples.leaf2"]
+    assert [r.in_octets for r in by_subject["t1.tel.switch.port_samples.leaf2"]] == [0, 1, 2]
+    # the batch sent again after the restart is the same message: stored once (duplicate window)
+    assert [r.in_octets for r in by_subject["t1.tel.switch.port_samples.leaf1"]] == [0, 1, 2, 0]
+    assert json.loads(messages[0][1])["items"]  # an ingest body
