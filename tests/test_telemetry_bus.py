@@ -4,6 +4,7 @@ ingest bodies split to the bus's message size and decoded back (nms/app/telemetr
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -19,10 +20,11 @@ from nms.app.telemetry_bus import (
     subject,
 )
 from nms.bus import BusError, subject_token
-from nms.config import ConfigError, parse_config
+from nms.config import ConfigError, load_config, parse_config
 from nms.config.models import BusConfig
 from nms.records import INGEST_KINDS, GenericPoint, PortSample, ProbeWindow
 
+REPO = Path(__file__).resolve().parents[1]
 T0 = 1_764_000_000_000_000_000
 
 
@@ -47,6 +49,13 @@ def test_cluster_config_is_validated_and_names_the_field():
     cfg = parse_config("store: {backend: influxdb}\ncluster:\n  bus: {servers: [nats://10.0.0.1:4222], replicas: 3}\n")
     assert cfg.cluster.bus is not None and cfg.cluster.bus.replicas == 3 and cfg.cluster.write.batch_messages == 64
     assert parse_config("site: x\n").cluster.bus is None  # no cluster section: one process, as before
+    env = {"INFLUX_PASSWORD": "pw", "NATS_TOKEN": "nt", "NMS_TOKEN": "x" * 32}
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in env.items():
+            mp.setenv(key, value)
+        example = load_config(REPO / "config/cluster.yaml")
+    assert example.cluster.bus is not None and example.cluster.bus.replicas == 3
+    assert len(example.cluster.bus.servers) == 3
     cases = {
         "cluster: {bus: {}}\n": "store.backend: the embedded DuckDB store is single-node",
         "store: {backend: influxdb}\ncluster: {bus: {servers: ['http://n1:4222']}}\n": "cluster.bus.servers.0",

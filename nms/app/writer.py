@@ -117,9 +117,13 @@ class BusWriter:
             return
         for msg in good:
             await msg.ack()
+        again = sum(1 for m in good if m.deliveries > 1)
+        if again:
+            log.info("writer: %d %s messages delivered again (a writer died or the store was slow) stored; "
+                     "a point written twice overwrites itself", again, family)
         self.points.labels("stored").inc(result.accepted)
-        self.messages.labels(family, "stored").inc(sum(1 for m in good if m.deliveries == 1))
-        self.messages.labels(family, "stored_again").inc(sum(1 for m in good if m.deliveries > 1))
+        self.messages.labels(family, "stored").inc(len(good) - again)
+        self.messages.labels(family, "stored_again").inc(again)
 
     def _keep_refused(self, refused: list[tuple[Point, str]]) -> None:
         self.points.labels("refused").inc(len(refused))
