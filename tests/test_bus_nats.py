@@ -98,7 +98,11 @@ def test_cluster_api_publishes_validated_records_and_answers_202_422_503(nats_se
         metrics = client.get("/metrics", headers=auth("read")).text
         assert 'nms_bus_published_messages_total{kind="port_samples",result="acked"} 2.0' in metrics
 
+        assert client.get("/health").json() == {"status": "ok", "store_ok": True, "bus_ok": True}
         nats_server.stop()  # the bus goes away: no 202 for what it did not acknowledge
+        health = wait_until(lambda: (r := client.get("/health")).status_code == 503 and r.json(), 15,
+                            what="/health to say the bus is down")
+        assert health == {"status": "degraded", "store_ok": True, "bus_ok": False}
         down = client.post("/ingest/port_samples", json={"items": items[:1]}, headers=auth("ingest"))
         assert down.status_code == 503 and "telemetry bus" in down.json()["detail"], down.text
         nats_server.start()  # same port and store: the API reconnects, the stream kept what it acknowledged

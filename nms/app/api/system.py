@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
 from nms import __version__
-from nms.app.api.deps import MetricsDep, StartedAtDep, StoreDep
+from nms.app.api.deps import MetricsDep, PublisherDep, StartedAtDep, StoreDep
 from nms.app.auth import AUTH_RESPONSES, require
 
 router = APIRouter(tags=["system"])
@@ -21,6 +21,8 @@ router = APIRouter(tags=["system"])
 class Health(BaseModel):
     status: str
     store_ok: bool
+    bus_ok: bool | None = Field(None, description="a cluster's API: connected to the telemetry bus (absent "
+                                                  "without one)")
 
 
 class Version(BaseModel):
@@ -30,12 +32,15 @@ class Version(BaseModel):
     uptime_s: float
 
 
-@router.get("/health", response_model=Health, summary="Liveness and store health (no token needed)")
-def health(store: StoreDep, response: Response) -> Health:
-    ok = bool(store.health().get("ok"))
+@router.get("/health", response_model=Health, response_model_exclude_none=True,
+            summary="Liveness, store and (in a cluster) bus health (no token needed)")
+def health(store: StoreDep, publisher: PublisherDep, response: Response) -> Health:
+    store_ok = bool(store.health().get("ok"))
+    bus_ok = bool(publisher.bus.health().get("ok")) if publisher is not None else None
+    ok = store_ok and bus_ok is not False  # a cluster's API without its bus cannot take ingest: 503
     if not ok:
         response.status_code = 503
-    return Health(status="ok" if ok else "degraded", store_ok=ok)
+    return Health(status="ok" if ok else "degraded", store_ok=store_ok, bus_ok=bus_ok)
 
 
 @router.get("/version", response_model=Version, dependencies=[Depends(require("read"))], responses=AUTH_RESPONSES)
