@@ -118,3 +118,53 @@ def test_cluster_api_publishes_validated_records_and_answers_202_422_503(nats_se
     # the batch sent again after the restart is the same message: stored once (duplicate window)
     assert [r.in_octets for r in by_subject["t1.tel.switch.port_samples.leaf1"]] == [0, 1, 2, 0]
     assert json.loads(messages[0][1])["items"]  # an ingest body
+
+
+def test_agent_reporter_delivers_to_a_cluster_api_and_spools_while_the_bus_is_away(nats_server, influxd, tmp_path):
+    """The host agent's reporter (hostprobe/report.py) against a cluster API: 202 counts as delivered;
+    a 503 while NATS is away keeps the batch in the agent's spool, replayed once the bus is back."""
+    from collections import defaultdict
+
+    from pydantic import SecretStr
+
+    from hostprobe.client import ServiceClient
+    from hostprobe.config import ServiceSettings
+    from hostprobe.report import Reporter
+    from tests.helpers import TOKENS, serve_in_thread
+
+    service = _api_service(tmp_path, influxd.url, nats_server.url)
+    app = create_app(service)
+    url, server, thread = serve_in_thread(app)
+    stats: dict = defaultdict(int)
+    settings = ServiceSettings(url=url, token=SecretStr(TOKENS["ingest"]), timeout=5.0)
+    reporter = Reporter(ServiceClient(settings, "h1"), tmp_path / "agent", 1 << 20, 1.0, stats)
+
+    def window(i: int) -> dict:
+        return {"src_host": "h1", "src_nic": "eth0", "dst_host": "h2", "dst_nic": "eth0", "path_id": f"p{i}",
+                "window_start": T0 + i * 10**9, "sent": 10, "received": 10}
+
+    try:
+        for i in range(5):
+            reporter.put("probe_windows", window(i))
+        reporter.flush()
+        assert stats["records_delivered"] == 5 and len(reporter.spool) == 0
+        nats_server.stop()
+        wait_until(lambda: not service.bus.health()["ok"], 15, what="the API to notice NATS is gone")
+        for i in range(5, 8):
+            reporter.put("probe_windows", window(i))
+        reporter.flush()
+        assert stats["records_delivered"] == 5 and len(reporter.spool) == 1  # kept by the agent
+        nats_server.start()
+
+        def replayed() -> bool:
+            reporter.flush()
+            return len(reporter.spool) == 0
+        wait_until(replayed, 30, what="the spooled batch replayed to the API")
+        assert stats["records_delivered"] == 8
+    finally:
+        reporter.stop()
+        server.should_exit = True
+        thread.join(30)
+    windows = [r for subj, data in _stream_messages(nats_server.url, stream_name("t1", "probe"))
+               for r in decode(subj, data)[1]]
+    assert sorted(w.path_id for w in windows) == [f"p{i}" for i in range(8)]  # each once, none lost
