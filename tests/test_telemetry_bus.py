@@ -73,6 +73,8 @@ def test_cluster_config_is_validated_and_names_the_field():
 
 
 def test_every_ingest_kind_has_one_family_stream_and_subjects_carry_the_partition_key():
+    placed = [kind for kinds in FAMILIES.values() for kind in kinds]
+    assert sorted(placed) == sorted(INGEST_KINDS), "place every ingest kind in one family (FAMILIES)"
     assert set(FAMILY_OF) == set(INGEST_KINDS)
     specs = stream_specs(BusConfig(prefix="site1", replicas=3, retention=3600))
     assert [(s.name, s.subjects, s.replicas, s.max_age_s) for s in specs] == [
