@@ -1,15 +1,16 @@
 """Low-rate loss: detection time per loss rate, and healthy soaks, on a synthetic fabric.
 
     .venv/bin/python bench/correlator_lowloss.py [--shape 3x4x2] [--rates 1,0.5,0.1] [--seeds 30]
-        [--soak-seeds 5] [--soak-s 600] [--background 0.01]
+        [--soak-seeds 5] [--soak-s 600] [--background 0.01] [--warm 600]
 
 The test suite's synthetic leaf-spine (tests/_fabric_synth.py: 10 exchanges/s per path, one path
 per spine per peer, background loss per exchange everywhere), the correlator with its defaults,
-one step per window. Per seed: 120 s warm, then one leaf->spine direction loses `rate` % (rotating
-over the links); detection = steps until that link is reported (corrupting_link), limit
-`loss_horizon` + 60 s. After detection the fault runs on for 120 s: a window without the finding is
-a gap (an incident resolves only after 10 in a row). Printed per rate: exchanges/s crossing the link,
-the formula's time (docs/correlator.md), detection p50/p90/p99/max, misses, gaps, other findings.
+one step per window. Per seed: `--warm` s healthy (the link baselines learn), then one leaf->spine
+direction loses `rate` % (rotating over the links); detection = steps until that link is reported
+(corrupting_link), limit `loss_horizon` + 60 s. After detection the fault runs on for 120 s: a
+window without the finding is a gap (an incident resolves only after 10 in a row). Printed per
+rate: exchanges/s crossing the link, the formula's time (docs/correlator.md), detection
+p50/p90/p99/max, misses, gaps, other findings.
 Soak: `--soak-s` healthy seconds per seed, every finding counted.
 
     sudo .venv/bin/python bench/correlator_lowloss.py --lab [--shape 3x4x2] [--rates 1,0.5] [--trials 1]
@@ -68,9 +69,9 @@ class Fabric:
         return self.c.step(self.t * NS + NS // 10)
 
 
-def trial(shape, seed: int, rate: float, background: float) -> dict:
+def trial(shape, seed: int, rate: float, background: float, warm_s: int) -> dict:
     fab = Fabric(shape, seed, background)
-    warm = [f for _ in range(120) for f in fab.step()]
+    warm = [f for _ in range(warm_s) for f in fab.step()]
     directed = fab.s.up_link(1 + seed % shape[1], 1 + seed % shape[0])
     link = undirected(*directed.split("->"))
     fab.s.loss[directed] = rate
@@ -156,6 +157,7 @@ def main() -> None:
     ap.add_argument("--soak-seeds", type=int, default=5)
     ap.add_argument("--soak-s", type=int, default=600)
     ap.add_argument("--background", type=float, default=0.01, help="background loss per exchange, %%")
+    ap.add_argument("--warm", type=int, default=600, help="healthy seconds before the fault (baselines learn)")
     ap.add_argument("--lab", action="store_true", help="on the lab (root) instead of the synthetic fabric")
     ap.add_argument("--trials", type=int, default=1, help="--lab: faults per rate")
     ap.add_argument("--seed", type=int, default=1, help="--lab: which uplinks")
@@ -167,11 +169,11 @@ def main() -> None:
         lab_run(args, shape)
         return
     bg = args.background / 100
-    print(f"shape {args.shape}, background {args.background} %, alpha {ALPHA_OPEN:g}")
+    print(f"shape {args.shape}, background {args.background} %, alpha {ALPHA_OPEN:g}, warm {args.warm} s")
     for rate_pct in (float(r) for r in args.rates.split(",")):
         rate = rate_pct / 100
         seeds = args.seeds if rate_pct >= 0.5 else max(1, args.seeds // 3)
-        runs = [trial(shape, seed, rate, bg) for seed in range(1, seeds + 1)]
+        runs = [trial(shape, seed, rate, bg, args.warm) for seed in range(1, seeds + 1)]
         times = [r["found"] for r in runs if r["found"] is not None]
         per_s = [r["per_s"] for r in runs if r["per_s"]]
         n = sum(per_s) / len(per_s) if per_s else float("nan")

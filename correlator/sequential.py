@@ -26,7 +26,7 @@ explains yet, each directed link against its own baseline:
 * **over**: some window ending now is `1 / P_STOP` times likelier at the baseline than at 3/4 of
   the found rate (its ~2 sigma lower bound, raised as evidence accumulates): the other side of the
   sequential test. A repaired link stops being reported once ~ln(1/P_STOP) / (0.75 rate) exchanges
-  crossed it clean: seconds at 5 %, ~20 s at 0.5 %, minutes at 0.1 % (docs/correlator.md).
+  crossed it clean: seconds at 5 %, ~15 s at 0.5 %, about a minute at 0.1 % (docs/correlator.md).
 
 Memory: per path, `loss_horizon / BUCKET_S` buckets of two int32; per directed link, 3 floats and a flag.
 """
