@@ -61,6 +61,8 @@ class PathStats:
     up: np.ndarray  # bool: answered in its latest, fresh window and not down
     inflation_us: np.ndarray  # recent round-trip median - baseline minimum; NaN when not judged
     last_recv: np.ndarray
+    sent_age: np.ndarray  # (P, C) settled exchanges by age in seconds (0: the newest second seen)
+    lost_age: np.ndarray
 
 
 class Context:
@@ -301,19 +303,19 @@ class Context:
         # loss; so do its peers' paths around a NIC's own down/up, which they may lose probes to
         # without ever calling the path down. The newest window counts too: an agent holds back a
         # window whose tail went unanswered until its path answers again or is reported down
-        last_bad = self.last_bad[:P]
-        if self.nic_changed:  # a NIC that went down or came back: every path through it
-            changed = np.full(len(self.nic_ids), -1, np.int64)
-            for nic, second in self.nic_changed.items():
-                if (nid := self.nic_ids.get(nic)) is not None:
-                    changed[nid] = second
-            last_bad = np.maximum(last_bad, np.maximum(changed[self.src_nic[:P]], changed[self.dst_nic[:P]]))
+        last_bad = self.settled_after(P)
         settled_ok = valid & (recv > 0) & (sec > last_bad[:, None] + 1)
         sent_ok = np.where(settled_ok, sent, 0).sum(axis=1)
         lost_ok = np.where(settled_ok, sent - recv, 0).sum(axis=1)
         recent_ok = settled_ok & (sec > newest[:, None] - RECENT_LOSS)
         sent_recent = np.where(recent_ok, sent, 0).sum(axis=1)
         lost_recent = np.where(recent_ok, sent - recv, 0).sum(axis=1)
+        # the settled counts by age (0: the fabric's newest second), for the sequential loss test
+        age = np.where(settled_ok, np.clip(self.newest - sec, 0, C), C)
+        sent_age = np.zeros((P, C + 1), np.int64)
+        lost_age = np.zeros((P, C + 1), np.int64)
+        sent_age[rows[:, None], age] = np.where(settled_ok, sent, 0)  # one slot per second: no collisions
+        lost_age[rows[:, None], age] = np.where(settled_ok, sent - recv, 0)  # below C
         # down episodes, in time order; a missing window keeps the previous state
         order = (np.arange(now_s - C + 1, now_s + 1)) % C
         zero_t = (valid & (sent > 0) & (recv == 0))[:, order]
@@ -332,7 +334,29 @@ class Context:
         down = ev_down | zero_last
         up = fresh & (last_recv > 0) & ~down
         inflation = self._inflation(P, now_s, newest)
-        return PathStats(sent_ok, lost_ok, sent_recent, lost_recent, episodes, down, up, inflation, last_recv)
+        return PathStats(sent_ok, lost_ok, sent_recent, lost_recent, episodes, down, up, inflation, last_recv,
+                         sent_age[:, :C], lost_age[:, :C])
+
+    def settled_after(self, P: int) -> np.ndarray:
+        """Per path, the second of its latest trouble (silent window, path event, a NIC's own down
+        or back-up): loss counts only from two seconds after it."""
+        last_bad = self.last_bad[:P]
+        if self.nic_changed:  # a NIC that went down or came back: every path through it
+            changed = np.full(len(self.nic_ids), -1, np.int64)
+            for nic, second in self.nic_changed.items():
+                if (nid := self.nic_ids.get(nic)) is not None:
+                    changed[nid] = second
+            last_bad = np.maximum(last_bad, np.maximum(changed[self.src_nic[:P]], changed[self.dst_nic[:P]]))
+        return last_bad
+
+    def settled_second(self, s: int, last_bad: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Per path, the settled (sent, lost) of second `s` while it is still in the rings."""
+        if s <= self.newest - self.C:
+            return None
+        P, col = len(last_bad), s % self.C
+        ok = (self.sec[:P, col] == s) & (self.recv[:P, col] > 0) & (s > last_bad + 1)
+        sent = np.where(ok, self.sent[:P, col], 0).astype(np.int64)
+        return sent, np.where(ok, sent - self.recv[:P, col], 0).astype(np.int64)
 
     def _inflation(self, P: int, now_s: int, newest: np.ndarray) -> np.ndarray:
         rows = np.arange(P)

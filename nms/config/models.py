@@ -276,7 +276,11 @@ class CorrelatorConfig(Strict):
     interval: Seconds = 1.0  # the window; steps follow agents' windows, or run this often without them
     context: Seconds = 10.0  # sliding context joined at every step
     baseline: Seconds = 600.0  # one-way delay baselines (per path minimum) look back this far
-    loss_floor_pct: float = Field(0.1, ge=0, le=100)  # loss this low is background, not a fault
+    # loss is tested against each link's own baseline, learned within [loss_baseline_pct, loss_floor_pct]:
+    # a link losing more than the floor is faulty whatever its history (correlator/sequential.py)
+    loss_floor_pct: float = Field(0.1, gt=0, le=100)
+    loss_baseline_pct: float = Field(0.01, gt=0, le=100)
+    loss_horizon: Seconds = Field(300.0, ge=30, le=3600)  # the longest window loss evidence is pooled over
     imbalance_ratio: float = Field(2.0, gt=1)  # parallel uplinks: hot / cold utilization that counts
     imbalance_min_utilization: float = Field(0.5, gt=0, le=1)  # ... and the hot one carries at least this
     # resolved incidents (with their events) older than this are deleted, checked every
