@@ -74,6 +74,8 @@ def _item_breaks_rule(kind: str, item: dict) -> bool:
     if kind == "probe_windows":
         pairs, pure = item.get("pairs"), item.get("pure_pairs")
         return item["received"] > item["sent"] or (pairs is not None and pure is not None and pure > pairs)
+    if kind == "nccl_step_stats":
+        return item["stop_ns"] <= item["start_ns"]
     if kind == "port_samples":
         return item.get("counter_bits") == 32 and any((item.get(c) or 0) >= 1 << 32
                                                   for c in PortSample.traffic_counters)

@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from nms.config.models import InfluxStoreConfig
-from nms.records import INGEST_KINDS, DeviceFacts, InterfaceAddress, LinkEvent, LldpNeighbor, PortSample
+from nms.records import INGEST_KINDS, DeviceFacts, InterfaceAddress, LinkEvent, LldpNeighbor, NcclStepStats, PortSample
 from nms.store.base import INT64_MAX, INT64_MIN, MAX_TIMESTAMP_NS, UINT64_MAX, Point, Query, declared_fields
 from nms.store.embedded import EmbeddedStore, series_key
 from nms.store.influx import InfluxStore
@@ -124,7 +124,9 @@ def _value_strategy(prop: dict) -> st.SearchStrategy:
         return floats.map(lambda v: abs(v) if low is not None and low >= 0 else v)
     if kind == "boolean":
         return st.booleans()
-    return TEXT.map(lambda s: s[:option.get("maxLength", 1000)])
+    shortest, longest = option.get("minLength", 0), min(option.get("maxLength", 1000), 64)
+    text = st.from_regex(option["pattern"], fullmatch=True) if "pattern" in option else TEXT  # e.g. a rank number
+    return text.filter(lambda v: shortest <= len(v) <= longest)
 
 
 @st.composite
@@ -133,8 +135,10 @@ def records(draw, cls):
     data = {}
     for name in cls.model_fields:
         if name in cls.tag_keys or name == cls.time_attr:
-            choices = props[name].get("enum") or (["10.0.0.1", "fe80::1"] if name == "address" else None)
-            data[name] = draw(st.sampled_from(choices) if choices else IDENT)
+            option = next(o for o in props[name].get("anyOf", [props[name]]) if o.get("type") != "null")
+            choices = option.get("enum") or (["10.0.0.1", "fe80::1"] if name == "address" else None)
+            data[name] = draw(st.sampled_from(choices) if choices else
+                              _value_strategy(props[name]) if "pattern" in option else IDENT)
         elif cls.model_fields[name].is_required() or draw(st.booleans()):
             data[name] = draw(_value_strategy(props[name]))
     values = [n for n in cls.model_fields if n not in cls.tag_keys and n != cls.time_attr]
@@ -147,6 +151,9 @@ def records(draw, cls):
         data["received"] = min(data["received"], data["sent"])
         if data.get("pure_pairs") is not None and data.get("pairs") is not None:
             data["pure_pairs"] = min(data["pure_pairs"], data["pairs"])
+    if cls is NcclStepStats and data["stop_ns"] <= data["start_ns"]:  # a second that ends after it starts
+        low, high = sorted((data["start_ns"], data["stop_ns"]))
+        data["start_ns"], data["stop_ns"] = (low - 1, high) if low == high and low > 0 else (low, high + (low == high))
     if data.get("counter_bits") == 32:  # PortSample: 32-bit octet and packet counters fit in 32 bits
         for name in cls.traffic_counters:
             if data.get(name) is not None:
