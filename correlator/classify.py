@@ -156,6 +156,13 @@ def _imbalance(index: FabricIndex, view: SwitchView, t: Thresholds, config: Corr
     return out
 
 
+def _inflates_too(did: int, lp: Pick | None, infl_by: dict[int, Pick]) -> bool:
+    """Whether the round-trip delay inflates on the lossy link's other direction or on a direction
+    the loss could as well be on: a queue that drops and delays, not a corrupting link (the
+    inflation is a round trip, its direction no surer than the loss's)."""
+    return lp is not None and any(d in infl_by for d in (did ^ 1, *lp.alternatives))
+
+
 def directed_findings(loss: list[Pick], inflation: list[Pick], index: FabricIndex, view: SwitchView,
                       t: Thresholds, config: CorrelatorConfig) -> list[Draft]:
     loss_by = {p.element: p for p in loss}
@@ -184,7 +191,8 @@ def directed_findings(loss: list[Pick], inflation: list[Pick], index: FabricInde
             kind = "path_imbalance"
             evidence["imbalance"] = imbalanced[did]
             conf = max(conf, 0.8)
-        elif ip is not None or view.queueing(rates) or (view.congested(rates) and not errors):
+        elif (ip is not None or view.queueing(rates) or (view.congested(rates) and not errors)
+              or _inflates_too(did, lp, infl_by)):
             kind = "congestion"
             if view.congested(rates):
                 conf = min(0.99, conf + 0.1)

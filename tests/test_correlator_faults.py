@@ -353,3 +353,16 @@ def test_miscabling_from_topology():
     assert kinds(last) == {("miscabling", "leaf3:swp9--spine1:swp9")}
     assert "spine2:swp9" in last[0].summary
     assert run.steps(5)[-1] and all(f.kind == "miscabling" for f in run.history[-1])
+
+
+def test_loss_one_way_and_delay_the_other_on_one_link_is_congestion_only():
+    """A congested queue in the lab: the loss cover puts the drops on one direction, the round-trip
+    inflation cover the delay on the other. One link, one kind: congestion, never also a
+    corrupting_link (the incident of the link would flip between the two every window)."""
+    run = Run()
+    lossy = run.s.down_link(2, 1)
+    run.s.loss[lossy] = 0.04
+    run.s.queue_us[run.s.up_link(1, 2)] = 400
+    steps = run.steps(5)
+    assert all(kind == "congestion" for s in steps[2:] for kind, _ in kinds(s)), [kinds(s) for s in steps]
+    assert kinds(steps[-1]) == {("congestion", link_of(lossy))}

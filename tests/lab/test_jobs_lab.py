@@ -171,7 +171,9 @@ def test_a_fabric_fault_names_the_job_and_a_host_side_slowdown_is_not_blamed_on_
             named_after_s = (time.time_ns() - start) / 1e9
         finally:
             faults.heal(mesh.dir, fault["id"])
-        assert inc["kind"] == "congestion", inc
+        history = mesh.api("GET", f"/incidents/{inc['id']}/events").json()
+        assert inc["kind"] == "congestion", (inc, [(e["event"], e["ts"], e["incident"]["kind"],
+                                                    e["incident"]["evidence"]) for e in history])
         assert JOB in inc["jobs"] and f"slows job {JOB}: AllReduce" in inc["summary"], inc["summary"]
         [slowed] = [s for s in inc["evidence"]["job_slowdowns"] if s["job"] == JOB]
         assert slowed["op"] == "AllReduce" and slowed["size_bucket"] == "512KiB" and slowed["ratio"] < 0.5, slowed
