@@ -156,11 +156,10 @@ def _imbalance(index: FabricIndex, view: SwitchView, t: Thresholds, config: Corr
     return out
 
 
-def _inflates_too(did: int, lp: Pick | None, infl_by: dict[int, Pick]) -> bool:
-    """Whether the round-trip delay inflates on the lossy link's other direction or on a direction
-    the loss could as well be on: a queue that drops and delays, not a corrupting link (the
-    inflation is a round trip, its direction no surer than the loss's)."""
-    return lp is not None and any(d in infl_by for d in (did ^ 1, *lp.alternatives))
+def _inflates_too(lp: Pick | None, infl_by: dict[int, Pick]) -> bool:
+    """Whether the round-trip delay inflates on a direction the loss could as well be on: a queue
+    that drops and delays, not a corrupting link."""
+    return lp is not None and any(d in infl_by for d in lp.alternatives)
 
 
 def directed_findings(loss: list[Pick], inflation: list[Pick], index: FabricIndex, view: SwitchView,
@@ -172,6 +171,12 @@ def directed_findings(loss: list[Pick], inflation: list[Pick], index: FabricInde
     for did in sorted(set(loss_by) | set(infl_by) | set(imbalanced), key=lambda d: -len(
             (loss_by.get(d) or infl_by.get(d) or Pick(d, np.zeros(0))).paths)):
         lp, ip = loss_by.get(did), infl_by.get(did)
+        # one link losing one way and inflating the other: one congestion finding, in the loss's
+        # direction (drops are one-way evidence, the inflation is a round trip)
+        if lp is None and ip is not None and did ^ 1 in loss_by:
+            continue
+        if lp is not None and ip is None:
+            ip = infl_by.get(did ^ 1)
         rates = view.direction_rates(did)
         errors = rates.get("errors_ps", 0.0) > 0
         evidence: dict = {"rates": rates}
@@ -192,7 +197,7 @@ def directed_findings(loss: list[Pick], inflation: list[Pick], index: FabricInde
             evidence["imbalance"] = imbalanced[did]
             conf = max(conf, 0.8)
         elif (ip is not None or view.queueing(rates) or (view.congested(rates) and not errors)
-              or _inflates_too(did, lp, infl_by)):
+              or _inflates_too(lp, infl_by)):
             kind = "congestion"
             if view.congested(rates):
                 conf = min(0.99, conf + 0.1)

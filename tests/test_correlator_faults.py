@@ -366,3 +366,4 @@ def test_loss_one_way_and_delay_the_other_on_one_link_is_congestion_only():
     steps = run.steps(5)
     assert all(kind == "congestion" for s in steps[2:] for kind, _ in kinds(s)), [kinds(s) for s in steps]
     assert kinds(steps[-1]) == {("congestion", link_of(lossy))}
+    assert steps[-1][0].direction == lossy  # drops say which way; the round trip cannot
