@@ -367,3 +367,18 @@ def test_loss_one_way_and_delay_the_other_on_one_link_is_congestion_only():
     assert all(kind == "congestion" for s in steps[2:] for kind, _ in kinds(s)), [kinds(s) for s in steps]
     assert kinds(steps[-1]) == {("congestion", link_of(lossy))}
     assert steps[-1][0].direction == lossy  # drops say which way; the round trip cannot
+
+
+def test_the_windows_a_link_dies_in_are_no_loss_before_their_down_events_arrive():
+    """The service may step between an agent's windows (half lost: the cut landed mid-window) and
+    the down events of the same report: that step opens nothing; the next one finds link_down."""
+    from nms.records import PathEvent
+    run = Run()
+    directed = run.s.down_link(1, 2)
+    run.s.down.add(link_of(directed))
+    records = run.s.windows(run.t)
+    run.c.add([r for r in records if not isinstance(r, PathEvent)])
+    assert run.c.step((run.t + 1) * NS + NS // 10) == []
+    run.c.add([r for r in records if isinstance(r, PathEvent)])
+    run.t += 1
+    assert ("link_down", link_of(directed)) in kinds(run.steps(1)[0])
