@@ -7,17 +7,15 @@ log) in its own temporary directory; restart() keeps the port and the data.
 from __future__ import annotations
 
 import os
-import shutil
-import signal
 import socket
 import subprocess
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
 import httpx
 import pytest
+from _daemon import LocalDaemon
 
 INFLUXD = Path("/usr/bin/influxd")
 SKIP_REASON = "influxd not installed: apt-get install influxdb"
@@ -29,7 +27,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class InfluxServer:
+class InfluxServer(LocalDaemon):
+    name = "influxd"
+
     def __init__(self, auth: bool = False) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="nms-influxd-"))
         self.port = free_port()
@@ -76,52 +76,16 @@ bind-address = "127.0.0.1:{self.rpc_port}"
 """
 
     def start(self, timeout: float = 30.0) -> None:
-        assert self.proc is None, "already running"
-        log = open(self.dir / "influxd.log", "ab")
-        self.proc = subprocess.Popen(
-            [str(INFLUXD), "-config", str(self.config)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        )
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.proc = None
-                raise RuntimeError(f"influxd exited at start; log:\n{self.log_tail()}")
+        def answers(_: int) -> bool:
             try:
-                if httpx.get(f"{self.url}/ping", timeout=1.0).status_code == 204:
-                    return
+                return httpx.get(f"{self.url}/ping", timeout=1.0).status_code == 204
             except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"influxd did not answer /ping within {timeout}s; log:\n{self.log_tail()}")
-
-    def stop(self, timeout: float = 15.0) -> None:
-        if self.proc is None:
-            return
-        proc, self.proc = self.proc, None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                return False
+        self.spawn([str(INFLUXD), "-config", str(self.config)], answers, timeout, "did not answer /ping")
 
     def restart(self) -> None:
         self.stop()
         self.start()
-
-    def cleanup(self) -> None:
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def log_tail(self, n: int = 4000) -> str:
-        try:
-            return (self.dir / "influxd.log").read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
 
     def query(self, q: str, db: str | None = None, auth: tuple[str, str] | None = None,
               method: str = "POST") -> dict:

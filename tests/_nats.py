@@ -7,14 +7,13 @@ directory; restart() keeps the port and the streams.
 from __future__ import annotations
 
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
+from _daemon import LocalDaemon
 from _influx import free_port
 
 NATS_SERVER = shutil.which("nats-server") or "/usr/bin/nats-server"
@@ -25,7 +24,9 @@ def have_nats_server() -> bool:
     return Path(NATS_SERVER).exists()
 
 
-class NatsServer:
+class NatsServer(LocalDaemon):
+    name = "nats"
+
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="nms-nats-"))
         self.port = free_port()
@@ -36,55 +37,16 @@ class NatsServer:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> None:
-        assert self.proc is None, "already running"
-        log = open(self.dir / "nats.log", "ab")
-        seen = log.tell()  # a restart appends: only what this start logs counts
-        self.proc = subprocess.Popen(
-            [NATS_SERVER, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.dir / "js"),
-             "-n", f"nms-test-{self.port}"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.proc = None
-                raise RuntimeError(f"nats-server exited at start; log:\n{self.log_tail()}")
-            if "Server is ready" in self._log_since(seen):
-                try:
-                    with socket.create_connection(("127.0.0.1", self.port), timeout=1.0):
-                        return
-                except OSError:
-                    pass
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"nats-server not ready within {timeout}s; log:\n{self.log_tail()}")
-
-    def stop(self, timeout: float = 15.0) -> None:
-        if self.proc is None:
-            return
-        proc, self.proc = self.proc, None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+        def ready(seen: int) -> bool:  # a restart appends to the log: only what this start logs counts
+            if "Server is ready" not in self.log_since(seen):
+                return False
             try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-    def cleanup(self) -> None:
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def _log_since(self, offset: int) -> str:
-        with open(self.dir / "nats.log", "rb") as f:
-            f.seek(offset)
-            return f.read().decode(errors="replace")
-
-    def log_tail(self, n: int = 4000) -> str:
-        try:
-            return (self.dir / "nats.log").read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1.0):
+                    return True
+            except OSError:
+                return False
+        self.spawn([NATS_SERVER, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.dir / "js"),
+                    "-n", f"nms-test-{self.port}"], ready, timeout, "not ready")
 
 
 @pytest.fixture
