@@ -179,9 +179,11 @@ class SequentialLoss:
         wins = self.windows(stats, P)
         taken = np.zeros(P, bool)
         picks = self._hold(now_ns, stats, geo, quiet, base, wins, taken)
-        # a path whose newest window lost a third or more is dying (its down event may still be on
-        # its way, in the agent's next report), not losing a little: it opens nothing this step
-        dying = (stats.sent_age[:, 0] > 0) & (3 * stats.lost_age[:, 0] >= stats.sent_age[:, 0])
+        # a path whose newest window lost a third or more after a second that did not may be dying
+        # (its down event may still be on its way, in the agent's next report): it opens nothing
+        # this step; a loss that heavy twice running is loss
+        heavy = (stats.sent_age[:, :2] > 0) & (3 * stats.lost_age[:, :2] >= stats.sent_age[:, :2])
+        dying = heavy[:, 0] & ~heavy[:, 1]
         for seconds, sent, lost in wins:
             cand = quiet & ~taken & (sent > 0) & ~dying
             found = cover_loss(geo.U, geo.UT, sent, lost, cand, p0=base, log_alpha=math.log(ALPHA_OPEN),

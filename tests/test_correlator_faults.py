@@ -382,3 +382,13 @@ def test_the_windows_a_link_dies_in_are_no_loss_before_their_down_events_arrive(
     run.c.add([r for r in records if isinstance(r, PathEvent)])
     run.t += 1
     assert ("link_down", link_of(directed)) in kinds(run.steps(1)[0])
+
+
+def test_heavy_loss_that_lasts_is_found():
+    """Nine in ten exchanges through a link lost, second after second: loss (the guard against the
+    window a link died in holds one step only)."""
+    run = Run()
+    directed = run.s.up_link(1, 1)
+    run.s.loss[directed] = 0.9
+    steps = run.steps(3)
+    assert link_of(directed) in {element for _, element in kinds(steps[-1])}, [kinds(s) for s in steps]
