@@ -87,7 +87,9 @@ def reconfigure(mesh: MeshLab, changes: dict) -> None:
 
 
 def set_dry_run(mesh: MeshLab, dry_run: bool) -> None:
-    reconfigure(mesh, {"actions": {"dry_run": dry_run}})
+    """Restart the service with actions in dry run or not (nothing happens when it is so already)."""
+    if yaml.safe_load(mesh.config.read_text()).get("actions", {}).get("dry_run") != dry_run:
+        reconfigure(mesh, {"actions": {"dry_run": dry_run}})
 
 
 def wait_for(cond, timeout: float, step: float = 0.2):

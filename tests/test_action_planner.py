@@ -22,6 +22,14 @@ def test_congestion_reroutes_the_hosts_whose_paths_cross_the_link():
     assert "incident 7" in reroute.reason
 
 
+def test_each_source_moves_off_the_link_to_every_destination_the_incident_saw():
+    # a congested link takes some of its probe paths down for a while: this step's paths may show
+    # h1 -> h3 and h2 -> h4 only, while h1 -> h4 and h2 -> h3 cross the same uplink
+    p = plan(incident("congestion", pairs=(("h1", "h3"), ("h2", "h4"))), topology(4), addresses(4))
+    [reroute] = p.proposals
+    assert reroute.params["dsts"] == {"h1": ["h3", "h4"], "h2": ["h3", "h4"]}
+
+
 def test_path_imbalance_reroutes_too():
     p = plan(incident("path_imbalance"), topology(4), addresses(4))
     assert [x.kind for x in p.proposals] == ["host_reroute"]

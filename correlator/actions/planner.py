@@ -74,6 +74,16 @@ def host_pairs(paths: Iterable[str]) -> dict[str, set[str]]:
     return out
 
 
+def _every_pair_of(pairs: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Each source the incident's paths come from, to every destination they go to: the incident
+    lists the paths its loss or delay was judged on this step, and a congested link may have taken
+    some down for a while (not judged, not listed) while their flows still cross it."""
+    dsts = set().union(*pairs.values()) if pairs else set()
+    if len(pairs) * len(dsts) > MAX_PAIRS:
+        return pairs
+    return {s: dsts - {s} for s in pairs}
+
+
 def avoid_hops(element: str, topology: FabricTopology, addresses: Iterable[InterfaceAddress]) -> list[str]:
     """The addresses a traceroute shows for a link: those of its switch ends' ports."""
     switches = {n.name for n in topology.nodes if n.kind == "switch"}
@@ -210,7 +220,7 @@ def plan(incident: Incident, topology: FabricTopology, addresses: Iterable[Inter
         link.model_copy(update={"state": "up", "check": "ok" if link.check == "missing" else link.check})
         if link_name(link.a, link.b) == incident.element else link for link in topology.links]})
     element = incident.element
-    pairs = host_pairs(incident.paths)
+    pairs = _every_pair_of(host_pairs(incident.paths))
     affected = {(s, d) for s, ds in pairs.items() for d in ds}
     considered = set(affected)
     if drain:

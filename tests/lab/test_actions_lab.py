@@ -53,6 +53,7 @@ def test_with_actions_the_job_leaves_the_congested_link_and_recovers_without_it_
     offered = sum(f.rate_bps for f in flows)
 
     # --- dry run: the planner proposes, nothing is sent: plain ECMP ----------------------------------
+    tc.set_dry_run(mesh, True)  # (a rerun finds the first attempt's service acting)
     assert tc.settle(mesh, job, flows), "the lab is not quiet"
     ecmp = tc.trial(mesh, job, flows, "ecmp")
     assert ecmp.incident is not None and ecmp.incident["kind"] in ("congestion", "corrupting_link"), ecmp.incident
