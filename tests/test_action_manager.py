@@ -86,13 +86,14 @@ def test_auto_applies_and_the_audit_log_says_who_what_why_before_after(tmp_path)
     rig.window(finding())
     (action,) = rig.actions()
     assert action.kind == "host_reroute" and action.state == "applied" and not action.dry_run
-    assert action.targets == ["h1", "h3"] and action.incident_id == 1
+    assert action.targets == ["h1", "h2", "h3", "h4"] and action.incident_id == 1
     assert rig.actuator.calls == [("apply", action.id)]
     events = rig.state.action_events(action.id)
     assert [(e.event, e.by) for e in events] == [("proposed", "controller"), ("approved", "controller"),
                                                  ("applied", "controller")]
     assert events[0].note == "policy auto" and "incident 1: congestion on" in events[0].action.reason
-    assert events[-1].action.before == {"steered": []} and events[-1].action.after == {"steered": ["h1", "h3"]}
+    assert events[-1].action.before == {"steered": []}
+    assert events[-1].action.after == {"steered": ["h1", "h2", "h3", "h4"]}
     assert action.expires_ns == action.applied_ns + 3600 * S
     # the next window with the same finding proposes nothing new
     rig.window(finding())

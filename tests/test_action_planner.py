@@ -9,25 +9,33 @@ from correlator.actions.planner import avoid_hops, host_pairs, plan
 from correlator.actions.steering import Limits
 
 
-def test_congestion_reroutes_the_hosts_whose_paths_cross_the_link():
+def test_congestion_reroutes_every_host_whose_flows_may_cross_the_link():
+    # the probes saw h1 <-> h3 only; h2's and h4's flows hash over the same uplink too. No direction
+    # known: both directions' flows move (h1 -> h3 leaves leaf1 by up1; h3 -> h1 comes back over
+    # spine1 -> leaf1 on the same cable)
     p = plan(incident("congestion"), topology(4), addresses(4))
     assert [x.kind for x in p.proposals] == ["host_reroute"]
     (reroute,) = p.proposals
-    # h1 -> h3 leaves leaf1 by up1; h3 -> h1 comes back over spine1 -> leaf1 on the same cable
-    assert reroute.targets == ["h1", "h3"]
-    assert reroute.params["dsts"] == {"h1": ["h3"], "h3": ["h1"]}
+    assert reroute.targets == ["h1", "h2", "h3", "h4"]
+    assert reroute.params["dsts"] == {"h1": ["h3", "h4"], "h2": ["h3", "h4"], "h3": ["h1", "h2"], "h4": ["h1", "h2"]}
     # spine1 answers from its leaf1 port (h1 -> h3), leaf1 from up1 (h3 -> h1)
     assert reroute.params["avoid_hops"] == ["10.1.1.0", "10.1.1.1"]
     assert reroute.params["dport"] == 4791 and reroute.params["proto"] == "udp"
     assert "incident 7" in reroute.reason
 
 
-def test_each_source_moves_off_the_link_to_every_destination_the_incident_saw():
-    # a congested link takes some of its probe paths down for a while: this step's paths may show
-    # h1 -> h3 and h2 -> h4 only, while h1 -> h4 and h2 -> h3 cross the same uplink
-    p = plan(incident("congestion", pairs=(("h1", "h3"), ("h2", "h4"))), topology(4), addresses(4))
+def test_a_reroute_in_a_known_direction_moves_the_flows_that_go_that_way():
+    # a congested link takes some of its probe paths down for a while: the incident may list
+    # h1 -> h3 only, while h2's flows cross the same uplink the same way
+    up = "leaf1:up1->spine1:leaf1"
+    p = plan(incident("congestion", direction=up), topology(4), addresses(4))
     [reroute] = p.proposals
     assert reroute.params["dsts"] == {"h1": ["h3", "h4"], "h2": ["h3", "h4"]}
+    down = plan(incident("congestion", direction="spine1:leaf1->leaf1:up1"), topology(4), addresses(4))
+    assert down.proposals[0].params["dsts"] == {"h3": ["h1", "h2"], "h4": ["h1", "h2"]}
+    both = plan(incident("congestion", direction=up, evidence={"also_direction": "spine1:leaf1->leaf1:up1"}),
+                topology(4), addresses(4))
+    assert both.proposals[0].targets == ["h1", "h2", "h3", "h4"]
 
 
 def test_path_imbalance_reroutes_too():

@@ -74,14 +74,23 @@ def host_pairs(paths: Iterable[str]) -> dict[str, set[str]]:
     return out
 
 
-def _every_pair_of(pairs: dict[str, set[str]]) -> dict[str, set[str]]:
-    """Each source the incident's paths come from, to every destination they go to: the incident
-    lists the paths its loss or delay was judged on this step, and a congested link may have taken
-    some down for a while (not judged, not listed) while their flows still cross it."""
+def _pairs_to_move(pairs: dict[str, set[str]], every: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    """The host pairs whose flows may have to leave the element: every pair of the fabric (those
+    crossing it are kept later). The incident's probe paths are a sample (a congested link takes
+    some of them down for a while, a finding lists at most 1000), not the flows that cross it.
+    A fabric too big for that: each source of the incident's paths to each of their destinations."""
+    if len(every) <= MAX_PAIRS:
+        return set(every)
     dsts = set().union(*pairs.values()) if pairs else set()
-    if len(pairs) * len(dsts) > MAX_PAIRS:
-        return pairs
-    return {s: dsts - {s} for s in pairs}
+    if len(pairs) * len(dsts) <= MAX_PAIRS:
+        return {(s, d) for s in pairs for d in dsts if d != s}
+    return {(s, d) for s, ds in pairs.items() for d in ds}
+
+
+def _crosses(topology: FabricTopology, src: str, dst: str, element: str, direction: str | None) -> bool:
+    """Whether an ECMP path src -> dst crosses `element` (in `direction` `dev:port->dev:port`, if given)."""
+    return any(link_name(a, b) == element and (direction is None or f"{a}->{b}" == direction)
+               for path in ecmp_paths(topology, src, dst) for a, b in path.links)
 
 
 def avoid_hops(element: str, topology: FabricTopology, addresses: Iterable[InterfaceAddress]) -> list[str]:
@@ -220,12 +229,11 @@ def plan(incident: Incident, topology: FabricTopology, addresses: Iterable[Inter
         link.model_copy(update={"state": "up", "check": "ok" if link.check == "missing" else link.check})
         if link_name(link.a, link.b) == incident.element else link for link in topology.links]})
     element = incident.element
-    pairs = _every_pair_of(host_pairs(incident.paths))
-    affected = {(s, d) for s, ds in pairs.items() for d in ds}
-    considered = set(affected)
+    pairs = host_pairs(incident.paths)
+    every = list(permutations(sorted(n.name for n in topology.nodes if n.kind == "host"), 2))
+    considered = _pairs_to_move(pairs, every)
     if drain:
-        hosts = sorted(n.name for n in topology.nodes if n.kind == "host")
-        considered |= set(list(permutations(hosts, 2))[:MAX_PAIRS])
+        considered |= set(every[:MAX_PAIRS])
     groups = flow_groups(topology, sorted(considered))
     if not any(element in p for paths in groups.values() for p in paths):
         out.notes.append(f"no ECMP path of the affected host pairs crosses {element}")
@@ -250,9 +258,12 @@ def plan(incident: Incident, topology: FabricTopology, addresses: Iterable[Inter
         if not hops:
             out.notes.append(f"host_reroute not proposed: no interface address known for the switch ends of {element}")
         else:
-            movers = {s: [d for d in sorted(ds) if any(element in p for p in groups.get(f"{s}>{d}", []))]
-                      for s, ds in sorted(pairs.items())}
-            movers = {s: ds for s, ds in movers.items() if ds}
+            # the loaded / lossy direction's flows (both when both or neither is known)
+            direction = None if incident.evidence.get("also_direction") else incident.direction
+            movers: dict[str, list[str]] = {}
+            for s, d in sorted(considered):
+                if any(element in p for p in groups[f"{s}>{d}"]) and _crosses(topology, s, d, element, direction):
+                    movers.setdefault(s, []).append(d)
             if movers:
                 loads = hop_loads(common["moved_to"], addresses, port_loads or {})
                 out.proposals.append(Proposal("host_reroute", element, "link", sorted(movers),
