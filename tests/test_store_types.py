@@ -14,6 +14,7 @@ to float and every later write of it was refused).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -129,22 +130,34 @@ def _value_strategy(prop: dict) -> st.SearchStrategy:
     return text.filter(lambda v: shortest <= len(v) <= longest)
 
 
-@st.composite
-def records(draw, cls):
+@functools.cache
+def _field_strategies(cls) -> dict[str, st.SearchStrategy]:
+    """Each field's strategy, built once per record type (building them per draw was half the
+    test's time)."""
     props = cls.model_json_schema()["properties"]
-    data = {}
+    out = {}
     for name in cls.model_fields:
         if name in cls.tag_keys or name == cls.time_attr:
             option = next(o for o in props[name].get("anyOf", [props[name]]) if o.get("type") != "null")
             choices = option.get("enum") or (["10.0.0.1", "fe80::1"] if name == "address" else None)
-            data[name] = draw(st.sampled_from(choices) if choices else
-                              _value_strategy(props[name]) if "pattern" in option else IDENT)
-        elif cls.model_fields[name].is_required() or draw(st.booleans()):
-            data[name] = draw(_value_strategy(props[name]))
+            out[name] = (st.sampled_from(choices) if choices else
+                         _value_strategy(props[name]) if "pattern" in option else IDENT)
+        else:
+            out[name] = _value_strategy(props[name])
+    return out
+
+
+@st.composite
+def records(draw, cls):
+    strategies = _field_strategies(cls)
+    data = {}
+    for name in cls.model_fields:
+        if name in cls.tag_keys or name == cls.time_attr or cls.model_fields[name].is_required() or draw(st.booleans()):
+            data[name] = draw(strategies[name])
     values = [n for n in cls.model_fields if n not in cls.tag_keys and n != cls.time_attr]
     if all(data.get(n) is None for n in values):  # a point needs at least one field
         name = draw(st.sampled_from(values))
-        data[name] = draw(_value_strategy(props[name]))
+        data[name] = draw(strategies[name])
     data[cls.time_attr] = draw(st.one_of(st.sampled_from([0, 1, T0, MAX_TIMESTAMP_NS - 1]),
                                          st.integers(0, MAX_TIMESTAMP_NS - 1)))
     if "sent" in data:  # ProbeWindow: received <= sent, pure_pairs <= pairs
