@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from correlator.job_impact import NO_CAUSE_AFTER_NS as WAIT
 from correlator.job_impact import SlowdownJoin, join
 from correlator.jobs_nccl import NcclJobs, merge_jobs
 from correlator.slowdown import DetectorConfig, SlowdownDetector, bandwidths, op_bytes, size_bucket
@@ -289,8 +290,8 @@ def test_a_fabric_finding_on_the_jobs_paths_names_the_slowed_collectives():
 def test_no_fabric_cause_is_its_own_finding():
     off_path = link_finding(["h5:eth1>h6:eth1/1"])  # the job is attached, but not on its ranks' pairs
     other_job = link_finding(["h1:eth1>h2:eth1/3"], jobs=["job-8"])
-    assert join([off_path, other_job], [slowdown()], T0 + 4 * 10**9) == [off_path, other_job]  # too young
-    out = join([off_path, other_job], [slowdown()], T0 + 5 * 10**9)
+    assert join([off_path, other_job], [slowdown()], T0 + WAIT - 1) == [off_path, other_job]  # too young
+    out = join([off_path, other_job], [slowdown()], T0 + WAIT)
     assert out[:2] == [off_path, other_job]  # untouched
     [j] = out[2:]
     assert (j.kind, j.element, j.element_kind, j.jobs, j.dedup_key) == ("job_slowdown", "job-7", "job", ["job-7"],
@@ -311,7 +312,7 @@ def test_an_open_fabric_incident_explains_a_slowdown_in_a_window_without_its_fin
     inc = Incident(id=1, dedup_key=f"link:{f.element}", kind=f.kind, element=f.element, element_kind="link",
                    severity="major", summary=f.summary, confidence=0.9, paths=f.paths, jobs=f.jobs,
                    opened_ns=T0, updated_ns=T0, last_seen_ns=T0, clean_windows=1)
-    later = T0 + 6 * 10**9
+    later = T0 + WAIT + 10**9
     assert join([], [slowdown()], later, open_incidents=[inc]) == []
     assert join([], [slowdown()], later, open_incidents=[inc.model_copy(update={"jobs": ["job-8"]})])[0].kind == \
         "job_slowdown"  # an incident of another job explains nothing
@@ -322,11 +323,11 @@ def test_a_slowdown_the_fabric_explained_stays_explained_until_it_clears():
     f = link_finding(["h1:eth1>h2:eth1/3"])
     assert joined([f], [slowdown()], T0)[0].evidence["job_slowdowns"]
     # the fault healed and its incident resolved; the collectives are still recovering
-    assert joined([], [slowdown()], T0 + 20 * 10**9) == []
+    assert joined([], [slowdown()], T0 + 2 * WAIT) == []
     # the slowdown cleared; a new one (a new start) with no fabric cause is the host's
-    assert joined([], [], T0 + 21 * 10**9) == []
-    again = slowdown().model_copy(update={"since_ns": T0 + 22 * 10**9})
-    assert [x.kind for x in joined([], [again], T0 + 28 * 10**9)] == ["job_slowdown"]
+    assert joined([], [], T0 + 2 * WAIT + 10**9) == []
+    again = slowdown().model_copy(update={"since_ns": T0 + 2 * WAIT + 2 * 10**9})
+    assert [x.kind for x in joined([], [again], again.since_ns + WAIT)] == ["job_slowdown"]
 
 
 # --- service and API ----------------------------------------------------------------------------------
@@ -373,7 +374,7 @@ def test_api_collectives_slowdowns_and_merge(client):
     assert r.status_code == 200 and r.json()["name"] == "hand" and len(r.json()["ranks"]) == 4
     # the correlator's step: no fabric finding, so the slowdown is its own incident (the service's
     # own correlator loop, stepping on its clock meanwhile, may have opened it first: one incident)
-    client.service.correlation.step(T0 + 10 * 10**9)
+    client.service.correlation.step(T0 + WAIT + 10**9)
     inc = client.get("/incidents?job=job-7", headers=auth("read")).json()
     assert [(i["kind"], i["element"]) for i in inc] == [("job_slowdown", "job-7")], inc
     assert "no fabric element" in inc[0]["summary"]
