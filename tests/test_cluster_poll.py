@@ -26,8 +26,8 @@ from nms.config import parse_config
 from nms.rendezvous import assign
 from nms.store import WriteResult
 
-HEARTBEAT = 1.5
-SWITCHES = [f"leaf-{i:02d}" for i in range(12)]
+HEARTBEAT = 2.0
+SWITCHES = [f"sw{i}" for i in range(9)]  # 3, 3 and 3 over poll-a, -b, -c
 
 
 class _Store:
@@ -53,7 +53,7 @@ def cluster_config(tmp_path, nats_url: str, switches: list[dict]):
 
 
 def snmp_switches(snmpd: Snmpd) -> list[dict]:
-    settings = snmpd.settings(interfaces=["lo"], interval=1.0)
+    settings = snmpd.settings(interfaces=["lo"], interval=3.0, deadline=2.8)
     return [{"name": name, "mgmt_address": "127.0.0.1", "collectors": {"snmp": settings}} for name in SWITCHES]
 
 
@@ -123,10 +123,10 @@ def test_members_split_the_switches_and_a_killed_members_switches_are_polled_wit
             assert all(o == expected[m.name] and o for m, o in zip(members, owned, strict=True))
             assert set().union(*owned) == set(SWITCHES) and sum(map(len, owned)) == len(SWITCHES)  # disjoint, all
 
-            # steady state: every switch polled twice more, and only by its owner
+            # steady state: every switch polled again, and only by its owner
             before = [m.polls() for m in members]
-            await until(lambda: all(m.polls()[s] >= b[s] + 2 for m, b in zip(members, before, strict=True)
-                                    for s in m.shard.owned), 15, "two more polls of every switch")
+            await until(lambda: all(m.polls()[s] >= b[s] + 1 for m, b in zip(members, before, strict=True)
+                                    for s in m.shard.owned), 15, "one more poll of every switch")
             for m, b in zip(members, before, strict=True):
                 others = set(SWITCHES) - m.shard.owned
                 assert {s: m.polls()[s] for s in others} == {s: b[s] for s in others}, m.name
@@ -143,6 +143,7 @@ def test_members_split_the_switches_and_a_killed_members_switches_are_polled_wit
             await victim.kill()
             killed_ns, killed = time.time_ns(), time.monotonic()
             orphans = expected["poll-c"]
+            assert orphans
 
             def polled_by_survivors() -> bool:
                 return all(any(s in m.shard.owned and (st := m.poller.status[("snmp", s)]).last_success_ns

@@ -1,10 +1,11 @@
 """The `poll` role in a cluster: each member polls its share of the switches (docs/cluster.md).
 
-Membership lives in the bus: a key-value bucket `<prefix>_members_poll` whose entries expire 1.5
-heartbeats after their last put. Every member renews its own entry each heartbeat and reads the live
-set every eighth of a heartbeat; the switches are split over the live members by rendezvous hashing
+Membership lives in the bus: a key-value bucket `<prefix>_members_poll` whose entries expire 1.25
+heartbeats after their last put. Every member renews its own entry twice a heartbeat (a renewal may
+be 0.75 heartbeat late before the others count the member dead) and reads the live set every eighth of
+a heartbeat; the switches are split over the live members by rendezvous hashing
 (nms/rendezvous.py), which every member computes alike, so no coordinator and no lock. A member
-that dies stops renewing: its entry expires and the others take its switches within 1.625
+that dies stops renewing: its entry expires and the others take its switches within 1.375
 heartbeats (and start polling them within another sixteenth); a member that stops cleanly deletes
 its entry (handed over at the others' next check).
 A gNMI stream moves with its switch (the poller stops and starts it, nms/app/polling.py).
@@ -31,7 +32,7 @@ from nms.config.models import BusConfig, PollShardConfig
 from nms.rendezvous import assign
 
 log = logging.getLogger(__name__)
-TTL_HEARTBEATS = 1.5  # an entry outlives one late renewal by half a heartbeat
+TTL_HEARTBEATS = 1.25  # renewed every half heartbeat: a renewal may be 0.75 heartbeat late
 CHECKS_PER_HEARTBEAT = 8
 
 
@@ -117,7 +118,7 @@ class PollShard:
         except BusError as e:
             self._bus_down(e)
             return
-        self._next_beat = time.monotonic() + self.heartbeat_s
+        self._next_beat = time.monotonic() + self.heartbeat_s / 2
 
     def _bus_down(self, error: BusError) -> None:
         self.metrics.bus_errors.inc()

@@ -247,6 +247,8 @@ class Poller:
         st.last_duration_s = round(time.perf_counter() - started, 4)
         self.metrics.seconds.labels(collector_name).observe(st.last_duration_s)
         await self.ingest(result)
+        if self.owned is not None and device_name not in self.owned:
+            return  # given to another member while this poll ran: its records count, its state is theirs
         self._succeeded(st, result)
 
     async def _keep_streaming(self, collector_name: str, device_name: str) -> None:

@@ -69,8 +69,8 @@ class NatsKeyValue:
     """A JetStream KV bucket: history 1, entries expire `ttl_s` after their last put (the stream's
     max_age, so the server forgets a member that stopped putting; no clock of ours decides)."""
 
-    def __init__(self, kv: Any, name: str) -> None:
-        self._kv = kv
+    def __init__(self, kv: Any, name: str, js: Any) -> None:
+        self._kv, self._js = kv, js
         self.name = name
 
     async def put(self, key: str, value: bytes) -> None:
@@ -86,17 +86,19 @@ class NatsKeyValue:
             raise BusUnavailable(f"bucket {self.name}: delete {key}: {type(e).__name__}: {e}") from None
 
     async def items(self) -> dict[str, bytes]:
-        try:  # one ordered consumer over the latest entry of each key, stopped once it caught up
-            watcher = await self._kv.watchall(ignore_deletes=True)
+        """The keys from one stream_info (a consistent list of subjects; nats-py's watcher can report
+        itself caught up before every key came), then each key's latest value (a delete leaves a
+        marker that get() reports)."""
+        prefix = f"$KV.{self.name}."
+        try:
+            info = await self._js.stream_info(f"KV_{self.name}", subjects_filter=f"{prefix}>")
             found: dict[str, bytes] = {}
-            try:
-                async for entry in watcher:
-                    if entry is None:  # caught up with what the bucket holds
-                        break
-                    found[entry.key] = entry.value or b""
-            finally:
-                with contextlib.suppress(Exception):
-                    await watcher.stop()
+            for subject in sorted(info.state.subjects or {}):
+                try:
+                    entry = await self._kv.get(subject[len(prefix):])
+                except (nats.js.errors.KeyDeletedError, nats.js.errors.KeyNotFoundError):
+                    continue  # deleted, or expired since the list was made
+                found[entry.key] = entry.value or b""
         except _UNAVAILABLE as e:
             raise BusUnavailable(f"bucket {self.name}: read: {type(e).__name__}: {e}") from None
         return found
@@ -229,7 +231,7 @@ class NatsBus:
             raise BusError(f"bucket {spec.name}: JetStream refused it: {e}") from None
         except _UNAVAILABLE as e:
             raise BusUnavailable(f"bucket {spec.name}: no answer from JetStream: {e}") from None
-        return NatsKeyValue(kv, spec.name)
+        return NatsKeyValue(kv, spec.name, self._js)
 
     @property
     def max_message_bytes(self) -> int:
