@@ -1,9 +1,9 @@
 """Sharded polling (nms/app/poll_shard.py): real `poll` members (Poller + PollShard, each with its own
 NATS connection) against a real nats-server with JetStream (tests/_nats.py) and a real net-snmpd
 (tests/_snmpd.py) that every configured switch points at; gNMI streams against the lab's real gNMI
-target (lab/gnmi_target.py). A member "killed" here stops at once, without leaving: no more
-heartbeats, its NATS connection closed, as kill -9 does (tests/test_cluster_poll_process.py kills a
-real `nms serve --role poll` with SIGKILL)."""
+target (lab/gnmi_target.py), three switches streamed from one target. A member "killed" here stops
+at once, without leaving: no more heartbeats, its NATS connection closed, as kill -9 does
+(tests/test_cluster_poll_process.py kills a real `nms serve --role poll` with SIGKILL)."""
 
 from __future__ import annotations
 
@@ -191,3 +191,41 @@ def test_a_member_that_joins_takes_its_share_and_one_that_leaves_hands_it_back(n
             await a.stop()
 
     asyncio.run(run())
+
+
+def test_a_gnmi_stream_moves_with_its_switch(nats_server, tmp_path):  # noqa: F811
+    from test_gnmi_collector import PASSWORD, USER, Target
+
+    target = Target(tmp_path, "--insecure", "--interfaces", "lo", "--hostname", "leaf9").start()
+    gnmi = {"port": target.port, "insecure": True, "username": USER, "password": PASSWORD, "interval": 0.5}
+    switches = ["spine0", "spine1", "spine2"]  # poll-a owns spine0, poll-b spine1 and spine2
+    config = cluster_config(tmp_path, nats_server.url, [
+        {"name": s, "mgmt_address": "127.0.0.1", "collectors": {"gnmi": gnmi}} for s in switches])
+
+    def streamed_since(m: Member, ts_ns: int) -> set[str]:
+        return {d for (_, d), st in m.poller.status.items() if (st.last_success_ns or 0) > ts_ns}
+
+    async def run():
+        a = await Member(config, "poll-a").start()
+        b = await Member(config, "poll-b").start()
+        try:
+            expected = assign(switches, ["poll-a", "poll-b"])
+            assert expected == {"poll-a": {"spine0"}, "poll-b": {"spine1", "spine2"}}
+            await until(lambda: a.scheduled() == expected["poll-a"], 10, "poll-a to close poll-b's streams")
+            assert b.scheduled() == expected["poll-b"] and not b.scheduler.get_jobs()  # streams, no jobs
+            since = time.time_ns()
+            await until(lambda: streamed_since(a, since) == {"spine0"} and streamed_since(b, since) ==
+                        {"spine1", "spine2"}, 10, "each stream to deliver to its owner")
+            await b.kill()
+            killed_ns, killed = time.time_ns(), time.monotonic()
+            await until(lambda: streamed_since(a, killed_ns) == set(switches), 10,
+                        "poll-a to stream poll-b's switches")
+            took = time.monotonic() - killed
+            assert took <= 2 * HEARTBEAT, f"streams moved in {took:.2f} s"
+            assert a.scheduled() == set(switches)
+            return took
+        finally:
+            await a.stop()
+            target.stop()
+
+    print(f"poll-b's gNMI streams delivering to poll-a {asyncio.run(run()):.2f} s after the kill")
