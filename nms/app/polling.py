@@ -242,7 +242,8 @@ class Poller:
         try:
             result = await collector.collect_with_deadline(st.device, st.deadline_s)
         except Exception as e:
-            self._failed(st, e, time.perf_counter() - started)
+            if self.owned is None or device_name in self.owned:
+                self._failed(st, e, time.perf_counter() - started)
             return
         st.last_duration_s = round(time.perf_counter() - started, 4)
         self.metrics.seconds.labels(collector_name).observe(st.last_duration_s)
