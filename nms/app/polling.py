@@ -18,6 +18,7 @@ own name, and counts as reachable while the polled device's last poll succeeded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import time
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from apscheduler.jobstores.base import JobLookupError
 from prometheus_client import Counter, Gauge, Histogram
 
 from nms.app.plugins import load_plugin
@@ -154,6 +156,10 @@ class Poller:
         self.status: dict[tuple[str, str], _Status] = {}
         self._streams: dict[tuple[str, str], asyncio.Task] = {}  # streaming collectors' open streams
         self._read_by: dict[str, list[str]] = {}  # device -> the collectors that read it
+        # the devices this process polls: None for all of them (one process); a cluster member's
+        # share otherwise (nms/app/poll_shard.py sets it through set_owned)
+        self.owned: set[str] | None = None
+        self._scheduler: Any = None
         for device in config.fabric.switches:
             for name, collector in self.collectors.items():
                 if collector.settings(device) is not None:
@@ -165,19 +171,59 @@ class Poller:
 
     def schedule(self, scheduler) -> None:
         """One interval job per (collector, device), the first runs spread over one interval; one
-        stream per device of a streaming collector (call with the event loop running)."""
+        stream per device of a streaming collector (call with the event loop running). Only the
+        owned devices, when `owned` is set."""
+        self._scheduler = scheduler
         now = datetime.now(UTC)
-        streamed = {k for k, st in self.status.items() if self.collectors[k[0]].streams(st.device)}
-        polled = sorted((k, st) for k, st in self.status.items() if k not in streamed)
+        mine = {k: st for k, st in self.status.items() if self.owned is None or k[1] in self.owned}
+        streamed = {k for k, st in mine.items() if self.collectors[k[0]].streams(st.device)}
+        polled = sorted((k, st) for k, st in mine.items() if k not in streamed)
         n = max(len(polled), 1)
         for key in sorted(streamed):
+            self._start(key, now)
+        for i, (key, st) in enumerate(polled):
+            self._start(key, now + timedelta(seconds=st.interval_s * i / n / 4))
+
+    def _start(self, key: tuple[str, str], first_run: datetime) -> None:
+        name, device = key
+        st = self.status[key]
+        if self.collectors[name].streams(st.device):
             if key not in self._streams:
                 self._streams[key] = asyncio.get_running_loop().create_task(self._keep_streaming(*key),
-                                                                            name=f"stream-{key[0]}-{key[1]}")
-        for i, ((name, device), st) in enumerate(polled):
-            scheduler.add_job(self.poll, "interval", seconds=st.interval_s, id=f"collect-{name}-{device}",
-                              args=[name, device], next_run_time=now + timedelta(seconds=st.interval_s * i / n / 4),
-                              max_instances=1, coalesce=True, misfire_grace_time=max(1, int(st.interval_s)))
+                                                                            name=f"stream-{name}-{device}")
+            return
+        self._scheduler.add_job(self.poll, "interval", seconds=st.interval_s, id=f"collect-{name}-{device}",
+                                args=[name, device], next_run_time=first_run, max_instances=1, coalesce=True,
+                                misfire_grace_time=max(1, int(st.interval_s)), replace_existing=True)
+
+    async def _stop(self, key: tuple[str, str]) -> None:
+        if (task := self._streams.pop(key, None)) is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        with contextlib.suppress(JobLookupError):
+            self._scheduler.remove_job(f"collect-{key[0]}-{key[1]}")
+        st = self.status[key]
+        st.state, st.next_attempt_ns, st.consecutive_failures = "pending", None, 0  # polled elsewhere now
+
+    async def set_owned(self, devices: set[str], spread_s: float = 0.0) -> tuple[set[str], set[str]]:
+        """Poll only `devices` from now on (a cluster member's share; call after schedule()): the
+        jobs and streams of the devices given away stop (a poll already running finishes), those of
+        the devices taken start at once, spread over spread_s. Returns (taken, given)."""
+        configured = {device for _, device in self.status}
+        before = configured if self.owned is None else self.owned & configured
+        self.owned = set(devices)
+        after = self.owned & configured
+        taken, given = after - before, before - after
+        if self._scheduler is not None:
+            for key in sorted(k for k in self.status if k[1] in given):
+                await self._stop(key)
+            now = datetime.now(UTC)
+            starting = sorted(k for k in self.status if k[1] in taken)
+            for i, key in enumerate(starting):
+                self.status[key].next_attempt_ns = None
+                self._start(key, now + timedelta(seconds=spread_s * i / max(len(starting), 1)))
+        return taken, given
 
     async def poll_all(self) -> list[DeviceStatus]:
         """Poll every device once, concurrently, ignoring backoff (for `nms collect --once`, tests)."""
@@ -196,11 +242,14 @@ class Poller:
         try:
             result = await collector.collect_with_deadline(st.device, st.deadline_s)
         except Exception as e:
-            self._failed(st, e, time.perf_counter() - started)
+            if self.owned is None or device_name in self.owned:
+                self._failed(st, e, time.perf_counter() - started)
             return
         st.last_duration_s = round(time.perf_counter() - started, 4)
         self.metrics.seconds.labels(collector_name).observe(st.last_duration_s)
         await self.ingest(result)
+        if self.owned is not None and device_name not in self.owned:
+            return  # given to another member while this poll ran: its records count, its state is theirs
         self._succeeded(st, result)
 
     async def _keep_streaming(self, collector_name: str, device_name: str) -> None:

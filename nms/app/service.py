@@ -24,6 +24,7 @@ from nms.app.dashboards.incident_points import IncidentPoints
 from nms.app.metrics import ServiceMetrics
 from nms.app.notify import Notifier
 from nms.app.plugins import open_bus, open_store
+from nms.app.poll_shard import PollShard
 from nms.app.polling import Poller
 from nms.app.roles import parse_roles
 from nms.app.telemetry_bus import TelemetryPublisher, stream_specs
@@ -84,11 +85,15 @@ class Service:
                                            feed=self.incident_feed if self.correlation is not None else None)
         # a cluster (docs/cluster.md): ingest publishes on the bus, `write` members store what it carries
         bus_cfg = config.cluster.bus
-        self.bus = open_bus(bus_cfg) if bus_cfg is not None and self.roles & {"api", "write"} else None
+        self.bus = open_bus(bus_cfg) if bus_cfg is not None and self.roles & {"api", "write", "poll"} else None
         self.publisher = (TelemetryPublisher(self.bus, bus_cfg, self.metrics.registry)
                           if self.bus is not None and bus_cfg is not None and "api" in self.roles else None)
         self.writer = (BusWriter(self.bus, bus_cfg, config.cluster.write, self.store, self.metrics.registry)
                        if self.bus is not None and bus_cfg is not None and "write" in self.roles else None)
+        # `poll` members share the switches (nms/app/poll_shard.py); without a bus, this process polls all
+        self.poll_shard = (PollShard(self.bus, bus_cfg, config.cluster.poll, self.poller, self.metrics.registry)
+                           if self.bus is not None and bus_cfg is not None and "poll" in self.roles
+                           and config.polling.enabled else None)
 
     def _action_context(self):
         """The planner's view: the topology and the switches' interface addresses (for avoid_hops)."""
@@ -155,7 +160,9 @@ class Service:
         if correlate and self.config.correlator.incident_retention:
             self.scheduler.add_job(self._prune_incidents, "interval", seconds=self.config.scheduler.retention_interval,
                                    id="incident-retention", args=[self.config.correlator.incident_retention])
-        if "poll" in self.roles and self.config.polling.enabled:
+        if self.poll_shard is not None:
+            await self.poll_shard.start(self.scheduler)
+        elif "poll" in self.roles and self.config.polling.enabled:
             self.poller.schedule(self.scheduler)
         if correlate and self.config.clock.enabled:
             self.scheduler.add_job(self.solve_clock, "interval", seconds=self.config.clock.window_s, id="clock-solve")
@@ -248,6 +255,8 @@ class Service:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._correlating
             await asyncio.to_thread(self.correlation.wait_idle)  # a step's worker thread runs on
+        if self.poll_shard is not None:
+            await self.poll_shard.stop()
         await self.poller.close()
         await self.notifier.stop()
         await asyncio.to_thread(self.store.close)

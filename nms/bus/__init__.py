@@ -8,7 +8,9 @@ proven engine; the project never implements a broker. Vocabulary:
 - a *subject* is dot-separated tokens; the last one carries the partition key (a host, a device),
   so that consumers may later take partitions by subject filter;
 - a *durable consumer* remembers what was acknowledged: its members share its messages, and what one
-  took but never acknowledged (it died) is delivered again after `ack_wait`.
+  took but never acknowledged (it died) is delivered again after `ack_wait`;
+- a *key-value bucket* keeps the latest value of each key for `ttl_s` after it was last put: what
+  is not put again in time is gone (the live members of a role: nms/app/poll_shard.py).
 """
 
 from __future__ import annotations
@@ -42,6 +44,23 @@ class PublishAck:
     stream: str
     seq: int
     duplicate: bool  # the engine already had a message with this id (inside the duplicate window)
+
+
+@dataclass(frozen=True)
+class KvSpec:
+    name: str  # [A-Za-z0-9_-]
+    ttl_s: float  # an entry not put again within it expires
+    replicas: int = 1
+
+
+class KeyValue(Protocol):
+    async def put(self, key: str, value: bytes) -> None:
+        """Set the key (and restart its ttl). Raises BusUnavailable."""
+
+    async def delete(self, key: str) -> None: ...
+
+    async def items(self) -> dict[str, bytes]:
+        """Every key not deleted nor expired, with its latest value. Raises BusUnavailable."""
 
 
 class Message(Protocol):
@@ -84,6 +103,9 @@ class Bus(Protocol):
     async def consumer(self, stream: str, durable: str, filter_subject: str, ack_wait_s: float,
                        max_pending: int) -> Consumer:
         """A durable pull consumer (created if missing) that this process joins."""
+
+    async def key_value(self, spec: KvSpec) -> KeyValue:
+        """A key-value bucket (created if missing, its ttl brought to spec's) whose entries expire."""
 
     @property
     def max_message_bytes(self) -> int:

@@ -15,7 +15,7 @@ import nats.errors
 import nats.js.errors
 from nats.js import api
 
-from nms.bus import BusError, BusUnavailable, PublishAck, StreamSpec
+from nms.bus import BusError, BusUnavailable, KvSpec, PublishAck, StreamSpec
 
 if TYPE_CHECKING:
     from nms.config.models import BusConfig
@@ -63,6 +63,45 @@ class NatsConsumer:
         except _UNAVAILABLE as e:
             raise BusUnavailable(f"fetch failed: {type(e).__name__}: {e}") from None
         return [NatsMessage(m) for m in msgs]
+
+
+class NatsKeyValue:
+    """A JetStream KV bucket: history 1, entries expire `ttl_s` after their last put (the stream's
+    max_age, so the server forgets a member that stopped putting; no clock of ours decides)."""
+
+    def __init__(self, kv: Any, name: str, js: Any) -> None:
+        self._kv, self._js = kv, js
+        self.name = name
+
+    async def put(self, key: str, value: bytes) -> None:
+        try:
+            await self._kv.put(key, value)
+        except _UNAVAILABLE as e:
+            raise BusUnavailable(f"bucket {self.name}: put {key}: {type(e).__name__}: {e}") from None
+
+    async def delete(self, key: str) -> None:
+        try:
+            await self._kv.delete(key)
+        except _UNAVAILABLE as e:
+            raise BusUnavailable(f"bucket {self.name}: delete {key}: {type(e).__name__}: {e}") from None
+
+    async def items(self) -> dict[str, bytes]:
+        """The keys from one stream_info (a consistent list of subjects; nats-py's watcher can report
+        itself caught up before every key came), then each key's latest value (a delete leaves a
+        marker that get() reports)."""
+        prefix = f"$KV.{self.name}."
+        try:
+            info = await self._js.stream_info(f"KV_{self.name}", subjects_filter=f"{prefix}>")
+            found: dict[str, bytes] = {}
+            for subject in sorted(info.state.subjects or {}):
+                try:
+                    entry = await self._kv.get(subject[len(prefix):])
+                except (nats.js.errors.KeyDeletedError, nats.js.errors.KeyNotFoundError):
+                    continue  # deleted, or expired since the list was made
+                found[entry.key] = entry.value or b""
+        except _UNAVAILABLE as e:
+            raise BusUnavailable(f"bucket {self.name}: read: {type(e).__name__}: {e}") from None
+        return found
 
 
 class NatsBus:
@@ -171,6 +210,28 @@ class NatsBus:
         except _UNAVAILABLE as e:
             raise BusUnavailable(f"consumer {durable} of {stream}: no answer from JetStream: {e}") from None
         return NatsConsumer(sub)
+
+    async def key_value(self, spec: KvSpec) -> NatsKeyValue:
+        config = api.KeyValueConfig(bucket=spec.name, history=1, ttl=spec.ttl_s, replicas=spec.replicas,
+                                    storage=api.StorageType.MEMORY)  # liveness: nothing worth a disk
+        try:
+            try:
+                kv = await self._js.key_value(spec.name)
+            except nats.js.errors.BucketNotFoundError:
+                kv = await self._js.create_key_value(config)
+                log.info("bus: bucket %s created (ttl %g s)", spec.name, spec.ttl_s)
+            else:
+                info = await self._js.stream_info(f"KV_{spec.name}")
+                if info.config.max_age != spec.ttl_s:
+                    info.config.max_age = spec.ttl_s
+                    info.config.duplicate_window = min(info.config.duplicate_window or spec.ttl_s, spec.ttl_s)
+                    await self._js.update_stream(info.config)
+                    log.info("bus: bucket %s ttl set to %g s", spec.name, spec.ttl_s)
+        except nats.js.errors.APIError as e:
+            raise BusError(f"bucket {spec.name}: JetStream refused it: {e}") from None
+        except _UNAVAILABLE as e:
+            raise BusUnavailable(f"bucket {spec.name}: no answer from JetStream: {e}") from None
+        return NatsKeyValue(kv, spec.name, self._js)
 
     @property
     def max_message_bytes(self) -> int:

@@ -833,9 +833,21 @@ class WriterConfig(Strict):
     flush_timeout: Seconds = 30.0  # longest wait for the store to take a batch before it is redelivered
 
 
+class PollShardConfig(Strict):
+    """The `poll` members' share of the switches (rendezvous hashing over the live members)."""
+
+    # a member renews its entry in the bus twice a heartbeat; the entry expires 1.25 heartbeats after
+    # the last renewal, and members check the live set every eighth of a heartbeat: a dead member's
+    # switches are taken within 1.375 heartbeats
+    heartbeat: Seconds = Field(2.0, ge=0.2, le=60.0)
+    # this member's name in the bus (unique per process); default: <hostname>-<pid>
+    member: SubjectToken | None = None
+
+
 class ClusterConfig(Strict):
     bus: BusConfig | None = None  # None: one process, no bus (the default)
     write: WriterConfig = WriterConfig()
+    poll: PollShardConfig = PollShardConfig()
 
 
 class NmsConfig(Strict):

@@ -1,0 +1,231 @@
+"""Sharded polling (nms/app/poll_shard.py): real `poll` members (Poller + PollShard, each with its own
+NATS connection) against a real nats-server with JetStream (tests/_nats.py) and a real net-snmpd
+(tests/_snmpd.py) that every configured switch points at; gNMI streams against the lab's real gNMI
+target (lab/gnmi_target.py), three switches streamed from one target. A member "killed" here stops
+at once, without leaving: no more heartbeats, its NATS connection closed, as kill -9 does
+(tests/test_cluster_poll_process.py kills a real `nms serve --role poll` with SIGKILL)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import yaml
+from _nats import nats_server  # noqa: F401  (fixture)
+from _snmpd import SKIP_REASON as SNMPD_SKIP
+from _snmpd import Snmpd
+from _snmpd import available as snmpd_available
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from prometheus_client import CollectorRegistry
+
+from nms.app.poll_shard import PollShard
+from nms.app.polling import Poller
+from nms.bus.nats import NatsBus
+from nms.config import parse_config
+from nms.rendezvous import assign
+from nms.store import WriteResult
+
+HEARTBEAT = 2.0
+SWITCHES = [f"sw{i}" for i in range(9)]  # 3, 3 and 3 over poll-a, -b, -c
+
+
+class _Store:
+    def write(self, points):
+        return WriteResult(accepted=len(points))
+
+
+@pytest.fixture(scope="module")
+def snmpd():
+    if not snmpd_available():
+        pytest.skip(SNMPD_SKIP)
+    server = Snmpd()
+    server.start()
+    yield server
+    server.stop()
+
+
+def cluster_config(tmp_path, nats_url: str, switches: list[dict]):
+    return parse_config(yaml.safe_dump({
+        "data_dir": str(tmp_path / "data"), "store": {"backend": "influxdb"},
+        "cluster": {"bus": {"servers": [nats_url], "prefix": "t"}, "poll": {"heartbeat": HEARTBEAT}},
+        "fabric": {"switches": switches}}))
+
+
+def snmp_switches(snmpd: Snmpd) -> list[dict]:
+    settings = snmpd.settings(interfaces=["lo"], interval=3.0, deadline=2.8)
+    return [{"name": name, "mgmt_address": "127.0.0.1", "collectors": {"snmp": settings}} for name in SWITCHES]
+
+
+class Member:
+    """One `poll` member, as Service runs it: a Poller, its scheduler, and its PollShard on its own bus."""
+
+    def __init__(self, config, name: str) -> None:
+        self.config = config.model_copy(deep=True)
+        self.config.cluster.poll.member = name
+        self.name = name
+        self.registry = CollectorRegistry()
+
+    async def start(self) -> Member:
+        self.bus = NatsBus(self.config.cluster.bus)
+        await self.bus.connect()
+        self.poller = Poller(self.config, _Store(), self.registry)
+        self.scheduler = AsyncIOScheduler(timezone="UTC")
+        self.shard = PollShard(self.bus, self.config.cluster.bus, self.config.cluster.poll, self.poller,
+                               self.registry)
+        await self.shard.start(self.scheduler)
+        self.scheduler.start()
+        return self
+
+    def polls(self) -> dict[str, int]:
+        return {device: st.polls for (_, device), st in self.poller.status.items()}
+
+    def scheduled(self) -> set[str]:
+        """The devices this member has a polling job or an open stream for."""
+        jobs = {job.args[1] for job in self.scheduler.get_jobs()}
+        return jobs | {device for _, device in self.poller._streams}
+
+    async def kill(self) -> None:
+        """Stop everything at once, leaving nothing behind in the bus (as kill -9)."""
+        self.shard._task.cancel()
+        self.scheduler.shutdown(wait=False)
+        await self.poller.close()
+        await self.bus._nc.close()
+
+    async def stop(self) -> None:
+        self.scheduler.shutdown(wait=False)
+        await self.shard.stop()
+        await self.poller.close()
+        await self.bus.close()
+
+
+async def until(condition, timeout: float, what: str, step: float = 0.05):
+    """The async form of tests.helpers.wait_until: members run on this test's event loop."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if got := condition():
+            return got
+        await asyncio.sleep(step)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def test_members_split_the_switches_and_a_killed_members_switches_are_polled_within_two_heartbeats(
+        nats_server, snmpd, tmp_path):  # noqa: F811
+    config = cluster_config(tmp_path, nats_server.url, snmp_switches(snmpd))
+
+    async def run():
+        members = [await Member(config, name).start() for name in ("poll-a", "poll-b", "poll-c")]
+        try:
+            await until(lambda: all(len(m.shard.members) == 3 for m in members), 10, "every member to see three")
+            expected = assign(SWITCHES, [m.name for m in members])
+            await until(lambda: all(m.scheduled() == expected[m.name] for m in members), 5, "the shares scheduled")
+            owned = [m.shard.owned for m in members]
+            assert all(o == expected[m.name] and o for m, o in zip(members, owned, strict=True))
+            assert set().union(*owned) == set(SWITCHES) and sum(map(len, owned)) == len(SWITCHES)  # disjoint, all
+
+            # steady state: every switch polled again, and only by its owner
+            before = [m.polls() for m in members]
+            await until(lambda: all(m.polls()[s] >= b[s] + 1 for m, b in zip(members, before, strict=True)
+                                    for s in m.shard.owned), 15, "one more poll of every switch")
+            for m, b in zip(members, before, strict=True):
+                others = set(SWITCHES) - m.shard.owned
+                assert {s: m.polls()[s] for s in others} == {s: b[s] for s in others}, m.name
+            gauges = members[0].registry
+            assert gauges.get_sample_value("nms_cluster_members", {"role": "poll"}) == 3
+            assert gauges.get_sample_value("nms_poll_owned_switches") == len(expected["poll-a"])
+            for name, share in expected.items():
+                assert gauges.get_sample_value("nms_poll_member_switches", {"member": name}) == len(share)
+
+            # the worst case: poll-c dies right after renewing its entry
+            victim, survivors = members[2], members[:2]
+            renewed = victim.shard._next_beat
+            await until(lambda: victim.shard._next_beat != renewed, 5, "poll-c to renew its entry")
+            await victim.kill()
+            killed_ns, killed = time.time_ns(), time.monotonic()
+            orphans = expected["poll-c"]
+            assert orphans
+
+            def polled_by_survivors() -> bool:
+                return all(any(s in m.shard.owned and (st := m.poller.status[("snmp", s)]).last_success_ns
+                               and st.last_success_ns > killed_ns for m in survivors) for s in orphans)
+
+            await until(polled_by_survivors, 10, "poll-c's switches polled by the others")
+            took = time.monotonic() - killed
+            assert took <= 2 * HEARTBEAT, f"took {took:.2f} s, more than 2 heartbeats ({2 * HEARTBEAT} s)"
+            after = assign(SWITCHES, ["poll-a", "poll-b"])
+            assert [m.shard.owned for m in survivors] == [after["poll-a"], after["poll-b"]]
+            for m in survivors:  # they kept their own switches: only poll-c's moved
+                assert expected[m.name] <= m.shard.owned
+                assert m.scheduled() == after[m.name]
+            assert gauges.get_sample_value("nms_cluster_members", {"role": "poll"}) == 2
+            assert gauges.get_sample_value("nms_poll_member_switches", {"member": "poll-c"}) is None
+            assert gauges.get_sample_value("nms_poll_handover_switches_total", {"direction": "taken"}) == \
+                len(after["poll-a"] - expected["poll-a"])
+            return took
+        finally:
+            for m in members[:2]:
+                await m.stop()
+
+    took = asyncio.run(run())
+    print(f"poll-c's switches polled by the others {took:.2f} s after the kill")
+
+
+def test_a_member_that_joins_takes_its_share_and_one_that_leaves_hands_it_back(nats_server, snmpd, tmp_path):  # noqa: F811
+    config = cluster_config(tmp_path, nats_server.url, snmp_switches(snmpd))
+
+    async def run():
+        a = await Member(config, "poll-a").start()
+        assert a.shard.owned == set(SWITCHES) and a.scheduled() == set(SWITCHES)
+        b = await Member(config, "poll-b").start()
+        try:
+            expected = assign(SWITCHES, ["poll-a", "poll-b"])
+            await until(lambda: a.scheduled() == expected["poll-a"], 5, "poll-a to give poll-b its share")
+            assert b.scheduled() == expected["poll-b"] and b.shard.owned == expected["poll-b"]
+            for s in expected["poll-b"]:  # given away: no longer shown as polled here
+                assert a.poller.status[("snmp", s)].state == "pending"
+            left = time.monotonic()
+            await b.stop()  # a clean stop deletes its entry: handed back at poll-a's next check
+            await until(lambda: a.scheduled() == set(SWITCHES), 5, "poll-a to take everything back")
+            assert time.monotonic() - left < HEARTBEAT  # no waiting for the entry to expire
+        finally:
+            await a.stop()
+
+    asyncio.run(run())
+
+
+def test_a_gnmi_stream_moves_with_its_switch(nats_server, tmp_path):  # noqa: F811
+    from test_gnmi_collector import PASSWORD, USER, Target
+
+    target = Target(tmp_path, "--insecure", "--interfaces", "lo", "--hostname", "leaf9").start()
+    gnmi = {"port": target.port, "insecure": True, "username": USER, "password": PASSWORD, "interval": 0.5}
+    switches = ["spine0", "spine1", "spine2"]  # poll-a owns spine0, poll-b spine1 and spine2
+    config = cluster_config(tmp_path, nats_server.url, [
+        {"name": s, "mgmt_address": "127.0.0.1", "collectors": {"gnmi": gnmi}} for s in switches])
+
+    def streamed_since(m: Member, ts_ns: int) -> set[str]:
+        return {d for (_, d), st in m.poller.status.items() if (st.last_success_ns or 0) > ts_ns}
+
+    async def run():
+        a = await Member(config, "poll-a").start()
+        b = await Member(config, "poll-b").start()
+        try:
+            expected = assign(switches, ["poll-a", "poll-b"])
+            assert expected == {"poll-a": {"spine0"}, "poll-b": {"spine1", "spine2"}}
+            await until(lambda: a.scheduled() == expected["poll-a"], 10, "poll-a to close poll-b's streams")
+            assert b.scheduled() == expected["poll-b"] and not b.scheduler.get_jobs()  # streams, no jobs
+            since = time.time_ns()
+            await until(lambda: streamed_since(a, since) == {"spine0"} and streamed_since(b, since) ==
+                        {"spine1", "spine2"}, 10, "each stream to deliver to its owner")
+            await b.kill()
+            killed_ns, killed = time.time_ns(), time.monotonic()
+            await until(lambda: streamed_since(a, killed_ns) == set(switches), 10,
+                        "poll-a to stream poll-b's switches")
+            took = time.monotonic() - killed
+            assert took <= 2 * HEARTBEAT, f"streams moved in {took:.2f} s"
+            assert a.scheduled() == set(switches)
+            return took
+        finally:
+            await a.stop()
+            target.stop()
+
+    print(f"poll-b's gNMI streams delivering to poll-a {asyncio.run(run()):.2f} s after the kill")
