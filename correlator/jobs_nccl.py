@@ -162,6 +162,25 @@ class NcclJobs:
     def _routes(self, job_id: str) -> list[QpRoute]:
         return join_qps(q for q in self._qps.values() if q.job_id == job_id)
 
+    def qp_targets(self, host: str, limit: int = 4096) -> list[dict]:
+        """This host's joined QPs with where their packets go (the peer end's netdev address): what
+        its agent traces (hostprobe/qp_trace.py; handed out with its peer list)."""
+        with self._lock:
+            mine = [q for q in self._qps.values() if q.host == host and q.rqpn is not None and q.sport is not None
+                    and q.src_addr]
+            out = []
+            for job_id in sorted({q.job_id for q in mine if q.job_id is not None}):
+                for route in self._routes(job_id):
+                    if route.host != host:
+                        continue
+                    own = self._qps.get((route.host, route.device, str(route.lqpn)))
+                    peer = self._qps.get((route.peer_host, route.peer_device, str(route.rqpn)))
+                    if own is None or peer is None or not own.src_addr or not peer.src_addr or own.sport is None:
+                        continue
+                    out.append({"device": route.device, "lqpn": route.lqpn, "sport": own.sport,
+                                "src_addr": own.src_addr, "dst_addr": peer.src_addr, "peer_host": route.peer_host})
+            return out[:limit]
+
     def _comm(self, job_id: str, comm_id: str) -> _Comm:
         comm = self._comms.get(comm_id)
         if comm is None:
