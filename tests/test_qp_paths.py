@@ -37,8 +37,8 @@ JOB = "job-qp-path"
 
 
 def vectors() -> list[tuple[int, int, int, int]]:
-    rows = [tuple(int(x) for x in line.split()) for line in (FIXTURES / "roce_sport_vectors.txt").read_text().splitlines()]
-    return [(fl, lq, rq, sp) for fl, lq, rq, sp in rows]
+    lines = (FIXTURES / "roce_sport_vectors.txt").read_text().splitlines()
+    return [(int(fl), int(lq), int(rq), int(sp)) for fl, lq, rq, sp in (line.split() for line in lines)]
 
 
 # --- the source port ---------------------------------------------------------------------------------
@@ -46,7 +46,7 @@ def vectors() -> list[tuple[int, int, int, int]]:
 def test_the_source_port_is_the_kernels_for_every_vector():
     rows = vectors()
     assert len(rows) == 518
-    wrong = [(fl, lq, rq, sp, roce_udp_sport(fl, lq, rq)) for fl, lq, rq, sp in rows if roce_udp_sport(fl, lq, rq) != sp]
+    wrong = [(fl, lq, rq, sp, got) for fl, lq, rq, sp in rows if (got := roce_udp_sport(fl, lq, rq)) != sp]
     assert wrong == []
     # the QP pairs of the fixtures (host1 0x11d2 <-> host3 0x2c8): one port, whichever end computes it
     by_pair = {(lq, rq): sp for fl, lq, rq, sp in rows if fl == 0}
@@ -201,8 +201,9 @@ def test_a_lossy_link_names_the_qps_whose_traced_path_crosses_it_and_the_slowdow
     assert found, "5 % loss must be localized within 5 s"
     f = found[-1]
     assert f.direction == directed
-    assert [(q["job"], q["host"], q["qpn"], q["rank"], q["peer_host"], q["peer_rank"], q["comm"], q["sport"])
-            for q in f.evidence["qps"]] == [(JOB, "host1", 0x11d2, 0, "host3", 1, COMM, roce_udp_sport(0, 0x11d2, 0x2c8))]
+    named = [(q["job"], q["host"], q["qpn"], q["rank"], q["peer_host"], q["peer_rank"], q["comm"], q["sport"])
+             for q in f.evidence["qps"]]
+    assert named == [(JOB, "host1", 0x11d2, 0, "host3", 1, COMM, roce_udp_sport(0, 0x11d2, 0x2c8))]
     assert f.evidence["qps_crossing"] == 1 and JOB in f.jobs and f"1 QP(s) of job {JOB} cross it" in f.summary
     # the job's slowdown (its communicator's QPs, joined by the service) is explained by it, naming that QP
     routes = join_qps(qps)
