@@ -19,12 +19,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from correlator.fabric import FabricIndex, Nic
+from correlator.jobs_nccl import QP_STALE_NS
 from correlator.paths import route
 from correlator.qp_join import join_qps
 from nms.records import NcclRdmaQp, QpRoute
 from nms.topology import End
 
-STALE_NS = 120 * 10**9  # the agents report their QPs every nccl.qp_interval (10 s)
+STALE_NS = QP_STALE_NS
 MAX_QPS = 200_000
 MAX_LISTED = 100  # QPs named in one finding's evidence
 

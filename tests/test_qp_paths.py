@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 from _fabric_synth import NS
@@ -71,7 +72,8 @@ def records(host: str, pid: int, rank: int, addr: str, ts: int, paths=None):
 def test_the_service_hands_each_agent_its_joined_qps_with_their_destination(tmp_path):
     state = StateStore(tmp_path / "s.sqlite")
     jobs = NcclJobs(state, lambda _: None)
-    jobs.add(records("host1", 4100, 0, "192.0.2.11", 10**18) + records("host3", 5200, 1, "192.0.2.13", 10**18))
+    now = time.time_ns()
+    jobs.add(records("host1", 4100, 0, "192.0.2.11", now) + records("host3", 5200, 1, "192.0.2.13", now))
     sports = {(lq, rq): sp for fl, lq, rq, sp in vectors() if fl == 0}
     assert jobs.qp_targets("host1") == [
         {"device": "mlx5_0", "lqpn": 0x11d2, "sport": sports[(0x11d2, 0x2c8)], "src_addr": "192.0.2.11",
@@ -81,8 +83,10 @@ def test_the_service_hands_each_agent_its_joined_qps_with_their_destination(tmp_
     assert [t["dst_addr"] for t in jobs.qp_targets("host3")] == ["192.0.2.11", "192.0.2.11"]
     # the kernel's GSI QP and a host whose peer has not reported: nothing to trace
     alone = NcclJobs(StateStore(tmp_path / "t.sqlite"), lambda _: None)
-    alone.add(records("host1", 4100, 0, "192.0.2.11", 10**18))
+    alone.add(records("host1", 4100, 0, "192.0.2.11", now))
     assert alone.qp_targets("host1") == []
+    # QPs their agents stopped reporting (destroyed): no longer traced
+    assert jobs.qp_targets("host1", now_ns=now + 121 * NS) == []
     state.close()
 
 
