@@ -14,8 +14,10 @@ No RDMA NIC ran any of this: this machine has no RDMA device and no RDMA netlink
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -219,3 +221,43 @@ def test_a_lossy_link_names_the_qps_whose_traced_path_crosses_it_and_the_slowdow
     assert [(q["host"], q["qpn"], q["rank"], q["peer_rank"]) for q in ev["qps"]] == [("host1", 0x11d2, 0, 1)]
     assert ev["op"] == "AllReduce" and ev["slow_collectives"] == [7, 8]
     assert "over 1 QP(s) (ranks 0>1)" in out.summary
+
+
+def test_the_agent_hands_the_services_qp_list_to_its_qp_tracer(tmp_path):
+    """The real Agent (loopback NIC, not run): the peer list's `qps` reach its QP tracer through the
+    inbox the control thread fills; `nccl.qp_trace_every: null` builds none."""
+    from hostprobe.agent import Agent
+    from hostprobe.config import AgentConfig
+
+    made: list[Path] = []
+
+    def agent(**nccl) -> Agent:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        sock_dir = Path(tempfile.mkdtemp(prefix="qp", dir="/tmp"))  # a Unix socket path must stay short
+        made.append(sock_dir)
+        return Agent(AgentConfig.model_validate({
+            "host": "host1", "service": {"url": "http://127.0.0.1:9", "token": "t"},
+            "nics": [{"name": "lo", "address": "127.0.0.1"}], "probe": {"key": "k" * 32, "port": port, "sports": 1},
+            "report": {"buffer_dir": str(tmp_path / f"b{len(nccl)}")},
+            "nccl": {"socket": str(sock_dir / "nccl.sock"), **nccl}}))
+
+    a = agent()
+    try:
+        target = {"device": "mlx5_0", "lqpn": 0x11d2, "sport": roce_udp_sport(0, 0x11d2, 0x2c8),
+                  "src_addr": "127.0.0.1", "dst_addr": "127.0.0.3", "peer_host": "host3"}
+        a.control._peers({"peers": [], "qps": [target]})  # what a peer-list answer from the service does
+        a._drain_inbox()
+        tracer = a.nccl.qps.tracer
+        assert [(t.lqpn, t.sport, t.dst_addr) for t in tracer.targets.values()] == [
+            (0x11d2, target["sport"], "127.0.0.3")]
+    finally:
+        a.close()
+    b = agent(qp_trace_every=None)
+    try:
+        assert b.nccl.qps.tracer is None
+    finally:
+        b.close()
+        for d in made:
+            shutil.rmtree(d, ignore_errors=True)
