@@ -50,22 +50,27 @@ class QpPaths:
         self.latest: dict[tuple[str, str, str], NcclRdmaQp] = {}
         self._placed: list[PlacedQp] = []
         self._seen: tuple = ()
+        self._changes = 0  # bumped when a QP's placement could change (a re-report alone does not)
 
     def add(self, r: NcclRdmaQp) -> None:
         key = (r.host, r.device, r.lqpn)
         old = self.latest.get(key)
         if old is None or r.ts >= old.ts:
             self.latest[key] = r
+            if old is None or _placing(old) != _placing(r):
+                self._changes += 1
         if len(self.latest) > MAX_QPS:
             for k in sorted(self.latest, key=lambda k: self.latest[k].ts)[:MAX_QPS // 10]:
                 del self.latest[k]
+            self._changes += 1
 
     def placed(self, index: FabricIndex, addresses: dict[str, End], addr_version: int,
                now_ns: int) -> list[PlacedQp]:
         """Every joined QP of a job with its directed links; rebuilt when QPs, links or addresses changed."""
         for key in [k for k, r in self.latest.items() if now_ns - r.ts > STALE_NS]:
             del self.latest[key]
-        version = (index.version, addr_version, frozenset((k, r.ts) for k, r in self.latest.items()))
+            self._changes += 1
+        version = (index.version, addr_version, self._changes)
         if version == self._seen:
             return self._placed
         self._seen = version
@@ -108,6 +113,11 @@ class QpPaths:
         if element_kind == "device":
             return [q for q in placed if element in q.devices]
         return []
+
+
+def _placing(r: NcclRdmaQp) -> tuple:
+    """What a QP's placement depends on."""
+    return r.job_id, r.rqpn, r.ranks, r.netdev, r.src_addr, r.fwd_hops, r.sport, r.path_id
 
 
 def _nic(r: NcclRdmaQp, index: FabricIndex) -> Nic | None:
