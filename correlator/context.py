@@ -27,6 +27,7 @@ from nms.records import (
     HostNicSample,
     InterfaceAddress,
     LinkEvent,
+    NcclRdmaQp,
     PathEvent,
     PortRates,
     PortSample,
@@ -135,7 +136,7 @@ class Context:
                 self.p_rtt.append(r.rtt_p50_ns)
             elif cls is PathEvent or cls is ProbePath:
                 self.p_other.append((self._path(r), r))
-            elif cls in (InterfaceAddress, PortSample, PortRates, LinkEvent, HostNicSample, QueueRates):
+            elif cls in (InterfaceAddress, PortSample, PortRates, LinkEvent, HostNicSample, QueueRates, NcclRdmaQp):
                 self.p_other.append((None, r))
 
     def take(self) -> tuple:

@@ -30,9 +30,11 @@ from correlator.impact import attach
 from correlator.localize import cover_inflation, cover_states
 from correlator.partial import partial_findings
 from correlator.paths import Geometry
+from correlator.qp_paths import QpPaths
+from correlator.qp_paths import evidence as qp_evidence
 from correlator.sequential import SequentialLoss
 from nms.config.models import CorrelatorConfig, FabricConfig, Thresholds
-from nms.records import FabricTopology, Finding, Job
+from nms.records import FabricTopology, Finding, Job, NcclRdmaQp
 
 MAX_PATHS_LISTED = 1000
 
@@ -44,6 +46,7 @@ class Correlator:
         self.ctx = Context(config, thresholds)
         self.sequential = SequentialLoss(config, self.ctx)
         self.geo = Geometry()
+        self.qp_paths = QpPaths()  # the NCCL QPs' traced paths: which QPs cross a faulty element
         self._lock = threading.Lock()
         self._topology: FabricTopology | None = None
         self._step_lock = threading.Lock()
@@ -62,6 +65,9 @@ class Correlator:
                 pending, topology, self._topology = self.ctx.take(), self._topology, None
             if topology is not None:
                 self.index.update_topology(topology)
+            for _, r in pending[7]:
+                if r.__class__ is NcclRdmaQp:
+                    self.qp_paths.add(r)
             self.ctx.ingest(pending)
             self.ctx.prune(now_ns)
             self.geo.update(self.ctx, self.index)
@@ -98,7 +104,23 @@ class Correlator:
         seen = {(d.kind, d.element) for d in drafts}
         drafts += [d for d in switch_findings(index, view, covered) if (d.kind, d.element) not in seen]
         job_ids = attach(drafts, jobs, now_ns, geo, index, ctx.keys)
+        self._qps_crossing(drafts, job_ids, now_ns)
         return [self._finding(d, now_ns, job_ids.get(i, [])) for i, d in enumerate(drafts)]
+
+    def _qps_crossing(self, drafts: list, job_ids: dict[int, list[str]], now_ns: int) -> None:
+        """Name, in each draft's evidence, the NCCL QPs whose traced path crosses its element
+        (correlator/qp_paths.py); their jobs join the draft's jobs."""
+        placed = self.qp_paths.placed(self.index, self.ctx.addresses, self.ctx.addr_version, now_ns)
+        if not placed:
+            return
+        for i, d in enumerate(drafts):
+            crossing = QpPaths.crossing(placed, self.index, d.element_kind, d.element, d.eid, d.direction)
+            if not crossing:
+                continue
+            d.evidence.update(qp_evidence(crossing, self.index))
+            jobs = sorted({q.job_id for q in crossing})
+            job_ids[i] = sorted(set(job_ids.get(i, [])) | set(jobs))
+            d.summary = f"{d.summary}; {len(crossing)} QP(s) of job {', '.join(jobs[:3])} cross it"
 
     def _loss(self, now_ns: int, stats, quiet: np.ndarray, prio: np.ndarray) -> list:
         """Excess loss per directed link: sequential, against each link's own baseline (sequential.py)."""

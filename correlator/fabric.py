@@ -30,6 +30,7 @@ class FabricIndex:
         self.nic_id: dict[Nic, int] = {}
         self.nic_switch: dict[Nic, str] = {}
         self.nic_access: dict[Nic, int] = {}  # NIC -> its access link
+        self.nic_by_address: dict[str, Nic] = {}  # the inventory's NIC addresses
         self.devices: list[str] = []
         self.device_id: dict[str, int] = {}
         self.version = 0  # bumped whenever a link or device is added
@@ -43,6 +44,7 @@ class FabricIndex:
                 key = (host.name, nic.name)
                 self.nic_id[key] = len(self.nics)
                 self.nics.append(key)
+                self.nic_by_address.setdefault(nic.address, key)
                 if nic.switch and nic.switch_port:
                     self.nic_switch[key] = nic.switch
                     self.nic_access[key] = self.add_link((host.name, nic.name), (nic.switch, nic.switch_port))

@@ -35,10 +35,13 @@ def slowdown_evidence(s: JobSlowdown, crossing: Sequence[QpRoute] = ()) -> dict:
 
 
 def crossing_qps(finding: Finding, s: JobSlowdown) -> list[QpRoute]:
-    """The slowdown's QPs whose traced 5-tuple is one of the finding's paths (by path id: a QP's
-    path shares the prober's id when both were traced the same way, over RDMA UD to port 4791)."""
+    """The slowdown's QPs that cross the finding's element: named in its evidence (`qps`: the QPs
+    whose traced path the correlator mapped onto it, correlator/qp_paths.py), or whose traced 5-tuple
+    is one of the finding's paths (by path id: the prober's id when both were traced over RDMA UD)."""
     ids = {p.rsplit("/", 1)[-1] for p in finding.paths}
-    return [q for q in s.qps if q.path_id is not None and q.path_id in ids]
+    named = {(q.get("host"), q.get("device"), q.get("qpn")) for q in finding.evidence.get("qps", [])
+             if isinstance(q, dict)}
+    return [q for q in s.qps if (q.host, q.device, q.lqpn) in named or (q.path_id is not None and q.path_id in ids)]
 
 
 def _qps_text(qps: Sequence[QpRoute]) -> str:

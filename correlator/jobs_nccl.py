@@ -50,6 +50,7 @@ SOURCE_LABEL = "source"
 ORPHAN_S = 60.0  # proxy ops whose collective has not come after this long are dropped
 MAX_PENDING = 200_000  # rank records waiting for their proxy ops; the oldest are assembled early beyond
 MAX_QPS = 200_000  # the agents' latest QP lists (NcclRdmaQp); the oldest are forgotten beyond
+QP_STALE_NS = 120 * 10**9  # a QP not reported for this long is gone (agents report every nccl.qp_interval, 10 s)
 
 
 @dataclass
@@ -161,6 +162,28 @@ class NcclJobs:
 
     def _routes(self, job_id: str) -> list[QpRoute]:
         return join_qps(q for q in self._qps.values() if q.job_id == job_id)
+
+    def qp_targets(self, host: str, limit: int = 4096, now_ns: int | None = None) -> list[dict]:
+        """This host's joined QPs with where their packets go (the peer end's netdev address): what
+        its agent traces (hostprobe/qp_trace.py; handed out with its peer list). QPs whose agents have
+        not reported them for QP_STALE_NS (destroyed) are not traced."""
+        since = (time.time_ns() if now_ns is None else now_ns) - QP_STALE_NS
+        with self._lock:
+            mine = [q for q in self._qps.values() if q.host == host and q.rqpn is not None and q.sport is not None
+                    and q.src_addr and q.ts >= since]
+            out = []
+            for job_id in sorted({q.job_id for q in mine if q.job_id is not None}):
+                for route in self._routes(job_id):
+                    if route.host != host:
+                        continue
+                    own = self._qps.get((route.host, route.device, str(route.lqpn)))
+                    peer = self._qps.get((route.peer_host, route.peer_device, str(route.rqpn)))
+                    if (own is None or peer is None or not own.src_addr or not peer.src_addr or own.sport is None
+                            or min(own.ts, peer.ts) < since):
+                        continue
+                    out.append({"device": route.device, "lqpn": route.lqpn, "sport": own.sport,
+                                "src_addr": own.src_addr, "dst_addr": peer.src_addr, "peer_host": route.peer_host})
+            return out[:limit]
 
     def _comm(self, job_id: str, comm_id: str) -> _Comm:
         comm = self._comms.get(comm_id)

@@ -24,9 +24,10 @@ from correlator.context import Context
 from correlator.fabric import End, FabricIndex, Nic
 
 
-def _route(index: FabricIndex, addresses: dict[str, End], src: Nic, dst: Nic, hops: str | None,
+def route(index: FabricIndex, addresses: dict[str, End], src: Nic, dst: Nic, hops: str | None,
            devices: set[int]) -> list[int]:
-    """Directed link ids from NIC `src` to NIC `dst` through `hops` (None: unknown)."""
+    """Directed link ids from NIC `src` to NIC `dst` through `hops` (None: unknown). Also places the
+    NCCL QPs' traced paths (correlator/qp_paths.py)."""
     out: list[int] = []
     up = index.nic_access.get(src)
     if up is not None:
@@ -108,8 +109,8 @@ class Geometry:
         for nic in (src, dst):
             if (s := index.nic_switch.get(nic)) is not None and s in index.device_id:
                 devices.add(index.device_id[s])
-        fwd = _route(index, ctx.addresses, src, dst, pp[1] if pp else None, devices)
-        rev = _route(index, ctx.addresses, dst, src, pp[2] if pp else None, devices)
+        fwd = route(index, ctx.addresses, src, dst, pp[1] if pp else None, devices)
+        rev = route(index, ctx.addresses, dst, src, pp[2] if pp else None, devices)
         L, N = len(index.links), len(index.nics)
         links = {d >> 1 for d in chain(fwd, rev)}
         nics = {L + index.nic_id[n] for n in (src, dst) if n in index.nic_id}

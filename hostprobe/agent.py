@@ -36,6 +36,7 @@ from hostprobe.host_clock import Clock
 from hostprobe.nccl import NcclListener
 from hostprobe.netlink import LinkMonitor
 from hostprobe.prober import LocalNic, Prober
+from hostprobe.qp_trace import QpTracer
 from hostprobe.rdma_qps import QpReporter
 from hostprobe.report import Reporter
 from hostprobe.responder import Responder, make_responders
@@ -117,6 +118,10 @@ class Agent:
                              self.reporter.put)
         self.steering = Steering(cfg.steering, cfg.steering.path or self.buffer_dir / "steering.json", key,
                                  self.session, cfg.probe.max_hops, cfg.probe.trace_rate, self.prober.next_seq)
+        if self.nccl is not None and self.nccl.qps is not None and cfg.nccl.qp_trace_every:
+            self.nccl.qps.tracer = QpTracer(key, self.session, cfg.probe.max_hops, cfg.probe.trace_rate,
+                                            self.prober.next_seq, self.stats, cfg.nccl.qp_trace_every,
+                                            known_hops=self._routers)
         self.clock.step_threshold_ns = int(cfg.clock_sync.step_threshold_us * 1000)
         self.clock_sync = None
         if cfg.clock_sync.enabled:
@@ -257,6 +262,14 @@ class Agent:
         self._report_stats()
         ep.close()
 
+    def _routers(self, local: str, addr: str) -> int | None:
+        """How many routers the prober's traces found on every path from `local` to `addr` (a QP
+        trace towards that peer ends there rather than waiting out two silent TTLs)."""
+        for t in list(self.prober.targets.values()):
+            if t.nic.address == local and t.addr == addr:
+                return t.routers()
+        return None
+
     def _drain_inbox(self) -> None:
         while True:
             try:
@@ -265,6 +278,9 @@ class Agent:
                 return
             if kind == "peers":
                 self.prober.set_peers(payload)
+            elif kind == "qp_targets":  # this host's QPs as the service joined them: their paths are traced
+                if self.nccl is not None and self.nccl.qps is not None and self.nccl.qps.tracer is not None:
+                    self.nccl.qps.tracer.set_targets(payload)
             elif kind == "registered" and payload > 1:  # registered again: a restarted service
                 log.info("announced %d probe paths to the restarted service", self.prober.announce_paths())
             elif kind == "command":

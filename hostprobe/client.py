@@ -165,6 +165,7 @@ class Control(threading.Thread):
     def _peers(self, answer: dict) -> None:
         peers = answer["peers"]
         self.inbox.put(("peers", peers))
+        self.inbox.put(("qp_targets", answer.get("qps") or []))  # this host's joined QPs (hostprobe/qp_trace.py)
         tmp = self.cache.with_suffix(".tmp")
         tmp.write_text(json.dumps({"peers": peers, "generation": answer.get("generation")}))
         os.replace(tmp, self.cache)

@@ -99,6 +99,8 @@ class NcclSettings(Strict):
     raw_steps_per_s: int = Field(0, ge=0, le=100_000)
     # the NCCL processes' RDMA QPs from `rdma -j resource show qp`, this often (null: never)
     qp_interval: Seconds | None = 10.0
+    # each QP's 5-tuple traced again this often (hostprobe/qp_trace.py; null: never traced)
+    qp_trace_every: Seconds | None = 300.0
 
 
 class SteeringSettings(Strict):

@@ -145,8 +145,9 @@ def qps_of(pids: set[int], rdma: str = "rdma") -> tuple[list[Qp], dict[tuple[str
 
 
 def qp_records(qps: list[Qp], links: dict[tuple[str, int], str], processes: dict[int, tuple[str | None, set]],
-               host: str, addresses: dict[str, str], ts: int) -> list:
-    """NcclRdmaQp records of the QPs of the given processes (pid -> (job id, {(comm_id, rank)}))."""
+               host: str, addresses: dict[str, str], ts: int, paths=None) -> list:
+    """NcclRdmaQp records of the QPs of the given processes (pid -> (job id, {(comm_id, rank)})), with
+    each QP's traced path where `paths` (hostprobe/qp_trace.py QpTracer) has one."""
     from nms.records import NcclRdmaQp
 
     out = []
@@ -158,7 +159,8 @@ def qp_records(qps: list[Qp], links: dict[tuple[str, int], str], processes: dict
         out.append(NcclRdmaQp(host=host, job_id=job_id, device=q.device, lqpn=str(q.lqpn), ts=ts, port=q.port,
                               netdev=netdev, src_addr=addresses.get(netdev) if netdev else None, rqpn=q.rqpn,
                               type=q.type, state=q.state, pid=q.pid, comm=(q.comm or "")[:64] or None,
-                              ranks=",".join(f"{c}:{r}" for c, r in sorted(ranks))[:4096], sport=q.sport))
+                              ranks=",".join(f"{c}:{r}" for c, r in sorted(ranks))[:4096], sport=q.sport,
+                              **(paths.path_fields(q.device, q.lqpn, q.sport) if paths is not None else {})))
     return out
 
 
@@ -166,8 +168,10 @@ class QpReporter:
     """Every `interval` s: the QPs of the NCCL processes seen, as NcclRdmaQp records. A host without
     RDMA (no `rdma` tool, no RDMA netlink) is said once and skipped after."""
 
-    def __init__(self, host: str, addresses: dict[str, str], interval: float = 10.0, rdma: str = "rdma"):
+    def __init__(self, host: str, addresses: dict[str, str], interval: float = 10.0, rdma: str = "rdma",
+                 tracer=None):
         self.host, self.addresses, self.interval, self.rdma = host, addresses, interval, rdma
+        self.tracer = tracer  # hostprobe/qp_trace.py QpTracer: the QPs' own paths (None: not traced)
         self.unavailable: str | None = None
         self.last = 0.0
 
@@ -183,4 +187,7 @@ class QpReporter:
         except RdmaUnavailable as e:
             self.unavailable = str(e)
             return []
-        return qp_records(qps, links, processes, self.host, self.addresses, ts)
+        records = qp_records(qps, links, processes, self.host, self.addresses, ts, self.tracer)
+        if self.tracer is not None:
+            self.tracer.start(now)  # the QPs the service has joined since, traced before the next read
+        return records

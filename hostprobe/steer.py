@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import select
 import tempfile
 import threading
 import time
@@ -36,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from correlator.actions.steering import choose
-from hostprobe.trace import TraceJob, Tracer
+from hostprobe.trace import Dest, TraceJob, Tracer, run_blocking
 from hostprobe.tstamp import StampedSocket
 
 log = logging.getLogger(__name__)
@@ -47,17 +46,6 @@ TRACE_DEADLINE = 15.0  # seconds: a steer gives up on traces still running after
 
 class SteerError(ValueError):
     pass
-
-
-@dataclass
-class _Dest:
-    """What hostprobe.trace needs of a target: the peer's address and port; `verbs` makes a trace
-    end at two silent TTLs in a row (the job's receiver consumes packets to dport without an answer),
-    or at its `known_hops`-th router."""
-    addr: str
-    wire_port: int
-    verbs: bool = True
-    known_hops: int | None = None  # routers on every path to the peer, when the prober's traces tell
 
 
 @dataclass(frozen=True)
@@ -321,28 +309,12 @@ class Steering:
                 local, addr = peer.local, peer.addr
                 if local not in sockets:
                     sockets[local] = _open(local, s.port_base, s.candidates)
-                dest = _Dest(addr, dport, known_hops=peer.routers)
+                dest = Dest(addr, dport, known_hops=peer.routers)
                 for sock in sockets[local]:
                     job = TraceJob(sock, dest)
                     jobs.setdefault((local, addr), []).append(job)
                     tracer.add(job)
-            every = [sk for socks in sockets.values() for sk in socks]
-            by_fd = {sk.fileno(): sk for sk in every}
-            poller = select.epoll()
-            for fd in by_fd:
-                poller.register(fd, select.EPOLLERR | select.EPOLLIN)
-            deadline = time.monotonic() + TRACE_DEADLINE
-            while tracer.busy and time.monotonic() < deadline:
-                for fd, ev in poller.poll(0.02):
-                    sk = by_fd[fd]
-                    if ev & select.EPOLLERR:
-                        now = time.monotonic()
-                        for entry in sk.drain_errqueue()[1]:
-                            tracer.on_icmp(sk.port, entry, now)
-                    if ev & select.EPOLLIN:
-                        _discard(sk)
-                tracer.tick(time.monotonic())
-            poller.close()
+            run_blocking(tracer, [sk for socks in sockets.values() for sk in socks], TRACE_DEADLINE)
         finally:
             for socks in sockets.values():
                 for sk in socks:
@@ -369,13 +341,3 @@ def _open(address: str, base: int, count: int) -> list[StampedSocket]:
         port += 1
     return out
 
-
-def _discard(sock: StampedSocket) -> None:
-    """Nothing is expected on a trace socket but ICMP errors; drop whatever arrives."""
-    while True:
-        try:
-            sock.sock.recv(2048, 0x40)  # MSG_DONTWAIT
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            return

@@ -21,9 +21,12 @@ by a token bucket (routers rate-limit ICMP generation).
 from __future__ import annotations
 
 import hashlib
+import select
 import socket
 import struct
+import time
 from collections import deque
+from dataclasses import dataclass
 
 from hostprobe import wire
 
@@ -40,6 +43,18 @@ def path_id(src: str, dst: str, fwd: list[str | None], rev: list[str | None]) ->
 
 def hops_text(hops: list[str | None]) -> str:
     return ",".join(h or "*" for h in hops)
+
+
+@dataclass
+class Dest:
+    """A trace target that is not a probed peer (a steer's candidate flow, a QP's flow): the peer's
+    address and port; `verbs` makes a trace end at two silent TTLs in a row (the receiver consumes
+    packets to that port without an answer, as a RoCE NIC does on 4791), or at its `known_hops`-th
+    router."""
+    addr: str
+    wire_port: int
+    verbs: bool = True
+    known_hops: int | None = None  # routers on every path to the peer, when the prober's traces tell
 
 
 class TraceJob:
@@ -220,6 +235,39 @@ class Tracer:
     def take_done(self) -> list[TraceJob]:
         out, self.done = self.done, []
         return out
+
+
+def run_blocking(tracer: Tracer, sockets: list, deadline_s: float) -> None:
+    """Run the tracer's jobs to their end (or `deadline_s`) in the calling thread, on sockets of
+    their own (a steer's candidate ports, a QP's source port): their ICMP errors fed to the tracer,
+    anything else that arrives dropped. Blocks; callers run it in a thread of their own."""
+    by_fd = {sk.fileno(): sk for sk in sockets}
+    poller = select.epoll()
+    try:
+        for fd in by_fd:
+            poller.register(fd, select.EPOLLERR | select.EPOLLIN)
+        deadline = time.monotonic() + deadline_s
+        while tracer.busy and time.monotonic() < deadline:
+            for fd, ev in poller.poll(0.02):
+                sk = by_fd[fd]
+                if ev & select.EPOLLERR:
+                    now = time.monotonic()
+                    for entry in sk.drain_errqueue()[1]:
+                        tracer.on_icmp(sk.port, entry, now)
+                if ev & select.EPOLLIN:
+                    _discard(sk)
+            tracer.tick(time.monotonic())
+    finally:
+        poller.close()
+
+
+def _discard(sock) -> None:
+    """Nothing is expected on a trace socket but ICMP errors; drop whatever arrives."""
+    while True:
+        try:
+            sock.sock.recv(2048, socket.MSG_DONTWAIT)
+        except OSError:  # BlockingIOError (nothing left), or any other error: stop
+            return
 
 
 def ip_to_int(addr: str) -> int:

@@ -141,3 +141,22 @@ def test_probe_records_through_ingest(client):
                     headers=auth("read")).json()
     row = dict(zip(q["series"][0]["columns"], q["series"][0]["values"][0]))
     assert row["sports"] == "40001,40007" and row["fwd_hops"] == "10.1.0.254,10.9.0.1,*"
+
+
+def test_the_peer_list_hands_each_agent_its_joined_qps_to_trace(client):
+    """The two hosts' QP lists (tests/fixtures/rdma, recorded `rdma -j` shapes) posted as the agents
+    post them: each host's peer list then carries its QPs with the peer end's address and the QP's
+    RoCE v2 source port (hostprobe/qp_trace.py traces them)."""
+    from tests.test_qp_paths import records, vectors
+
+    for host, pid, rank, addr in (("h1-1", 4100, 0, "10.1.0.1"), ("h2-1", 5200, 1, "10.2.0.1")):
+        recs = records({"h1-1": "host1", "h2-1": "host3"}[host], pid, rank, addr, time.time_ns())
+        items = [r.model_copy(update={"host": host}).model_dump(mode="json") for r in recs]
+        r = client.post("/ingest/nccl_rdma_qps", json={"items": items}, headers=auth("ingest"))
+        assert r.status_code == 200 and r.json()["accepted"] == 2, r.text
+    got = client.get("/agents/h1-1/peers", headers=auth("ingest")).json()
+    assert [(q["lqpn"], q["src_addr"], q["dst_addr"], q["peer_host"]) for q in got["qps"]] == [
+        (0x11d2, "10.1.0.1", "10.2.0.1", "h2-1"), (0x11d3, "10.1.0.1", "10.2.0.1", "h2-1")]
+    kernel = {(lq, rq): sp for fl, lq, rq, sp in vectors() if fl == 0}  # the C copy of the kernel's formula
+    assert [q["sport"] for q in got["qps"]] == [kernel[(0x11d2, 0x2c8)], kernel[(0x11d3, 0x2c9)]]
+    assert client.get("/agents/h1-2/peers", headers=auth("ingest")).json()["qps"] == []  # no QPs there

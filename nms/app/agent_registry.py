@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import random
 import secrets
 import time
@@ -29,6 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from nms.config.models import AgentsConfig, FabricConfig
 from nms.state import AgentCommand, StateStore
+
+log = logging.getLogger(__name__)
 
 COMMANDS = {"reprobe_paths": "trace every path again now", "set_rate": "args.rate: exchanges/s per path",
             "refresh_peers": "fetch the peer list again now",
@@ -108,6 +111,9 @@ class AgentRegistry:
         self._issued: defaultdict[str, int] = defaultdict(int)  # per host, bumped by every command: wakes its long-poll
         self._changed: asyncio.Condition | None = None
         self.signer = None  # a CommandSigner (nms.signing): delivered commands carry its envelope
+        # host -> its NCCL QPs joined with their peers' ends (correlator/jobs_nccl.py NcclJobs.qp_targets):
+        # handed out with the peer list, the agent traces each QP's 5-tuple (hostprobe/qp_trace.py)
+        self.qp_targets: Callable[[str], list[dict]] | None = None
 
     def _condition(self) -> asyncio.Condition:
         if self._changed is None:
@@ -135,6 +141,16 @@ class AgentRegistry:
         """(NIC, address) -> RDMA UD responder QP the agent registered: its peers probe those NICs over
         RDMA UD (hostprobe.verbs), the others over UDP."""
         return {(n.name, n.address): n.qpn for n in agent.nics if n.qpn} if agent else {}
+
+    def qps(self, host: str) -> list[dict]:
+        """The host's QPs to trace; none when the service tracks no NCCL job (or fails to say)."""
+        if self.qp_targets is None:
+            return []
+        try:
+            return self.qp_targets(host)
+        except Exception:  # the peer list must not fail on the QP join
+            log.exception("joining %s's QPs failed", host)
+            return []
 
     def probed_by(self, host: str) -> list[str]:
         return sorted(h for h, peers in self.plan.items() if host in peers)

@@ -74,6 +74,7 @@ class Service:
         self.incidents.add_listener(self.actions.on_incident)
         # jobs, collective bandwidth and slowdowns from the NCCL plugin's records (correlator/jobs_nccl.py)
         self.nccl_jobs = NcclJobs(self.state, lambda perfs: self.store.write([p.to_point() for p in perfs]))
+        self.agents.qp_targets = self.nccl_jobs.qp_targets  # the agents trace their QPs' paths
         self.correlation = None  # telemetry -> findings -> incidents, one step per correlator.interval
         if config.correlator.enabled:
             self.correlation = CorrelationService(config, self.state, self.incident_feed, self.metrics.registry)

@@ -60,10 +60,21 @@ class Peer(BaseModel):
     agent: bool = Field(description="an agent on that host has registered with this service instance")
 
 
+class QpTarget(BaseModel):
+    device: str
+    lqpn: int
+    sport: int = Field(description="the QP's RoCE v2 UDP source port")
+    src_addr: str
+    dst_addr: str = Field(description="the peer end's address: where the QP's packets go")
+    peer_host: str
+
+
 class PeerList(BaseModel):
     host: str
     generation: str = Field(description="changes when the peer plan changes")
     peers: list[Peer]
+    qps: list[QpTarget] = Field(default_factory=list, description="this host's NCCL QPs joined with their peers' "
+                                                                   "ends: the agent traces each one's 5-tuple")
 
 
 class Registered(PeerList):
@@ -144,7 +155,8 @@ async def register(host: HostName, body: Registration, reg: AgentsDep,
     if reg.register(host, body.model_dump(), who.name):
         # its RDMA UD QPs are new: the hosts probing it fetch their peer lists now, not at the next refresh
         await reg.issue(reg.probed_by(host), "refresh_peers", {}, "service")
-    return Registered(host=host, generation=reg.generation, peers=reg.peers(host), instance=reg.instance,
+    return Registered(host=host, generation=reg.generation, peers=reg.peers(host), qps=reg.qps(host),
+                      instance=reg.instance,
                       command_wait_max=reg.settings.command_wait_max,
                       command_key=reg.signer.public_key if reg.signer is not None else None)
 
@@ -154,7 +166,7 @@ async def register(host: HostName, body: Registration, reg: AgentsDep,
 def peers(host: HostName, reg: AgentsDep) -> PeerList:
     _known(reg, host)
     reg.seen(host)
-    return PeerList(host=host, generation=reg.generation, peers=reg.peers(host))
+    return PeerList(host=host, generation=reg.generation, peers=reg.peers(host), qps=reg.qps(host))
 
 
 @router.get("/{host}/commands", response_model=Commands, responses=UNKNOWN,
