@@ -265,12 +265,12 @@ def test_a_roce_trace_ends_after_two_silent_ttls_and_has_no_reverse_phase():
 
 
 def test_a_roce_trace_with_a_known_router_count_ends_at_the_last_router():
-    from hostprobe.steer import _Dest
+    from hostprobe.trace import Dest
     sock = _TraceSock(0xC124)
     seq = iter(range(1, 10**6))
     tracer = Tracer(b"k" * 16, 1, 8, 1e6, lambda: next(seq))
     dest = ("10.0.0.2", verbs.ROCE_V2_PORT)
-    job, short = TraceJob(sock, _Dest(*dest, known_hops=3)), TraceJob(_TraceSock(0xC125), _Dest(*dest, known_hops=3))
+    job, short = TraceJob(sock, Dest(*dest, known_hops=3)), TraceJob(_TraceSock(0xC125), Dest(*dest, known_hops=3))
     for j in (job, short):
         tracer.add(j)
     tracer.tick(100.0)
