@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 SNMPD = shutil.which("snmpd") or "/usr/sbin/snmpd"
 SKIP_REASON = "net-snmp snmpd not installed: apt-get install snmpd snmp"
 COMMUNITY = "nms-test-community"
@@ -129,3 +131,14 @@ def kernel_ipv4() -> dict[str, tuple[str, int]]:
                                       check=True, timeout=10).stdout or "[]")
     return {a["local"]: (link["ifname"], a["prefixlen"]) for link in links for a in link.get("addr_info", [])
             if a.get("family") == "inet" and "local" in a}
+
+
+@pytest.fixture(scope="module")
+def snmpd():
+    """A running snmpd for one test module (skips, saying why, where net-snmp is missing)."""
+    if not available():
+        pytest.skip(SKIP_REASON)
+    server = Snmpd()
+    server.start()
+    yield server
+    server.stop()

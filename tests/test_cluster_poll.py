@@ -10,12 +10,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-import pytest
 import yaml
 from _nats import nats_server  # noqa: F401  (fixture)
-from _snmpd import SKIP_REASON as SNMPD_SKIP
-from _snmpd import Snmpd
-from _snmpd import available as snmpd_available
+from _snmpd import Snmpd, snmpd  # noqa: F401  (fixture)
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from prometheus_client import CollectorRegistry
 
@@ -35,16 +32,6 @@ class _Store:
         return WriteResult(accepted=len(points))
 
 
-@pytest.fixture(scope="module")
-def snmpd():
-    if not snmpd_available():
-        pytest.skip(SNMPD_SKIP)
-    server = Snmpd()
-    server.start()
-    yield server
-    server.stop()
-
-
 def cluster_config(tmp_path, nats_url: str, switches: list[dict]):
     return parse_config(yaml.safe_dump({
         "data_dir": str(tmp_path / "data"), "store": {"backend": "influxdb"},
@@ -52,8 +39,8 @@ def cluster_config(tmp_path, nats_url: str, switches: list[dict]):
         "fabric": {"switches": switches}}))
 
 
-def snmp_switches(snmpd: Snmpd) -> list[dict]:
-    settings = snmpd.settings(interfaces=["lo"], interval=3.0, deadline=2.8)
+def snmp_switches(server: Snmpd) -> list[dict]:
+    settings = server.settings(interfaces=["lo"], interval=3.0, deadline=2.8)
     return [{"name": name, "mgmt_address": "127.0.0.1", "collectors": {"snmp": settings}} for name in SWITCHES]
 
 

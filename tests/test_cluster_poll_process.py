@@ -10,12 +10,9 @@ from __future__ import annotations
 import time
 import uuid
 
-import pytest
 import yaml
 from _nats import nats_server  # noqa: F401  (fixture)
-from _snmpd import SKIP_REASON as SNMPD_SKIP
-from _snmpd import Snmpd
-from _snmpd import available as snmpd_available
+from _snmpd import Snmpd, snmpd  # noqa: F401  (fixture)
 from test_cluster_write import Member
 
 from nms.rendezvous import assign
@@ -26,22 +23,12 @@ SWITCHES = [f"sw{i}" for i in range(6)]
 NS = 10**9
 
 
-@pytest.fixture
-def snmpd():
-    if not snmpd_available():
-        pytest.skip(SNMPD_SKIP)
-    server = Snmpd()
-    server.start()
-    yield server
-    server.stop()
-
-
-def poll_member(tmp_path, name: str, influxd, nats_url: str, snmpd: Snmpd) -> Member:
+def poll_member(tmp_path, name: str, influxd, nats_url: str, server: Snmpd) -> Member:
     """A test_cluster_write Member whose config polls the switches as the member `name`."""
     database = f"p_{name.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
     member = Member(tmp_path, name, "poll", influxd.url, database, nats_url)
     doc = yaml.safe_load(member.config.read_text())
-    settings = snmpd.settings(interfaces=["lo"], interval=2.0, deadline=1.9)
+    settings = server.settings(interfaces=["lo"], interval=2.0, deadline=1.9)
     doc["polling"] = {"enabled": True}
     doc["cluster"]["poll"] = {"heartbeat": HEARTBEAT, "member": name}
     doc["fabric"] = {"switches": [{"name": s, "mgmt_address": "127.0.0.1", "collectors": {"snmp": settings}}
