@@ -263,7 +263,7 @@ def check(args) -> dict:
         summary["ok"] = all(summary["checks"].values())
         return summary
     finally:
-        for p in procs:
+        for p in reversed(procs):  # the agent first, so that it hands its last reports to a live service
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
                 try:
