@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from _fabric_synth import NS, T0, Synth, undirected  # noqa: E402
 
-from correlator import Correlator  # noqa: E402
+from correlator.engine import Correlator  # noqa: E402
 from correlator.sequential import ALPHA_OPEN  # noqa: E402
 from nms.config.models import CorrelatorConfig, Thresholds  # noqa: E402
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "tests"))  # the test suite's synthetic fabric
 
 from _fabric_synth import NS, T0, Synth, undirected  # noqa: E402
 
-from correlator import Correlator  # noqa: E402
+from correlator.engine import Correlator  # noqa: E402
 from nms.config.models import CorrelatorConfig, Thresholds  # noqa: E402
 from nms.records import ProbeWindow  # noqa: E402
 

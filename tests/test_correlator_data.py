@@ -10,7 +10,7 @@ import pytest
 from _fabric_synth import NS, T0, Synth, undirected
 from test_correlator_faults import Run, kinds, link_of
 
-from correlator import Correlator
+from correlator.engine import Correlator
 from nms.config.models import CorrelatorConfig, Thresholds
 from nms.records import InterfaceAddress, Job, PathEvent, ProbePath, ProbeWindow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from _fabric_synth import NS, T0, Synth, undirected
 
-from correlator import Correlator
+from correlator.engine import Correlator
 from nms.config.models import CorrelatorConfig, Thresholds
 from nms.records import FabricTopology, PortSample, TopologyLink, TopologyNode
 

@@ -11,7 +11,7 @@ import math
 import pytest
 from _fabric_synth import NS, T0, Synth, undirected
 
-from correlator import Correlator
+from correlator.engine import Correlator
 from correlator.incidents import IncidentManager
 from nms.config.models import CorrelatorConfig, Thresholds
 from nms.state import StateStore

@@ -106,7 +106,7 @@ def test_retraced_dying_flows_keep_their_place():
 
 def test_dead_flows_with_no_whole_trace_blame_nothing():
     """Without traces (only the access links known) a flow that dies says nothing of where."""
-    from correlator import Correlator
+    from correlator.engine import Correlator
     from nms.config.models import CorrelatorConfig, Thresholds
 
     s = Synth()

@@ -198,3 +198,12 @@ def test_sigterm_flushes_and_exits(bed):
     assert list((bed.tmp / "h2" / "spool").glob("*.lp")) == []  # the last reports were delivered, not buffered
     last = bed.rows("probe_window", bed.t0, src_host="h2", dst_host="h1")[-1]
     assert last["time"] >= (time.time_ns() // 10**9 - 4) * 10**9  # windows up to the stop were flushed
+
+
+def test_the_agent_does_not_load_the_service_side():
+    """Every host runs the agent: it must not import the correlator engine (scipy), the store (duckdb)
+    or the API. The GPU check on an H100 saw a 520 MiB agent when steering pulled the engine in."""
+    code = ("import sys, hostprobe.agent; print(' '.join(m for m in ('scipy', 'duckdb', 'fastapi', "
+            "'correlator.engine', 'nms.app') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == []

@@ -85,7 +85,7 @@ from collectors.base import (
     CollectorUnreachable,
 )
 from collectors.ufm import UfmCollector
-from correlator import Correlator
+from correlator.engine import Correlator
 from nms.app.polling import Poller
 from nms.config import parse_config
 from nms.config.models import SwitchConfig, UfmSettings

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel
 
-from correlator import Correlator
+from correlator.engine import Correlator
 from correlator.incidents import IncidentManager
 from correlator.job_impact import SlowdownJoin
 from nms.config import NmsConfig
