@@ -142,3 +142,20 @@ def test_loss_that_stopped_clears_faster_the_higher_it_was():
                 break
     assert cleared[0.05] <= 5 and cleared[0.005] <= 60, cleared
     assert math.isfinite(cleared[0.005]) and cleared[0.005] > cleared[0.05]
+
+
+def test_the_losses_of_a_flap_are_not_loss_after_it(seed=2):
+    """A leaf-spine link flapping (down 2 s, up 3 s, six times) loses probes in the seconds it goes
+    down and comes back: those are the flap's (its paths were down or explained meanwhile), not a
+    low-rate loss of any link, once the flap is over and its seconds age into the long windows."""
+    fab = Fabric(seed)
+    link = fab.lossy(seed, 0.0)  # the link that will flap (no loss)
+    found = []
+    for _ in range(6):
+        fab.s.down.add(link)
+        found += fab.run(2)
+        fab.s.down.discard(link)
+        found += fab.run(3)
+    assert {f.element for f in found} == {link}, "the flap is found on its link"
+    after = fab.run(120)
+    assert [(f.kind, f.element) for f in after if f.kind == "corrupting_link"] == []
