@@ -134,7 +134,12 @@ class IncidentManager:
                     current = now_open.get(key)
                     if current is None:
                         opened = _opened(finding, window_ns).model_copy(update={"parent_id": parent_id})
-                        return batch.insert(opened), "opened"
+                        stored, new = batch.insert(opened)
+                        if new:
+                            return stored, "opened"
+                        # another correlator sharing the state store opened it first: continue that one
+                        log.info("incident %d (%s) was opened by another correlator: continued", stored.id, key)
+                        current = stored
                     incident = _refreshed(current, finding, window_ns)
                     what = changed(announced.get(current.id) or self._announced.get(current.id, current), incident)
                     if not what:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 class LocalDaemon:
     name = "daemon"  # what the errors call it; the log is `<name>.log` in `dir`
+    stop_signal = signal.SIGTERM  # the daemon's own "shut down now"
     dir: Path
     proc: subprocess.Popen | None = None
 
@@ -46,7 +47,7 @@ class LocalDaemon:
             return
         proc, self.proc = self.proc, None
         if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(self.stop_signal)
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:

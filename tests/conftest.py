@@ -2,3 +2,4 @@ from _influx import influx_store, influxd  # noqa: F401  (influxd fixtures)
 from _nats import nats_server  # noqa: F401  (a nats-server with JetStream)
 from _notify import notify_make as make  # noqa: F401  (notification test fixtures)
 from _notify import notify_rx as rx  # noqa: F401
+from _postgres import open_state, postgres_database, postgres_server  # noqa: F401  (state on SQLite and PostgreSQL)

@@ -14,7 +14,6 @@ from correlator.actions.manager import ActionManager, ActionRefused
 from correlator.incidents import IncidentManager
 from nms.config.models import ActionsConfig, FabricConfig, SwitchConfig
 from nms.records import Action, Finding
-from nms.state import StateStore
 
 S = 10**9
 
@@ -57,9 +56,9 @@ def finding(kind="congestion", element=None, pairs=(("h1", "h3"), ("h3", "h1")),
 
 
 class Rig:
-    def __init__(self, tmp_path, spines=4, **config):
+    def __init__(self, open_state, spines=4, **config):
         self.clock = Clock()
-        self.state = StateStore(tmp_path / "state.sqlite")
+        self.state = open_state()  # on SQLite and on PostgreSQL (tests/_postgres.py)
         self.incidents = IncidentManager(self.state, resolve_after=2)
         self.actuator = Recording()
         cfg = ActionsConfig.model_validate({"enabled": True, **config})
@@ -81,8 +80,8 @@ class Rig:
 AUTO = {"policies": {"host_reroute": {"policy": "auto"}, "drain_link": {"policy": "auto"}}}
 
 
-def test_auto_applies_and_the_audit_log_says_who_what_why_before_after(tmp_path):
-    rig = Rig(tmp_path, **AUTO)
+def test_auto_applies_and_the_audit_log_says_who_what_why_before_after(open_state):
+    rig = Rig(open_state, **AUTO)
     rig.window(finding())
     (action,) = rig.actions()
     assert action.kind == "host_reroute" and action.state == "applied" and not action.dry_run
@@ -100,8 +99,8 @@ def test_auto_applies_and_the_audit_log_says_who_what_why_before_after(tmp_path)
     assert len(rig.actions()) == 1
 
 
-def test_dry_run_records_and_sends_nothing(tmp_path):
-    rig = Rig(tmp_path, dry_run=True, **AUTO)
+def test_dry_run_records_and_sends_nothing(open_state):
+    rig = Rig(open_state, dry_run=True, **AUTO)
     rig.window(finding("corrupting_link"))
     acts = rig.actions()
     assert sorted(a.kind for a in acts) == ["drain_link", "host_reroute"]
@@ -113,8 +112,8 @@ def test_dry_run_records_and_sends_nothing(tmp_path):
     assert {a.state for a in rig.actions()} == {"expired"} and rig.actuator.calls == []
 
 
-def test_approval_policy_waits_and_only_then_applies(tmp_path):
-    rig = Rig(tmp_path)  # the default: approval
+def test_approval_policy_waits_and_only_then_applies(open_state):
+    rig = Rig(open_state)  # the default: approval
     rig.window(finding())
     (action,) = rig.actions()
     assert action.state == "awaiting_approval" and rig.actuator.calls == []
@@ -125,8 +124,8 @@ def test_approval_policy_waits_and_only_then_applies(tmp_path):
         asyncio.run(rig.manager.approve(action.id, "bob"))
 
 
-def test_reject_and_approval_expiry(tmp_path):
-    rig = Rig(tmp_path, approval_ttl="60s")
+def test_reject_and_approval_expiry(open_state):
+    rig = Rig(open_state, approval_ttl="60s")
     rig.window(finding())
     rig.window(finding("congestion", uplink("leaf2", 2), pairs=(("h4", "h2"),)))
     first, second = sorted(rig.actions(), key=lambda a: a.id)
@@ -138,8 +137,8 @@ def test_reject_and_approval_expiry(tmp_path):
     assert rig.actuator.calls == []
 
 
-def test_proposals_that_no_longer_fit_their_incident_are_withdrawn(tmp_path):
-    rig = Rig(tmp_path)  # approval for every kind
+def test_proposals_that_no_longer_fit_their_incident_are_withdrawn(open_state):
+    rig = Rig(open_state)  # approval for every kind
     rig.window(finding("corrupting_link"))  # a first window's guess: drain + reroute proposed
     assert sorted(a.kind for a in rig.actions(state="awaiting_approval")) == ["drain_link", "host_reroute"]
     rig.window(finding("congestion"))  # one window later it is congestion: no drain for that
@@ -156,8 +155,8 @@ def test_proposals_that_no_longer_fit_their_incident_are_withdrawn(tmp_path):
     assert rig.actuator.calls == []
 
 
-def test_policy_off_and_scopes(tmp_path):
-    rig = Rig(tmp_path, policies={"host_reroute": {"policy": "auto", "scopes": [
+def test_policy_off_and_scopes(open_state):
+    rig = Rig(open_state, policies={"host_reroute": {"policy": "auto", "scopes": [
         {"policy": "off", "devices": ["spine1"]}, {"policy": "approval", "roles": ["leaf"], "prefix": "leaf2"}]}})
     assert rig.manager.policy("host_reroute", uplink("leaf1", 1)) == "off"  # spine1 is an end
     assert rig.manager.policy("host_reroute", uplink("leaf1", 2)) == "auto"
@@ -168,8 +167,8 @@ def test_policy_off_and_scopes(tmp_path):
     assert [a.state for a in rig.actions()] == ["applied"]
 
 
-def test_rate_limit_turns_auto_into_approval(tmp_path):
-    rig = Rig(tmp_path, rate={"per_kind": 1, "window": "10m"}, limits={"max_drain_fraction": 1.0}, **AUTO)
+def test_rate_limit_turns_auto_into_approval(open_state):
+    rig = Rig(open_state, rate={"per_kind": 1, "window": "10m"}, limits={"max_drain_fraction": 1.0}, **AUTO)
     rig.window(finding(), finding(element=uplink("leaf2", 3), pairs=(("h4", "h2"),)))
     first, second = sorted(rig.actions(), key=lambda a: a.id)
     assert first.state == "applied" and second.state == "awaiting_approval"
@@ -177,8 +176,8 @@ def test_rate_limit_turns_auto_into_approval(tmp_path):
         rig.state.action_events(second.id)[0].note
 
 
-def test_max_concurrent(tmp_path):
-    rig = Rig(tmp_path, rate={"max_concurrent": 1}, limits={"max_drain_fraction": 1.0}, **AUTO)
+def test_max_concurrent(open_state):
+    rig = Rig(open_state, rate={"max_concurrent": 1}, limits={"max_drain_fraction": 1.0}, **AUTO)
     rig.window(finding(), finding(element=uplink("leaf2", 3), pairs=(("h4", "h2"),)))
     second = max(rig.actions(), key=lambda a: a.id)
     assert second.state == "awaiting_approval" and "1 actions applied at once (max 1)" in \
@@ -187,14 +186,14 @@ def test_max_concurrent(tmp_path):
         asyncio.run(rig.manager.approve(second.id, "alice"))
 
 
-def test_the_last_path_is_refused_nothing_recorded(tmp_path):
-    rig = Rig(tmp_path, spines=1, **AUTO)
+def test_the_last_path_is_refused_nothing_recorded(open_state):
+    rig = Rig(open_state, spines=1, **AUTO)
     rig.window(finding())
     assert rig.actions() == [] and rig.actuator.calls == []
 
 
-def test_expiry_rolls_back(tmp_path):
-    rig = Rig(tmp_path, expiry="30m", **AUTO)
+def test_expiry_rolls_back(open_state):
+    rig = Rig(open_state, expiry="30m", **AUTO)
     rig.window(finding())
     (action,) = rig.actions()
     rig.clock.now += 1801 * S
@@ -205,8 +204,8 @@ def test_expiry_rolls_back(tmp_path):
     assert "expired 1800 s after it was applied" in rig.state.action_events(action.id)[-1].note
 
 
-def test_rollback_after_the_incident_stays_resolved_for_the_hold(tmp_path):
-    rig = Rig(tmp_path, hold="10s", **AUTO)
+def test_rollback_after_the_incident_stays_resolved_for_the_hold(open_state):
+    rig = Rig(open_state, hold="10s", **AUTO)
     rig.window(finding())
     (action,) = rig.actions()
     rig.window()
@@ -222,10 +221,10 @@ def test_rollback_after_the_incident_stays_resolved_for_the_hold(tmp_path):
     assert last.event == "rolled_back" and "incident 1 resolved and stayed clean for 10 s" in last.note
 
 
-def test_the_hold_doubles_when_the_element_relapses_after_a_rollback(tmp_path):
+def test_the_hold_doubles_when_the_element_relapses_after_a_rollback(open_state):
     # steering a slow link's traffic away resolves the incident while the link stays slow; the
     # rollback brings the traffic back and the incident again: each round holds twice as long
-    rig = Rig(tmp_path, hold="2s", expiry="1h", **AUTO)
+    rig = Rig(open_state, hold="2s", expiry="1h", **AUTO)
     holds = []
     for _ in range(3):
         rig.window(finding())
@@ -240,8 +239,8 @@ def test_the_hold_doubles_when_the_element_relapses_after_a_rollback(tmp_path):
     assert "hold 8 s: rolled back on resolution 2 time(s)" in rig.state.action_events(action.id)[0].note
 
 
-def test_no_rollback_while_the_element_is_bad_again(tmp_path):
-    rig = Rig(tmp_path, hold="2s", **AUTO)
+def test_no_rollback_while_the_element_is_bad_again(open_state):
+    rig = Rig(open_state, hold="2s", **AUTO)
     rig.window(finding())
     rig.window()
     rig.window()  # resolved
@@ -252,8 +251,8 @@ def test_no_rollback_while_the_element_is_bad_again(tmp_path):
     assert first.state == "applied"
 
 
-def test_rollback_when_the_evidence_gets_worse(tmp_path):
-    rig = Rig(tmp_path, worse_factor=1.5, worse_grace=2, **AUTO)
+def test_rollback_when_the_evidence_gets_worse(open_state):
+    rig = Rig(open_state, worse_factor=1.5, worse_grace=2, **AUTO)
     rig.window(finding(loss=2.0))
     (action,) = rig.actions()
     assert action.params["baseline"] == {"loss_pct": 2.0}
@@ -269,8 +268,8 @@ def test_rollback_when_the_evidence_gets_worse(tmp_path):
     assert "worse since applied: loss_pct rose from 3.5 to 5.3" in rig.state.action_events(action.id)[-1].note
 
 
-def test_rollback_when_an_incident_opens_where_traffic_moved(tmp_path):
-    rig = Rig(tmp_path, spines=2, **AUTO)
+def test_rollback_when_an_incident_opens_where_traffic_moved(open_state):
+    rig = Rig(open_state, spines=2, **AUTO)
     rig.window(finding())
     (action,) = rig.actions()
     rig.window(finding(), finding(element=uplink("leaf2", 2), pairs=(("h4", "h2"),)))
@@ -280,8 +279,8 @@ def test_rollback_when_an_incident_opens_where_traffic_moved(tmp_path):
         rig.state.action_events(action.id)[-1].note
 
 
-def test_a_failed_apply_records_the_reason_and_undoes_a_partial_one(tmp_path):
-    rig = Rig(tmp_path, **AUTO)
+def test_a_failed_apply_records_the_reason_and_undoes_a_partial_one(open_state):
+    rig = Rig(open_state, **AUTO)
     rig.actuator.fail, rig.actuator.partial = "h3: failed: no path avoids the hops", True
     rig.window(finding())
     (action,) = rig.actions()
@@ -291,8 +290,8 @@ def test_a_failed_apply_records_the_reason_and_undoes_a_partial_one(tmp_path):
                                                                       "rolled_back"][:2] + ["failed", "rolled_back"]
 
 
-def test_manual_requests(tmp_path):
-    rig = Rig(tmp_path, limits={"max_drain_fraction": 0.75})
+def test_manual_requests(open_state):
+    rig = Rig(open_state, limits={"max_drain_fraction": 0.75})
     rig.window(finding())
     (pending,) = rig.actions()
     assert pending.state == "awaiting_approval"
@@ -333,12 +332,12 @@ def test_config_errors_name_the_field():
         NmsConfig.model_validate({"actions": {"policies": {"drain_link": {"policy": True}}}})
 
 
-def test_a_restart_in_the_middle_marks_the_action_failed(tmp_path):
-    rig = Rig(tmp_path, **AUTO)
+def test_a_restart_in_the_middle_marks_the_action_failed(open_state):
+    rig = Rig(open_state, **AUTO)
     rig.window(finding())
     (action,) = rig.actions()
     rig.state.update_action(action.model_copy(update={"state": "applying"}))
-    again = Rig(tmp_path, **AUTO)  # the service starts again on the same state
+    again = Rig(open_state, **AUTO)  # the service starts again on the same state
     action = again.state.get_action(action.id)
     assert action.state == "failed" and action.result == "interrupted while applying"
     assert "restarted while it was applying" in again.state.action_events(action.id)[-1].note

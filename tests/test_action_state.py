@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from nms.records import Action, ActionEvent
-from nms.state import StateStore
 
 
 def _action(**kw) -> Action:
@@ -12,15 +11,15 @@ def _action(**kw) -> Action:
     return Action(**(base | kw))
 
 
-def test_actions_and_their_audit_log_survive_a_restart(tmp_path):
-    state = StateStore(tmp_path / "s.sqlite")
+def test_actions_and_their_audit_log_survive_a_restart(open_state):  # on SQLite and on PostgreSQL
+    state = open_state()
     first = state.insert_action(_action(), ActionEvent(event="proposed", ts=10, action=_action(), by="controller"),
                                 note="policy auto")
     assert first.id == 1
     applied = first.model_copy(update={"state": "applied", "before": {"h1": {}}, "after": {"h1": {"ports": [5]}}})
     state.update_action(applied, ActionEvent(event="applied", ts=20, action=applied, by="ops"), note="all agents ok")
     state.close()
-    state = StateStore(tmp_path / "s.sqlite")
+    state = open_state()
     assert state.get_action(1).state == "applied"
     events = state.action_events(1)
     assert [(e.event, e.by, e.note) for e in events] == [("proposed", "controller", "policy auto"),
@@ -32,7 +31,7 @@ def test_actions_and_their_audit_log_survive_a_restart(tmp_path):
     assert [a.id for a in state.list_actions(states=("applied",))] == [1]
     assert [a.id for a in state.list_actions(kind="drain_link")] == [2]
     # ids are never reused, even when the newest row is gone
-    with state._transaction() as db:
+    with state._db.transaction() as db:
         db.execute("DELETE FROM actions WHERE id = 2")
     assert state.insert_action(_action()).id == 3
     state.close()

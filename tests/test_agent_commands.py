@@ -21,7 +21,6 @@ from nms.app.api import create_app
 from nms.app.cli import app as cli
 from nms.app.cli import client as cli_client
 from nms.app.service import Service
-from nms.state import StateStore
 from tests.helpers import TOKENS, api_client, auth, make_config, wait_until
 from tests.test_hostprobe_service import T0, fabric
 
@@ -153,8 +152,8 @@ def test_commands_expire_when_no_agent_takes_them(client):
     assert {x["id"]: x["status"] for x in listing(client)} == {waiting["id"]: "expired", taken["id"]: "delivered"}
 
 
-def test_pending_cap_and_history_per_host(tmp_path):
-    state = StateStore(tmp_path / "state.sqlite")
+def test_pending_cap_and_history_per_host(open_state):  # on SQLite and on PostgreSQL
+    state = open_state()
     ids = [state.add_commands(["h"], "reprobe_paths", {}, "t", T0 + i, pending_max=3, keep=5)[0].id for i in range(7)]
     state.add_commands(["other"], "reprobe_paths", {}, "t", T0, pending_max=3, keep=5)
     kept = state.list_commands(host="h")

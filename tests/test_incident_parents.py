@@ -27,8 +27,8 @@ RESOLVE_AFTER = 3
 
 
 @pytest.fixture
-def state(tmp_path):
-    store = StateStore(tmp_path / "state.sqlite")
+def state(open_state):  # on SQLite and on PostgreSQL (tests/_postgres.py)
+    store = open_state()
     yield store
     store.close()
 
@@ -159,9 +159,8 @@ def test_only_down_and_flapping_are_explained(state):
     assert events[0].incident.children == [] and state.get_incident(cong.incident.id).parent_id is None
 
 
-def test_a_restart_keeps_parents_and_children(tmp_path):
-    path = tmp_path / "state.sqlite"
-    store = StateStore(path)
+def test_a_restart_keeps_parents_and_children(open_state):
+    store = open_state()
     m = IncidentManager(store, resolve_after=2)
     link = "leaf1:swp3--spine1:swp1"
     [child] = m.apply([finding(element=link)], T0)
@@ -169,7 +168,7 @@ def test_a_restart_keeps_parents_and_children(tmp_path):
     m.apply([dead], T0 + W)
     store.close()
 
-    store = StateStore(path)
+    store = open_state()
     m = IncidentManager(store, resolve_after=2)
     assert m.apply([dead], T0 + 2 * W) == []
     assert m.apply([], T0 + 3 * W) == []

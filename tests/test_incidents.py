@@ -32,8 +32,8 @@ def paths(n: int) -> list[str]:
 
 
 @pytest.fixture
-def state(tmp_path):
-    store = StateStore(tmp_path / "state.sqlite")
+def state(open_state):  # on SQLite and on PostgreSQL (tests/_postgres.py)
+    store = open_state()
     yield store
     store.close()
 
@@ -213,9 +213,8 @@ def test_a_change_of_kind_on_the_same_element_updates_the_incident(state):
     assert [i.kind for i in m.list(kind="link_flapping")] == ["link_flapping"] and m.list(kind="link_down") == []
 
 
-def test_open_incidents_continue_across_a_restart(tmp_path):
-    path = tmp_path / "state.sqlite"
-    state = StateStore(path)
+def test_open_incidents_continue_across_a_restart(open_state):
+    state = open_state()
     m = IncidentManager(state, resolve_after=3)
     [a] = m.apply([finding(paths=paths(10))], T0)
     [b] = m.apply([finding(paths=paths(10)), finding(element="h1:eth0", element_kind="nic", kind="nic_down")], T0 + W)
@@ -224,7 +223,7 @@ def test_open_incidents_continue_across_a_restart(tmp_path):
                                                      severity="minor")], T0 + 3 * W)  # b: two clean windows
     state.close()
 
-    state = StateStore(path)
+    state = open_state()
     m = IncidentManager(state, resolve_after=3)
     assert [i.id for i in m.open_incidents()] == [a.incident.id, b.incident.id, c.incident.id]
     assert [i.clean_windows for i in m.open_incidents()] == [0, 2, 0]
