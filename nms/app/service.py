@@ -44,7 +44,7 @@ class Service:
         self.roles = roles if roles is not None else parse_roles("all", config.cluster.bus is not None)
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = store if store is not None else open_store(config)
-        self.state = StateStore(config.data_dir / "state.sqlite")
+        self.state = StateStore.open(config.state, config.data_dir)  # SQLite (default) or PostgreSQL
         self.metrics = ServiceMetrics()
         self.metrics.watch_store(self.store.stats, self.store.name)
         self.scheduler: AsyncIOScheduler | None = None

@@ -844,6 +844,39 @@ class PollShardConfig(Strict):
     member: SubjectToken | None = None
 
 
+class StateConfig(Strict):
+    """Where incidents, actions, jobs and agent commands are kept (nms.state): SQLite in data_dir (one
+    process: the default), or PostgreSQL, shared by a cluster's processes."""
+
+    backend: Literal["sqlite", "postgresql"] = "sqlite"
+    # libpq connection string, a URI (postgresql://nms@db1:5432/nms) or key=value pairs; may hold the
+    # password, so a secret: normally `dsn: ${NMS_STATE_DSN}` (or a password file: passfile=...)
+    dsn: SecretStr | None = None
+    connect_timeout: Seconds = 10.0
+
+    @field_validator("dsn")
+    @classmethod
+    def _dsn_parses(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None:
+            from psycopg import ProgrammingError
+            from psycopg.conninfo import conninfo_to_dict
+
+            try:
+                conninfo_to_dict(v.get_secret_value())
+            except ProgrammingError:  # its message may quote the value (a password): not repeated
+                raise ValueError("not a PostgreSQL connection string: give a URI postgresql://user@host:port/dbname "
+                                 "or key=value pairs (host=... dbname=...)") from None
+        return v
+
+    @model_validator(mode="after")
+    def _dsn_for_postgresql(self) -> StateConfig:
+        if self.backend == "postgresql" and self.dsn is None:
+            raise ValueError("dsn: backend postgresql needs dsn (e.g. dsn: ${NMS_STATE_DSN})")
+        if self.backend == "sqlite" and self.dsn is not None:
+            raise ValueError("dsn: only for backend postgresql (SQLite is <data_dir>/state.sqlite)")
+        return self
+
+
 class ClusterConfig(Strict):
     bus: BusConfig | None = None  # None: one process, no bus (the default)
     write: WriterConfig = WriterConfig()
@@ -867,6 +900,7 @@ class NmsConfig(Strict):
     actions: ActionsConfig = ActionsConfig()
     fabric: FabricConfig = FabricConfig()
     cluster: ClusterConfig = ClusterConfig()
+    state: StateConfig = StateConfig()
 
     @model_validator(mode="after")
     def _cluster_store(self) -> NmsConfig:

@@ -28,8 +28,8 @@ def _connect(dsn: str, connect_timeout: float) -> psycopg.Connection:
     try:
         return psycopg.connect(dsn, autocommit=True, connect_timeout=max(1, round(connect_timeout)))
     except psycopg.OperationalError as e:
-        # libpq's message names host and port, not the password; the first line is the reason
-        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        # libpq's message names host and port, never the password
+        reason = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
         raise StateUnavailable(f"state store: cannot connect to PostgreSQL at {describe_dsn(dsn)}: {reason}") from e
 
 

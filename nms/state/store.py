@@ -12,14 +12,20 @@ action_events as the audit log (who, what, why, before/after).
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from nms.records import Action, ActionEvent, Job
 from nms.state.db import Database, sqlite_database
 from nms.state.entries import COMMAND_COLUMNS, ActionEventEntry, AgentCommand
 from nms.state.incidents import IncidentTables
 from nms.state.migrations import migrate
+
+if TYPE_CHECKING:
+    from nms.config.models import StateConfig
+
+log = logging.getLogger(__name__)
 
 
 class StateStore(IncidentTables):
@@ -30,17 +36,29 @@ class StateStore(IncidentTables):
         if (path is None) == (dsn is None):
             raise ValueError("StateStore: give a SQLite path or a PostgreSQL dsn")
         if dsn is not None:
-            from nms.state.postgres import postgres_database  # psycopg only where PostgreSQL is used
+            from nms.state.postgres import describe_dsn, postgres_database  # psycopg only where it is used
 
+            self.where = describe_dsn(dsn)  # what logs and errors may show: no password
             self._db: Database = postgres_database(dsn, connect_timeout)
         else:
             assert path is not None
+            self.where = str(path)
             self._db = sqlite_database(path)
         try:
             migrate(self._db)
         except BaseException:
             self._db.close()
             raise
+
+    @classmethod
+    def open(cls, config: StateConfig, data_dir: Path) -> StateStore:
+        """The store `state:` configures: `<data_dir>/state.sqlite`, or PostgreSQL at `state.dsn`."""
+        if config.backend == "postgresql":
+            assert config.dsn is not None  # StateConfig checks it
+            store = cls(dsn=config.dsn.get_secret_value(), connect_timeout=config.connect_timeout)
+            log.info("state store: PostgreSQL at %s", store.where)
+            return store
+        return cls(data_dir / "state.sqlite")
 
     @property
     def backend(self) -> str:

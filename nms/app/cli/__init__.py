@@ -122,7 +122,6 @@ def serve(config: Path = typer.Option(..., "--config", "-c", help="YAML configur
 
     from nms.app.api import create_app
     from nms.app.roles import parse_roles
-    from nms.app.service import Service
 
     cfg = _load(config)
     try:
@@ -131,14 +130,15 @@ def serve(config: Path = typer.Option(..., "--config", "-c", help="YAML configur
         err_console.print(f"[red]error:[/] {e}", markup=True, highlight=False)
         raise typer.Exit(2) from None
     configure_logging(cfg.log_level)
+    service = _service(cfg, roles)
     if "api" not in roles:
-        _serve_headless(Service(cfg, roles=roles))
+        _serve_headless(service)
         return
     if not cfg.api.tokens:
         err_console.print("[yellow]warning:[/] no API tokens configured: every authenticated endpoint "
                           "will answer 401 (see `nms token create`)")
     tls = cfg.api.tls
-    app = create_app(Service(cfg, roles=roles))
+    app = create_app(service)
     server = uvicorn.Server(uvicorn.Config(app, host=cfg.api.host, port=cfg.api.port, log_level=cfg.log_level,
                                            ssl_certfile=str(tls.cert) if tls else None,
                                            ssl_keyfile=str(tls.key) if tls else None, server_header=False))
@@ -148,6 +148,19 @@ def serve(config: Path = typer.Option(..., "--config", "-c", help="YAML configur
         return
     # api.listen: the same server on more addresses (uvicorn binds one host itself)
     server.run(sockets=[_listen_socket(host, cfg.api.port) for host in dict.fromkeys([cfg.api.host, *cfg.api.listen])])
+
+
+def _service(cfg, roles):
+    """The Service, or exit 1 with a clear line when its state store cannot be opened (PostgreSQL
+    unreachable: the error names the DSN's host, never its password; a schema newer than this nms)."""
+    from nms.app.service import Service
+    from nms.state import SchemaError, StateUnavailable
+
+    try:
+        return Service(cfg, roles=roles)
+    except (StateUnavailable, SchemaError) as e:
+        err_console.print(f"[red]error:[/] state.{cfg.state.backend}: {e}", highlight=False)
+        raise typer.Exit(1) from None
 
 
 def _serve_headless(service) -> None:
