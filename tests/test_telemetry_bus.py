@@ -49,13 +49,14 @@ def test_cluster_config_is_validated_and_names_the_field():
     cfg = parse_config("store: {backend: influxdb}\ncluster:\n  bus: {servers: [nats://10.0.0.1:4222], replicas: 3}\n")
     assert cfg.cluster.bus is not None and cfg.cluster.bus.replicas == 3 and cfg.cluster.write.batch_messages == 64
     assert parse_config("site: x\n").cluster.bus is None  # no cluster section: one process, as before
-    env = {"INFLUX_PASSWORD": "pw", "NATS_TOKEN": "nt", "NMS_TOKEN": "x" * 32}
+    env = {"INFLUX_PASSWORD": "pw", "NATS_TOKEN": "nt", "NMS_TOKEN": "x" * 32,
+           "NMS_STATE_DSN": "postgresql://nms:pw@db.example.net:5432/nms"}
     with pytest.MonkeyPatch.context() as mp:
         for key, value in env.items():
             mp.setenv(key, value)
         example = load_config(REPO / "config/cluster.yaml")
     assert example.cluster.bus is not None and example.cluster.bus.replicas == 3
-    assert len(example.cluster.bus.servers) == 3
+    assert len(example.cluster.bus.servers) == 3 and example.state.backend == "postgresql"
     cases = {
         "cluster: {bus: {}}\n": "store.backend: the embedded DuckDB store is single-node",
         "store: {backend: influxdb}\ncluster: {bus: {servers: ['http://n1:4222']}}\n": "cluster.bus.servers.0",
