@@ -84,6 +84,11 @@ def postgres_server() -> Iterator[PostgresServer]:
     bin_dir = postgres_bin_dir()
     if bin_dir is None:
         pytest.skip(SKIP_REASON)
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root, PostgreSQL needs a `postgres` user to run as (Debian's package makes it)")
     server = PostgresServer(bin_dir)
     try:
         server.start()

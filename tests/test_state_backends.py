@@ -24,7 +24,7 @@ from nms.config.loader import ConfigError, parse_config
 from nms.records import Finding, Incident
 from nms.state import SchemaError, StateStore, StateUnavailable
 from nms.state.migrations import LATEST, MIGRATIONS, Migration, migrate
-from tests.helpers import make_config, wait_until
+from tests.helpers import api_client, auth, make_config, wait_until
 
 T0 = 1_700_000_000_000_000_000
 W = 10**9
@@ -151,13 +151,28 @@ def test_the_loser_of_an_insert_race_on_postgresql_gets_the_winners_incident(pos
         loser.start()
         with psycopg.connect(dsn, autocommit=True) as watch:  # until b's INSERT waits on a's row
             wait_until(lambda: watch.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                             "AND query LIKE 'INSERT INTO incidents%%'").fetchone()[0] == 1,
+                                             "AND query LIKE 'INSERT INTO incidents%'").fetchone()[0] == 1,
                        30, step=0.05, what="the second INSERT waiting on the first")
     loser.join(30)
     assert got == [(won, False)]
     assert [i.id for i in b.list_incidents()] == [won.id]
     a.close()
     b.close()
+
+
+def test_the_service_keeps_its_state_in_the_configured_postgresql(tmp_path, postgres_database):
+    dsn = postgres_database()
+    cfg = make_config(tmp_path / "data", state={"backend": "postgresql", "dsn": dsn})
+    with api_client(cfg) as c:
+        service = c.app.state.service
+        assert service.state.backend == "postgresql"
+        [opened] = service.incidents.apply([finding()], T0)
+        r = c.get(f"/incidents/{opened.incident.id}", headers=auth("read"))
+        assert r.status_code == 200 and r.json()["element"] == "leaf1:swp1--spine1:swp1"
+    assert not (tmp_path / "data" / "state.sqlite").exists()
+    other = StateStore(dsn=dsn)  # another process's view: the same incident
+    assert [(i.id, i.state) for i in other.list_incidents()] == [(opened.incident.id, "open")]
+    other.close()
 
 
 def test_an_unreachable_postgresql_is_a_clear_error_without_the_password(tmp_path):
