@@ -67,6 +67,20 @@ def test_a_database_made_before_schema_versions_opens_and_continues(tmp_path):
     state.close()
 
 
+def test_an_old_file_with_two_open_incidents_of_one_element_is_refused_naming_why(tmp_path):
+    path = tmp_path / "state.sqlite"
+    with sqlite3.connect(path) as db:
+        db.executescript(MAIN_DUMP.read_text())
+        db.execute("INSERT INTO incidents (dedup_key, state, kind, element, opened_ns, body) "
+                   "SELECT dedup_key, 'open', kind, element, opened_ns, body FROM incidents WHERE id = 3")
+    with pytest.raises(SchemaError, match=r"migration 2 \(at most one open incident per dedup key\) failed: "
+                                          r"UNIQUE constraint failed: incidents.dedup_key"):
+        StateStore(path)
+    with sqlite3.connect(path) as db:  # version 1 kept, nothing lost
+        assert db.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+        assert db.execute("SELECT count(*) FROM incidents").fetchone() == (4,)
+
+
 def test_migrations_apply_once_in_order_and_a_newer_schema_is_refused(open_state):
     state = open_state()
     assert versions(state) == list(range(1, LATEST + 1))
