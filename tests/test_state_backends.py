@@ -212,9 +212,9 @@ def test_a_postgresql_outage_mid_run_fails_the_writes_and_the_store_reconnects(p
     assert [e.event for e in m.apply([finding()], T0)] == ["opened"]
     postgres_server.stop()
     try:
-        with pytest.raises(StateUnavailable):
+        with pytest.raises(StateUnavailable, match=r"^state store at postgresql://nms@"):
             m.apply([finding(), finding(element="h1:eth0", kind="nic_down")], T0 + W)
-        with pytest.raises(StateUnavailable):
+        with pytest.raises(StateUnavailable, match="cannot connect to PostgreSQL"):  # the next use tries again
             state.list_incidents()
         assert len(m.open_incidents()) == 1  # nothing half-applied: the memory follows commits only
     finally:

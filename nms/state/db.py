@@ -87,8 +87,11 @@ def _pg_placeholders(text: str) -> str:
 
 
 class Database:
-    def __init__(self, conn: Any, dialect: Dialect, errors: tuple[type[Exception], ...] = (),
+    """One connection of the state store; `where` names it in errors (no password)."""
+
+    def __init__(self, conn: Any, dialect: Dialect, where: str, errors: tuple[type[Exception], ...] = (),
                  reconnect: Callable[[], Any] | None = None):
+        self.where = where
         self._conn = conn  # sqlite3.Connection (autocommit) or psycopg.Connection (autocommit)
         self._lost = False
         self.dialect = dialect
@@ -101,7 +104,7 @@ class Database:
             cur: Cursor = self._conn.execute(self.dialect.sql(sql), params)
         except self._errors as e:
             self._lost = True
-            raise StateUnavailable(f"state store: {e}") from e
+            raise StateUnavailable(f"state store at {self.where}: {e}") from e
         return cur
 
     def insert(self, sql: str, params: Sequence[Any] = ()) -> int | None:
@@ -113,7 +116,7 @@ class Database:
         if self._lost and self._reconnect is not None:
             try:
                 self._conn.close()
-            except Exception:  # noqa: BLE001 - it is gone already
+            except Exception:  # it is gone already
                 pass
             self._conn = self._reconnect()
             self._lost = False
@@ -158,4 +161,4 @@ def open_sqlite(path: Path) -> sqlite3.Connection:
 
 
 def sqlite_database(path: Path) -> Database:
-    return Database(open_sqlite(path), Dialect())
+    return Database(open_sqlite(path), Dialect(), str(path))

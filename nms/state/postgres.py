@@ -36,5 +36,5 @@ def _connect(dsn: str, connect_timeout: float) -> psycopg.Connection:
 def postgres_database(dsn: str, connect_timeout: float = 10.0) -> Database:
     """Connect now (a clear StateUnavailable when PostgreSQL cannot be reached); after an outage the
     next use connects again."""
-    return Database(_connect(dsn, connect_timeout), PostgresDialect(), errors=(psycopg.OperationalError,),
-                    reconnect=lambda: _connect(dsn, connect_timeout))
+    return Database(_connect(dsn, connect_timeout), PostgresDialect(), describe_dsn(dsn),
+                    errors=(psycopg.OperationalError,), reconnect=lambda: _connect(dsn, connect_timeout))

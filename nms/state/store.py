@@ -36,13 +36,11 @@ class StateStore(IncidentTables):
         if (path is None) == (dsn is None):
             raise ValueError("StateStore: give a SQLite path or a PostgreSQL dsn")
         if dsn is not None:
-            from nms.state.postgres import describe_dsn, postgres_database  # psycopg only where it is used
+            from nms.state.postgres import postgres_database  # psycopg only where it is used
 
-            self.where = describe_dsn(dsn)  # what logs and errors may show: no password
             self._db: Database = postgres_database(dsn, connect_timeout)
         else:
             assert path is not None
-            self.where = str(path)
             self._db = sqlite_database(path)
         try:
             migrate(self._db)
@@ -59,6 +57,11 @@ class StateStore(IncidentTables):
             log.info("state store: PostgreSQL at %s", store.where)
             return store
         return cls(data_dir / "state.sqlite")
+
+    @property
+    def where(self) -> str:
+        """The SQLite file, or `postgresql://user@host:port/dbname` (never the password)."""
+        return self._db.where
 
     @property
     def backend(self) -> str:
