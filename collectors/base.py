@@ -8,6 +8,13 @@ device at `schedule(device).interval_s`; each call returns a `PollResult` of sha
 `CollectorError` whose `kind` says what went wrong (timeout, auth, bad_response, unreachable,
 config). Messages name the device and the address, never a secret.
 
+A poll that succeeds in part says what it left out in `PollResult.problems` (PollProblem: the
+command, route, path or item; why; the error kind): a failed optional command, a route that
+answered badly, values that did not parse. The rest of the poll is kept; the poller counts the
+problems per device and collector (GET /devices, `nms devices`, /metrics). What fails the poll
+(no session, refused credentials, a timeout, the required part unreadable) is raised, not noted.
+Problems name no secret either.
+
 A streaming collector (gNMI) sets `streaming` and implements `stream(device, emit)`: the service
 keeps one stream per device for which `streams(device)` holds open instead of scheduling polls, and
 ingests each PollResult the stream emits as it comes; a stream that fails raises a CollectorError
@@ -34,6 +41,7 @@ from typing import Any, ClassVar
 
 from nms.config.models import SwitchConfig
 from nms.records import CollectorErrorKind, DeviceFacts, InterfaceAddress, LldpNeighbor, PortSample
+from nms.records import PollProblem as PollProblem  # part of the contract: collectors import it from here
 
 
 class CollectorError(Exception):
@@ -43,6 +51,11 @@ class CollectorError(Exception):
         super().__init__(f"{device}: {message}")
         self.device = device
         self.message = message
+
+    def problem(self, what: str, consequence: str = "") -> PollProblem:
+        """This error as a problem of a poll that goes on without `what`."""
+        return PollProblem(what=what, reason=f"{self.message}; {consequence}" if consequence else self.message,
+                           kind=self.kind)
 
 
 class CollectorTimeout(CollectorError):
@@ -85,6 +98,7 @@ class PollResult:
     # the complete current set (possibly empty). Addresses are read only now and then (see the
     # collector); a poll with False says nothing about them, the consumer keeps the latest set.
     addresses_walked: bool = False
+    problems: list[PollProblem] = field(default_factory=list)  # what this poll left out, and why
 
     @property
     def samples(self) -> list[PortSample]:
