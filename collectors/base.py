@@ -24,6 +24,10 @@ and is reopened with the same backoff as a failing poll. Its `collect` still ans
 With several collectors on one device, `link_state_rank` picks the one whose samples give the
 device's link state (events, flaps, the topology's oper status); the others give rates only.
 
+Helpers every collector uses: `required_settings(device)` (its settings, or the "no settings"
+CollectorConfigError) and `result(device, PollStart(), records, ...)` (a PollResult timed from the
+poll's start, with the collector's name and counter widths).
+
 A new collector is one module with a subclass and one line in pyproject.toml:
 
     [project.entry-points."nms.collectors"]
@@ -84,6 +88,14 @@ class Schedule:
     deadline_s: float  # a poll still running then is cancelled and counted as a timeout
 
 
+@dataclass(frozen=True)
+class PollStart:
+    """When a poll began: its result's `started_ns`, and the clock its `duration_s` is read from."""
+
+    ns: int = field(default_factory=time.time_ns)
+    perf: float = field(default_factory=time.perf_counter)
+
+
 @dataclass
 class PollResult:
     device: str
@@ -131,6 +143,19 @@ class Collector(ABC):
     def settings(self, device: SwitchConfig) -> Any | None:
         """This collector's settings for `device`, or None when the device is not polled by it."""
         return getattr(device.collectors, self.name, None)
+
+    def required_settings(self, device: SwitchConfig) -> Any:
+        """This collector's settings for `device`; a CollectorConfigError when it has none."""
+        settings = self.settings(device)
+        if settings is None:
+            raise CollectorConfigError(device.name, f"has no collectors.{self.name} settings")
+        return settings
+
+    def result(self, device: str, started: PollStart, records: list[Any], **more: Any) -> PollResult:
+        """This collector's PollResult of a poll of `device` begun at `started` (its duration: until now)."""
+        return PollResult(device=device, collector=self.name, started_ns=started.ns,
+                          duration_s=time.perf_counter() - started.perf, records=records,
+                          counter_bits=self.counter_bits, **more)
 
     def schedule(self, device: SwitchConfig) -> Schedule:
         s = self.settings(device)

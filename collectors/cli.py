@@ -45,11 +45,11 @@ from collectors import cli_eos, cli_linux, cli_napalm, cli_nxos
 from collectors.base import (
     Collector,
     CollectorBadResponse,
-    CollectorConfigError,
     CollectorTimeout,
     CollectorUnreachable,
     PollProblem,
     PollResult,
+    PollStart,
 )
 from collectors.cli_config import ConfigTracker
 from collectors.cli_ssh import Output, Session
@@ -79,9 +79,7 @@ class CliCollector(Collector):
         return cls(max_concurrency=config.polling.max_concurrency)
 
     def _session(self, device: SwitchConfig) -> Session:
-        settings = self.settings(device)
-        if settings is None:
-            raise CollectorConfigError(device.name, "has no collectors.cli settings")
+        settings = self.required_settings(device)
         cached = self._sessions.get(device.name)
         if cached is not None and cached.settings is settings and cached.address == device.mgmt_address \
                 and not cached.aborted:
@@ -94,16 +92,15 @@ class CliCollector(Collector):
 
     async def collect(self, device: SwitchConfig) -> PollResult:
         session = self._session(device)
-        started_ns, t0 = time.time_ns(), time.perf_counter()
+        started = PollStart()
         try:
             poll = await asyncio.get_running_loop().run_in_executor(self._pool, self._poll, session)
         except asyncio.CancelledError:
             # the deadline passed: closing the session ends the worker thread's blocked read
             threading.Thread(target=session.abort, name=f"cli-abort-{device.name}", daemon=True).start()
             raise
-        return PollResult(device=device.name, collector=self.name, started_ns=started_ns,
-                          duration_s=time.perf_counter() - t0, records=poll.records, counter_bits=self.counter_bits,
-                          values=poll.commands, addresses_walked=poll.addresses_read, problems=poll.problems)
+        return self.result(device.name, started, poll.records, values=poll.commands,
+                           addresses_walked=poll.addresses_read, problems=poll.problems)
 
     # -- in the worker thread ----------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from collectors.base import (
     CollectorUnreachable,
     PollProblem,
     PollResult,
+    PollStart,
 )
 from collectors.gnmi_inventory import SystemState
 from collectors.gnmi_model import Port, apply, sample
@@ -275,9 +276,7 @@ class GnmiCollector(Collector):
         return float(s.stale_after or 2 * s.interval + 2)
 
     async def _session(self, device: SwitchConfig) -> _Session:
-        s = self.settings(device)
-        if s is None:
-            raise CollectorConfigError(device.name, "has no collectors.gnmi settings")
+        s = self.required_settings(device)
         session = self._sessions.get(device.name)
         if session is None or session.settings is not s:
             if session is not None:
@@ -301,8 +300,8 @@ class GnmiCollector(Collector):
 
     async def collect(self, device: SwitchConfig) -> PollResult:
         """One poll: on the device's kept Subscribe POLL (`mode: poll`), else one Subscribe ONCE."""
-        started_ns, t0 = time.time_ns(), time.perf_counter()
-        if self.settings(device).mode == "poll":
+        started = PollStart()
+        if self.required_settings(device).mode == "poll":
             ports, queues, problems, values, caps, system = await self._poll(device)
         else:
             ports, queues, problems, values, caps, system = await self._once(device)
@@ -312,9 +311,7 @@ class GnmiCollector(Collector):
         records: list[Any] = [system.facts(device.name, now, len(ports), caps.gNMI_version)]
         records += [sample(device.name, name, p, p.counters_ts or now, True) for name, p in sorted(ports.items())]
         records += gnmi_qos.samples(device.name, queues, queues, now)
-        return PollResult(device=device.name, collector=self.name, started_ns=started_ns,
-                          duration_s=time.perf_counter() - t0, records=records, counter_bits=self.counter_bits,
-                          values=values, problems=problems)
+        return self.result(device.name, started, records, values=values, problems=problems)
 
     async def _once(self, device: SwitchConfig):
         session = await self._session(device)
@@ -448,8 +445,7 @@ class GnmiCollector(Collector):
         """A stream's batch."""
         if session.queues_refused is not None:
             problems = [_queues_refused(session.queues_refused), *problems]
-        return PollResult(device=session.device, collector=self.name, started_ns=time.time_ns(), records=records,
-                          counter_bits=self.counter_bits, values=values, problems=list(problems))
+        return self.result(session.device, PollStart(), records, values=values, problems=list(problems))
 
     async def close(self) -> None:
         for poll_call in self._polls.values():

@@ -33,7 +33,7 @@ import logging
 import time
 from typing import Any
 
-from collectors.base import Collector, CollectorBadResponse, CollectorConfigError, PollProblem, PollResult
+from collectors.base import Collector, CollectorBadResponse, CollectorConfigError, PollProblem, PollResult, PollStart
 from collectors.lldp_id import mac_octets, mac_or_text
 from collectors.snmp_ifmib import IF_COLUMNS, IF_TABLE_COLUMNS, is_port, needs_if_table, port_names, port_sample
 from collectors.snmp_walk import EnginePool, Oid, SnmpTarget, as_text, dotted, oid, row_int, table_rows
@@ -114,9 +114,7 @@ class SnmpCollector(Collector):
                    mib_dirs=[str(d) for d in config.polling.mib_dirs])
 
     def _target(self, device: SwitchConfig) -> SnmpTarget:
-        settings = self.settings(device)
-        if settings is None:
-            raise CollectorConfigError(device.name, "has no collectors.snmp settings")
+        settings = self.required_settings(device)
         cached = self._targets.get(device.name)
         if cached is None or cached[0] is not settings or cached[1] != device.mgmt_address:
             # one engine for every device (its setup costs ~0.3 s), see EnginePool for the exception
@@ -152,7 +150,7 @@ class SnmpCollector(Collector):
 
     async def _poll(self, device: SwitchConfig, target: SnmpTarget) -> PollResult:
         s = target.settings
-        started_ns, t0 = time.time_ns(), time.perf_counter()
+        started = PollStart()
         target.values = 0
         scalars, trees = self._extra_oids(device.name, s)
         system = await target.get([SYS_UPTIME, SYS_NAME, SYS_DESCR, SYS_OBJECT_ID,
@@ -207,9 +205,8 @@ class SnmpCollector(Collector):
             self._addresses_due[device.name] = time.monotonic() + self.address_refresh_s
         if uptime is not None:
             self._uptimes[device.name] = uptime
-        return PollResult(device=device.name, collector=self.name, started_ns=started_ns,
-                          duration_s=time.perf_counter() - t0, records=records, counter_bits=self.counter_bits,
-                          values=target.values, addresses_walked=walk_addresses, problems=problems)
+        return self.result(device.name, started, records, values=target.values, addresses_walked=walk_addresses,
+                           problems=problems)
 
     async def _interface_rows(self, device: str, target: SnmpTarget) -> tuple[dict[Oid, dict[str, Any]], bool]:
         """IF-MIB rows by ifIndex, with the ifTable fallback columns when the device needs them; and

@@ -30,7 +30,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from collectors import ufm_telemetry
-from collectors.base import Collector, CollectorBadResponse, CollectorConfigError, PollProblem, PollResult
+from collectors.base import Collector, CollectorBadResponse, PollProblem, PollResult, PollStart
 from collectors.ufm_events import LinkEvidence, alarm_points, event_points
 from collectors.ufm_http import UfmClient
 from collectors.ufm_model import (
@@ -72,9 +72,7 @@ class UfmCollector(Collector):
         return cls(config.thresholds.flap_count, config.thresholds.flap_window)
 
     async def _client(self, device: SwitchConfig) -> UfmClient:
-        settings = self.settings(device)
-        if settings is None:
-            raise CollectorConfigError(device.name, "has no collectors.ufm settings")
+        settings = self.required_settings(device)
         cached = self._clients.get(device.name)
         if cached is not None and cached[0] is settings and cached[1] == device.mgmt_address:
             return cached[2]
@@ -90,7 +88,7 @@ class UfmCollector(Collector):
     async def collect(self, device: SwitchConfig) -> PollResult:
         client = await self._client(device)
         s = client.settings
-        started_ns, t0 = time.time_ns(), time.perf_counter()
+        started = PollStart()
         client.requests = 0
         zone, problems, failed = ZoneInfo(s.timezone), Problems(), []
         optional = _Optional(client, failed)
@@ -136,9 +134,7 @@ class UfmCollector(Collector):
             if items is not None:
                 records += alarm_points(device.name, items, "GET " + client.route("/app/alarms"), problems, fabric,
                                         now)
-        return PollResult(device=device.name, collector=self.name, started_ns=started_ns,
-                          duration_s=time.perf_counter() - t0, records=records, counter_bits=self.counter_bits,
-                          values=client.requests, problems=failed + problems.found())
+        return self.result(device.name, started, records, values=client.requests, problems=failed + problems.found())
 
     async def _counters(self, client: UfmClient, fabric: Fabric, zone: ZoneInfo, now: int, problems: Problems
                         ) -> tuple[int, dict[str, dict[str, int]], dict[str, dict[str, int]]]:
