@@ -8,6 +8,13 @@ device at `schedule(device).interval_s`; each call returns a `PollResult` of sha
 `CollectorError` whose `kind` says what went wrong (timeout, auth, bad_response, unreachable,
 config). Messages name the device and the address, never a secret.
 
+A poll that succeeds in part says what it left out in `PollResult.problems` (PollProblem: the
+command, route, path or item; why; the error kind): a failed optional command, a route that
+answered badly, values that did not parse. The rest of the poll is kept; the poller counts the
+problems per device and collector (GET /devices, `nms devices`, /metrics). What fails the poll
+(no session, refused credentials, a timeout, the required part unreadable) is raised, not noted.
+Problems name no secret either.
+
 A streaming collector (gNMI) sets `streaming` and implements `stream(device, emit)`: the service
 keeps one stream per device for which `streams(device)` holds open instead of scheduling polls, and
 ingests each PollResult the stream emits as it comes; a stream that fails raises a CollectorError
@@ -16,6 +23,10 @@ and is reopened with the same backoff as a failing poll. Its `collect` still ans
 
 With several collectors on one device, `link_state_rank` picks the one whose samples give the
 device's link state (events, flaps, the topology's oper status); the others give rates only.
+
+Helpers every collector uses: `required_settings(device)` (its settings, or the "no settings"
+CollectorConfigError) and `result(device, PollStart(), records, ...)` (a PollResult timed from the
+poll's start, with the collector's name and counter widths).
 
 A new collector is one module with a subclass and one line in pyproject.toml:
 
@@ -34,6 +45,7 @@ from typing import Any, ClassVar
 
 from nms.config.models import SwitchConfig
 from nms.records import CollectorErrorKind, DeviceFacts, InterfaceAddress, LldpNeighbor, PortSample
+from nms.records import PollProblem as PollProblem  # part of the contract: collectors import it from here
 
 
 class CollectorError(Exception):
@@ -43,6 +55,11 @@ class CollectorError(Exception):
         super().__init__(f"{device}: {message}")
         self.device = device
         self.message = message
+
+    def problem(self, what: str, consequence: str = "") -> PollProblem:
+        """This error as a problem of a poll that goes on without `what`."""
+        return PollProblem(what=what, reason=f"{self.message}; {consequence}" if consequence else self.message,
+                           kind=self.kind)
 
 
 class CollectorTimeout(CollectorError):
@@ -71,6 +88,14 @@ class Schedule:
     deadline_s: float  # a poll still running then is cancelled and counted as a timeout
 
 
+@dataclass(frozen=True)
+class PollStart:
+    """When a poll began: its result's `started_ns`, and the clock its `duration_s` is read from."""
+
+    ns: int = field(default_factory=time.time_ns)
+    perf: float = field(default_factory=time.perf_counter)
+
+
 @dataclass
 class PollResult:
     device: str
@@ -85,6 +110,7 @@ class PollResult:
     # the complete current set (possibly empty). Addresses are read only now and then (see the
     # collector); a poll with False says nothing about them, the consumer keeps the latest set.
     addresses_walked: bool = False
+    problems: list[PollProblem] = field(default_factory=list)  # what this poll left out, and why
 
     @property
     def samples(self) -> list[PortSample]:
@@ -117,6 +143,19 @@ class Collector(ABC):
     def settings(self, device: SwitchConfig) -> Any | None:
         """This collector's settings for `device`, or None when the device is not polled by it."""
         return getattr(device.collectors, self.name, None)
+
+    def required_settings(self, device: SwitchConfig) -> Any:
+        """This collector's settings for `device`; a CollectorConfigError when it has none."""
+        settings = self.settings(device)
+        if settings is None:
+            raise CollectorConfigError(device.name, f"has no collectors.{self.name} settings")
+        return settings
+
+    def result(self, device: str, started: PollStart, records: list[Any], **more: Any) -> PollResult:
+        """This collector's PollResult of a poll of `device` begun at `started` (its duration: until now)."""
+        return PollResult(device=device, collector=self.name, started_ns=started.ns,
+                          duration_s=time.perf_counter() - started.perf, records=records,
+                          counter_bits=self.counter_bits, **more)
 
     def schedule(self, device: SwitchConfig) -> Schedule:
         s = self.settings(device)

@@ -24,8 +24,8 @@ napalm's getters on the same session instead: collectors/cli_napalm.py):
    (collectors/cli_config.py)
 
 A timeout, refused login, refused host key or lost session fails the poll whatever the command.
-Any other failure of 2-6 (a command missing or failing, output that does not parse) is logged
-and kept in `problems` (a CollectorBadResponse naming the command), and the poll goes on.
+Any other failure of 2-6 (a command missing or failing, output that does not parse) is a problem
+of the poll (PollResult.problems: the command, why, what was lost), and the poll goes on.
 """
 
 from __future__ import annotations
@@ -45,10 +45,11 @@ from collectors import cli_eos, cli_linux, cli_napalm, cli_nxos
 from collectors.base import (
     Collector,
     CollectorBadResponse,
-    CollectorConfigError,
     CollectorTimeout,
     CollectorUnreachable,
+    PollProblem,
     PollResult,
+    PollStart,
 )
 from collectors.cli_config import ConfigTracker
 from collectors.cli_ssh import Output, Session
@@ -72,16 +73,13 @@ class CliCollector(Collector):
         self._sessions: dict[str, Session] = {}
         self._config_due: dict[str, float] = {}  # device -> time.monotonic() of its next config snapshot
         self.configs = ConfigTracker()
-        self.problems: dict[str, list[CollectorBadResponse]] = {}  # device -> what its last poll left out
 
     @classmethod
     def from_config(cls, config: Any) -> CliCollector:
         return cls(max_concurrency=config.polling.max_concurrency)
 
     def _session(self, device: SwitchConfig) -> Session:
-        settings = self.settings(device)
-        if settings is None:
-            raise CollectorConfigError(device.name, "has no collectors.cli settings")
+        settings = self.required_settings(device)
         cached = self._sessions.get(device.name)
         if cached is not None and cached.settings is settings and cached.address == device.mgmt_address \
                 and not cached.aborted:
@@ -94,19 +92,15 @@ class CliCollector(Collector):
 
     async def collect(self, device: SwitchConfig) -> PollResult:
         session = self._session(device)
-        started_ns, t0 = time.time_ns(), time.perf_counter()
+        started = PollStart()
         try:
             poll = await asyncio.get_running_loop().run_in_executor(self._pool, self._poll, session)
         except asyncio.CancelledError:
             # the deadline passed: closing the session ends the worker thread's blocked read
             threading.Thread(target=session.abort, name=f"cli-abort-{device.name}", daemon=True).start()
             raise
-        for e in poll.problems:
-            log.warning("%s (kept the rest of the poll)", e)
-        self.problems[device.name] = poll.problems
-        return PollResult(device=device.name, collector=self.name, started_ns=started_ns,
-                          duration_s=time.perf_counter() - t0, records=poll.records, counter_bits=self.counter_bits,
-                          values=poll.commands, addresses_walked=poll.addresses_read)
+        return self.result(device.name, started, poll.records, values=poll.commands,
+                           addresses_walked=poll.addresses_read, problems=poll.problems)
 
     # -- in the worker thread ----------------------------------------------------------------------
 
@@ -137,7 +131,7 @@ class _Poll:
         self.s: CliSettings = session.settings
         self.device = session.device
         self.p = PLATFORMS[self.s.platform]
-        self.problems: list[CollectorBadResponse] = []
+        self.problems: list[PollProblem] = []
         self.commands = 0
         self.addresses_read = False  # this poll read the complete set of interface addresses
         self.records: list[Any] = []
@@ -163,7 +157,7 @@ class _Poll:
             self.session.text_only = True
             return self._run_napalm(cli_napalm.TEXT_DRIVERS[self.s.platform])
         if not links.ok:
-            raise self._failed(links)
+            raise self._bad(p.LINKS, self._status(links))
         speed_bps = p.speeds(self._run(p.SPEEDS).stdout) if p.SPEEDS else {}
         notes: list[str] = []
         try:
@@ -235,11 +229,10 @@ class _Poll:
             raise CollectorUnreachable(self.device, f"{self.session.where}: the session broke during {name} "
                                                     f"({_first_line(str(e)) or type(e).__name__})") from None
         except Exception as e:  # noqa: BLE001 -- napalm's parsers raise anything on output they do not expect
-            bad = self._bad(name, f"napalm's {name} failed ({type(e).__name__}: {_first_line(str(e))})"
-                                  + (f"; {consequence}" if consequence else ""))
+            failed = f"napalm's {name} failed ({type(e).__name__}: {_first_line(str(e))})"
             if consequence is None:
-                raise bad from None
-            self.problems.append(bad)
+                raise self._bad(name, failed) from None
+            self._left_out(name, f"{failed}; {consequence}")
             return None
 
     def _queues(self) -> list:
@@ -288,10 +281,10 @@ class _Poll:
                 if required or text.strip():
                     sections.append((name, what, text))
             elif required:
-                self.problems.append(self._failed(out, "no configuration snapshot this poll", what))
+                self._left_out(what, f"{self._status(out)}; no configuration snapshot this poll")
                 return []
             else:
-                self.problems.append(self._failed(out, "noted in the configuration snapshot", what))
+                self._left_out(what, f"{self._status(out)}; noted in the configuration snapshot")
                 sections.append((name, what, f"(not readable: exit status {out.status}: {_last_line(out.stderr)})"))
         self.collector._config_due[self.device] = time.monotonic() + self.s.config_interval
         return self.collector.configs.snapshot(self.device, self.p.config_text(sections), time.time_ns())
@@ -306,29 +299,34 @@ class _Poll:
         """A command that adds to the poll: a failure is noted and None returned."""
         out = self._run(command)
         if not out.ok:
-            self.problems.append(self._failed(out, consequence))
+            self._left_out(command, f"{self._status(out)}; {consequence}")
             return None
         try:
             return parse(out.stdout)
         except ValueError as e:  # the platforms' Bad is a ValueError
-            self.problems.append(self._bad(command, f"{_first_line(str(e))}; {consequence}"))
+            self._left_out(command, f"{_first_line(str(e))}; {consequence}")
             return None
 
     def _notes(self, command: str, notes: list[str]) -> None:
         if notes:
             more = f" (and {len(notes) - 3} more)" if len(notes) > 3 else ""
-            self.problems.append(self._bad(command, f"{len(notes)} items left out: {'; '.join(notes[:3])}{more}"))
+            self._left_out(command, f"{len(notes)} items left out: {'; '.join(notes[:3])}{more}")
+
+    def _left_out(self, command: str, reason: str) -> None:
+        self.problems.append(PollProblem(what=command, reason=reason))
 
     def _bad(self, command: str, what: str) -> CollectorBadResponse:
         return CollectorBadResponse(self.device, f"{self.session.where}: {command!r}: {what}")
 
-    def _failed(self, out: Output, consequence: str = "", name: str | None = None) -> CollectorBadResponse:
+    @staticmethod
+    def _status(out: Output) -> str:
+        """How a command failed: its exit status and the last line of its error output."""
         status = "no exit status" if out.status is None else f"exit status {out.status}"
         if out.status in (126, 127):
             status += " (not installed, or not allowed for this user)"
         if detail := _last_line(out.stderr):  # the error; earlier lines may be the login's (home directory)
             status += f": {detail}"
-        return self._bad(name or out.command, f"{status}; {consequence}" if consequence else status)
+        return status
 
 
 def _first_line(text: str) -> str:

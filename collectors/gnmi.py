@@ -9,8 +9,9 @@ credentials and that the target serves openconfig-interfaces; then a Get of open
 /system/state gives the facts (hostname, software version, uptime; collectors/gnmi_inventory.py)
 where the target serves it. Where the target lists openconfig-qos (or lists no models), the output
 queues' counters are SAMPLEd too (QueueSample: drops, ECN marks; collectors/gnmi_qos.py); a
-subscription refused for that path is noted and made again without it, so a target without the
-model is read as before.
+subscription refused for that path is a problem of the poll (PollResult.problems) and made again
+without it, so a target without the model is read as before. Values of the wrong kind are left out
+as problems too; a stream's go with the next batch it emits (the refused queues with every batch).
 
 Updates are emitted in batches: counters of the interfaces a SAMPLE tick brought, when the stream
 has been quiet for `BATCH_GAP_S` or `BATCH_MAX_S` after the first of them (a target sends a tick as
@@ -41,7 +42,9 @@ from collectors.base import (
     CollectorConfigError,
     CollectorTimeout,
     CollectorUnreachable,
+    PollProblem,
     PollResult,
+    PollStart,
 )
 from collectors.gnmi_inventory import SystemState
 from collectors.gnmi_model import Port, apply, sample
@@ -138,7 +141,7 @@ class _Session:
             raise CollectorBadResponse(self.device, f"{self.target}: the target does not serve {', '.join(MODELS)}")
         return answer
 
-    async def inventory(self, caps: gnmi_pb2.CapabilityResponse, problems: list[str]) -> SystemState:
+    async def inventory(self, caps: gnmi_pb2.CapabilityResponse, problems: list[PollProblem]) -> SystemState:
         """Get /system/state (openconfig-system) when the target serves it and `inventory` is on;
         a refused or unusable answer is noted, the facts then come from Capabilities."""
         models = {m.name for m in caps.supported_models}
@@ -151,7 +154,8 @@ class _Session:
         except grpc.aio.AioRpcError as e:
             if e.code() in AUTH_CODES or e.code() == grpc.StatusCode.UNAVAILABLE:
                 raise self.error("Get /system/state", e) from None
-            problems.append(f"Get /system/state: {e.code().name}: {(e.details() or '')[:200]}")
+            problems.append(PollProblem(what="Get /system/state", reason=f"{e.code().name}: "
+                                        f"{(e.details() or '')[:200]}; the facts from Capabilities only"))
             return SystemState()
         return inventory.system_state(answer, time.time_ns(), problems)
 
@@ -165,6 +169,10 @@ def fold(ports: dict[str, Port], queues: dict, notification, wanted) -> tuple:
     touched, problems = gnmi_qos.apply(queues, notification, wanted)
     update.problems += problems
     return update, touched
+
+
+def _queues_refused(why: str | None) -> PollProblem:
+    return PollProblem(what="openconfig-qos", reason=f"{why} (queues not collected)")
 
 
 class _QueuesRefused(Exception):
@@ -221,10 +229,10 @@ class _PollCall:
         self.responses = _Responses(session.stub.Subscribe(outgoing(), metadata=session.metadata))
         self.polls = 0
 
-    async def poll(self, wanted, timeout: float) -> tuple[dict[str, Port], dict, list[str], int]:
+    async def poll(self, wanted, timeout: float) -> tuple[dict[str, Port], dict, list[PollProblem], int]:
         ports: dict[str, Port] = {}
         queues: dict = {}
-        problems: list[str] = []
+        problems: list[PollProblem] = []
         values, first, self.polls = 0, self.polls == 0, self.polls + 1
         if not first:
             self.requests.put_nowait(gnmi_pb2.SubscribeRequest(poll=gnmi_pb2.Poll()))
@@ -259,7 +267,6 @@ class GnmiCollector(Collector):
     def __init__(self) -> None:
         self._sessions: dict[str, _Session] = {}
         self._polls: dict[str, _PollCall] = {}  # device -> its kept Subscribe POLL (`mode: poll`)
-        self.problems: dict[str, list[str]] = {}  # device -> values its latest answer left out
 
     def settings(self, device: SwitchConfig) -> GnmiSettings | None:
         return device.collectors.gnmi
@@ -269,9 +276,7 @@ class GnmiCollector(Collector):
         return float(s.stale_after or 2 * s.interval + 2)
 
     async def _session(self, device: SwitchConfig) -> _Session:
-        s = self.settings(device)
-        if s is None:
-            raise CollectorConfigError(device.name, "has no collectors.gnmi settings")
+        s = self.required_settings(device)
         session = self._sessions.get(device.name)
         if session is None or session.settings is not s:
             if session is not None:
@@ -295,26 +300,23 @@ class GnmiCollector(Collector):
 
     async def collect(self, device: SwitchConfig) -> PollResult:
         """One poll: on the device's kept Subscribe POLL (`mode: poll`), else one Subscribe ONCE."""
-        started_ns, t0 = time.time_ns(), time.perf_counter()
-        if self.settings(device).mode == "poll":
+        started = PollStart()
+        if self.required_settings(device).mode == "poll":
             ports, queues, problems, values, caps, system = await self._poll(device)
         else:
             ports, queues, problems, values, caps, system = await self._once(device)
         if (refused := self._sessions[device.name].queues_refused) is not None:
-            problems = [f"openconfig-qos: {refused} (queues not collected)", *problems]
-        self._note(device.name, problems)
+            problems = [_queues_refused(refused), *problems]
         now = time.time_ns()
         records: list[Any] = [system.facts(device.name, now, len(ports), caps.gNMI_version)]
         records += [sample(device.name, name, p, p.counters_ts or now, True) for name, p in sorted(ports.items())]
         records += gnmi_qos.samples(device.name, queues, queues, now)
-        return PollResult(device=device.name, collector=self.name, started_ns=started_ns,
-                          duration_s=time.perf_counter() - t0, records=records, counter_bits=self.counter_bits,
-                          values=values)
+        return self.result(device.name, started, records, values=values, problems=problems)
 
     async def _once(self, device: SwitchConfig):
         session = await self._session(device)
         caps = await session.capabilities()
-        problems: list[str] = []
+        problems: list[PollProblem] = []
         system = await session.inventory(caps, problems)
         wanted, asked = self._wanted(device), session.queues(caps)
         while True:
@@ -344,7 +346,7 @@ class GnmiCollector(Collector):
         a poll that fails or is cut off at its deadline closes it, the next opens a new one."""
         poll_call = self._polls.get(device.name)
         session = await self._session(device)
-        problems: list[str] = []
+        problems: list[PollProblem] = []
         if poll_call is None or poll_call.session is not session:
             caps = await session.capabilities()
             poll_call = self._polls[device.name] = _PollCall(session, caps, await session.inventory(caps, problems))
@@ -370,21 +372,20 @@ class GnmiCollector(Collector):
         its first sync is subscribed to again at once, without it."""
         session = await self._session(device)
         caps = await session.capabilities()
-        problems: list[str] = []
+        problems: list[PollProblem] = []  # emitted with the first batch
         system = await session.inventory(caps, problems)
-        if problems:
-            self._note(device.name, problems)
         asked = session.queues(caps)
         while True:
             try:
-                return await self._stream(device, session, caps, system, asked, emit)
-            except _QueuesRefused:
-                self._note(device.name, [f"openconfig-qos: {session.queues_refused} (queues not collected)"])
+                return await self._stream(device, session, caps, system, asked, emit, problems)
+            except _QueuesRefused:  # each batch says so from now on (_result)
                 asked = False
 
     async def _stream(self, device: SwitchConfig, session: _Session, caps, system: SystemState, asked: bool,
-                      emit: Callable[[PollResult], Awaitable[None]]) -> None:
+                      emit: Callable[[PollResult], Awaitable[None]], problems: list[PollProblem]) -> None:
+        """The stream; `problems` (the inventory's) and those of each notification go with the next batch."""
         s, wanted, stale = self.settings(device), self._wanted(device), self.stale_after(device)
+        problems = list(problems)  # the caller's stay as they are for a subscription made again
         ports: dict[str, Port] = {}
         queues: dict = {}
 
@@ -413,8 +414,7 @@ class GnmiCollector(Collector):
                 if response is not None and response.HasField("update"):
                     update, touched = fold(ports, queues, response.update, wanted)
                     values += len(response.update.update)
-                    if update.problems:
-                        self._note(device.name, update.problems)
+                    problems += update.problems
                     if (update.counters or touched) and not (pending or pending_queues):
                         first_at = time.monotonic()
                     pending |= update.counters
@@ -422,17 +422,17 @@ class GnmiCollector(Collector):
                     changed = update.status - update.counters
                     if changed and synced:  # a status change on its own: at once
                         ts = response.update.timestamp or time.time_ns()
-                        await emit(self._result(device.name, [sample(device.name, n, ports[n], ts, False)
-                                                              for n in sorted(changed)], values))
-                        values = 0
+                        await emit(self._result(session, [sample(device.name, n, ports[n], ts, False)
+                                                          for n in sorted(changed)], values, problems))
+                        values, problems = 0, []
                 if (response is None or sync) and (pending or pending_queues or sync):
                     now = time.time_ns()
                     records: list[Any] = [system.facts(device.name, now, len(ports), caps.gNMI_version)] if sync else []
                     records += [sample(device.name, n, ports[n], ports[n].counters_ts or now, True)
                                 for n in sorted(pending) if n in ports]
                     records += gnmi_qos.samples(device.name, queues, pending_queues, now)
-                    await emit(self._result(device.name, records, values))
-                    pending, pending_queues, values = set(), set(), 0
+                    await emit(self._result(session, records, values, problems))
+                    pending, pending_queues, values, problems = set(), set(), 0, []
                 synced = synced or sync
         except grpc.aio.AioRpcError as e:
             if not synced and session.refused_queues(e, asked):
@@ -441,14 +441,11 @@ class GnmiCollector(Collector):
         finally:
             responses.close()
 
-    def _result(self, device: str, records: list[Any], values: int) -> PollResult:
-        return PollResult(device=device, collector=self.name, started_ns=time.time_ns(), records=records,
-                          counter_bits=self.counter_bits, values=values)
-
-    def _note(self, device: str, problems: list[str]) -> None:
-        for p in problems[:5]:
-            log.warning("%s: gNMI value left out: %s", device, p)
-        self.problems[device] = problems
+    def _result(self, session: _Session, records: list[Any], values: int, problems: list[PollProblem]) -> PollResult:
+        """A stream's batch."""
+        if session.queues_refused is not None:
+            problems = [_queues_refused(session.queues_refused), *problems]
+        return self.result(session.device, PollStart(), records, values=values, problems=list(problems))
 
     async def close(self) -> None:
         for poll_call in self._polls.values():

@@ -15,7 +15,7 @@ from typing import Any
 from pygnmi.spec.v080 import gnmi_pb2
 
 from collectors.gnmi_model import scalar
-from nms.records import DeviceFacts
+from nms.records import DeviceFacts, PollProblem
 
 PATH = gnmi_pb2.Path(elem=[gnmi_pb2.PathElem(name="system"), gnmi_pb2.PathElem(name="state")])
 NS_PER_TICK = 10**7  # DeviceFacts.uptime_ticks are sysUpTime's 1/100 s
@@ -63,17 +63,17 @@ def _ns(raw: Any) -> int:
     return number
 
 
-def system_state(response: gnmi_pb2.GetResponse, now_ns: int, problems: list[str]) -> SystemState:
+def system_state(response: gnmi_pb2.GetResponse, now_ns: int, problems: list[PollProblem]) -> SystemState:
     try:
         leaves = _leaves(response.notification)
     except json.JSONDecodeError as e:
-        problems.append(f"/system/state: not JSON: {e}")
+        problems.append(PollProblem(what="/system/state", reason=f"not JSON: {e}"))
         return SystemState()
     texts = {}
     for leaf in ("hostname", "software-version"):
         value = leaves.get(leaf)
         if value is not None and not isinstance(value, str):
-            problems.append(f"/system/state/{leaf}: expected a string, got {value!r}")
+            problems.append(PollProblem(what=f"/system/state/{leaf}", reason=f"expected a string, got {value!r}"))
         elif value:
             texts[leaf] = value
     boot_ns = None
@@ -83,5 +83,5 @@ def system_state(response: gnmi_pb2.GetResponse, now_ns: int, problems: list[str
                 value = _ns(leaves[leaf])
                 boot_ns = value if leaf == "boot-time" else now_ns - value
             except ValueError as e:
-                problems.append(f"/system/state/{leaf}: {e}")
+                problems.append(PollProblem(what=f"/system/state/{leaf}", reason=str(e)))
     return SystemState(texts.get("hostname"), texts.get("software-version"), boot_ns)

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from nms.records import PortSample
+from nms.records import PollProblem, PortSample
 
 # leaf under the interface -> PortSample field
 COUNTERS = {
@@ -47,7 +47,7 @@ class Update:
 
     counters: set[str] = field(default_factory=set)
     status: set[str] = field(default_factory=set)
-    problems: list[str] = field(default_factory=list)
+    problems: list[PollProblem] = field(default_factory=list)
 
 
 def _name(elem) -> str:
@@ -112,7 +112,7 @@ def apply(ports: dict[str, Port], notification, wanted=lambda name: True) -> Upd
         try:
             value = _convert(leaf, scalar(upd.val))
         except (ValueError, json.JSONDecodeError) as e:
-            out.problems.append(f"{name} {leaf}: {e}")
+            out.problems.append(PollProblem(what=f"{name} {leaf}", reason=str(e)))
             continue
         port = ports.setdefault(name, Port())
         if leaf in COUNTERS:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collectors.gnmi_model import U64, scalar
-from nms.records import QueueSample
+from nms.records import PollProblem, QueueSample
 
 MODEL = "openconfig-qos"
 PATH = "qos/interfaces/interface/output/queues/queue/state"  # subscribed with SAMPLE, like the port counters
@@ -59,11 +59,12 @@ def _counter(raw: Any) -> int:
     return number
 
 
-def apply(queues: dict[QueueKey, Queue], notification, wanted=lambda name: True) -> tuple[set[QueueKey], list[str]]:
+def apply(queues: dict[QueueKey, Queue], notification,
+          wanted=lambda name: True) -> tuple[set[QueueKey], list[PollProblem]]:
     """Fold one Notification into `queues`; returns the queues whose counters it carried, and the
     values it left out (with why)."""
     touched: set[QueueKey] = set()
-    problems: list[str] = []
+    problems: list[PollProblem] = []
     prefix = list(notification.prefix.elem) if notification.HasField("prefix") else []
     if prefix and _name(prefix[0]) != "qos":
         return touched, problems  # the common case (interfaces): one look per notification
@@ -78,7 +79,7 @@ def apply(queues: dict[QueueKey, Queue], notification, wanted=lambda name: True)
         try:
             value = _counter(scalar(upd.val))
         except (ValueError, json.JSONDecodeError) as e:
-            problems.append(f"{key[0]} queue {key[1]} {leaf}: {e}")
+            problems.append(PollProblem(what=f"{key[0]} queue {key[1]} {leaf}", reason=str(e)))
             continue
         queues.setdefault(key, Queue()).counters[LEAVES[leaf]] = value
         touched.add(key)

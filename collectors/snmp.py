@@ -20,6 +20,9 @@ keeps the latest set. Every interface's addresses are reported, whatever the `in
 says (that filter limits counters; a traceroute hop may land on any interface). Loopback addresses
 (127/8) and addresses on an ifIndex the interface table does not list are left out. A device
 without either table (or one hiding them from our view) just yields no addresses.
+
+What a poll leaves out is in its `problems`: address tables that answered with garbage (the rest of
+the poll is kept), and configured extra objects the agent does not have.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import logging
 import time
 from typing import Any
 
-from collectors.base import Collector, CollectorBadResponse, CollectorConfigError, PollResult
+from collectors.base import Collector, CollectorBadResponse, CollectorConfigError, PollProblem, PollResult, PollStart
 from collectors.lldp_id import mac_octets, mac_or_text
 from collectors.snmp_ifmib import IF_COLUMNS, IF_TABLE_COLUMNS, is_port, needs_if_table, port_names, port_sample
 from collectors.snmp_walk import EnginePool, Oid, SnmpTarget, as_text, dotted, oid, row_int, table_rows
@@ -111,9 +114,7 @@ class SnmpCollector(Collector):
                    mib_dirs=[str(d) for d in config.polling.mib_dirs])
 
     def _target(self, device: SwitchConfig) -> SnmpTarget:
-        settings = self.settings(device)
-        if settings is None:
-            raise CollectorConfigError(device.name, "has no collectors.snmp settings")
+        settings = self.required_settings(device)
         cached = self._targets.get(device.name)
         if cached is None or cached[0] is not settings or cached[1] != device.mgmt_address:
             # one engine for every device (its setup costs ~0.3 s), see EnginePool for the exception
@@ -149,7 +150,7 @@ class SnmpCollector(Collector):
 
     async def _poll(self, device: SwitchConfig, target: SnmpTarget) -> PollResult:
         s = target.settings
-        started_ns, t0 = time.time_ns(), time.perf_counter()
+        started = PollStart()
         target.values = 0
         scalars, trees = self._extra_oids(device.name, s)
         system = await target.get([SYS_UPTIME, SYS_NAME, SYS_DESCR, SYS_OBJECT_ID,
@@ -165,9 +166,12 @@ class SnmpCollector(Collector):
         if fell_back:
             _log_fallback(device.name, samples, s.interval)
         records: list[Any] = list(samples)
+        problems: list[PollProblem] = []
         walk_addresses = self._addresses_wanted(device.name, uptime)
         if walk_addresses:
-            records += await self._addresses(device.name, target, names)
+            addresses = await self._addresses(target, names, problems)
+            walk_addresses = addresses is not None  # unreadable: the consumer keeps the set it has
+            records += addresses or []
         if s.lldp:
             lldp = await target.walk(list(LLDP_COLUMNS), s.max_repetitions)
             records += _neighbors(device.name, lldp, names, time.time_ns())
@@ -179,6 +183,9 @@ class SnmpCollector(Collector):
         for label, o in scalars:
             if o in system:
                 records.append(_extra(device.name, label, "0", system[o], ts))
+            else:
+                problems.append(PollProblem(what=f"extra object {label}", reason="the agent has no such object "
+                                            "(noSuchObject or noSuchInstance)"))
         chassis = None
         if LLDP_LOC_CHASSIS_ID in system:
             value = system[LLDP_LOC_CHASSIS_ID]
@@ -198,9 +205,8 @@ class SnmpCollector(Collector):
             self._addresses_due[device.name] = time.monotonic() + self.address_refresh_s
         if uptime is not None:
             self._uptimes[device.name] = uptime
-        return PollResult(device=device.name, collector=self.name, started_ns=started_ns,
-                          duration_s=time.perf_counter() - t0, records=records, counter_bits=self.counter_bits,
-                          values=target.values, addresses_walked=walk_addresses)
+        return self.result(device.name, started, records, values=target.values, addresses_walked=walk_addresses,
+                           problems=problems)
 
     async def _interface_rows(self, device: str, target: SnmpTarget) -> tuple[dict[Oid, dict[str, Any]], bool]:
         """IF-MIB rows by ifIndex, with the ifTable fallback columns when the device needs them; and
@@ -223,22 +229,26 @@ class SnmpCollector(Collector):
         rebooted = uptime is not None and previous is not None and uptime < previous
         return due is None or time.monotonic() >= due or rebooted
 
-    async def _addresses(self, device: str, target: SnmpTarget, ports: dict[int, str]) -> list[InterfaceAddress]:
+    async def _addresses(self, target: SnmpTarget, ports: dict[int, str],
+                         problems: list[PollProblem]) -> list[InterfaceAddress] | None:
         """The device's IPv4 interface addresses: ipAddrTable, else ipAddressTable. A device that
-        answers these tables with garbage loses only its addresses (logged), not the poll."""
+        answers these tables with garbage loses only its addresses this poll (None, a problem; walked
+        again at the next), not the poll."""
         s = target.settings
         ts = time.time_ns()
+        what = "IP-MIB address tables"
         try:
             found = _ip_addr_table(await target.walk(list(IP_ADDR_COLUMNS), s.max_repetitions))
             if not found:
                 found = _ip_address_table(await target.walk(list(IP_ADDRESS_COLUMNS), s.max_repetitions))
         except CollectorBadResponse as e:
-            log.warning("no interface addresses this time: %s", e)
-            return []
+            problems.append(e.problem(what, "no interface addresses this poll"))
+            return None
         except (ValueError, TypeError) as e:  # a column of an unexpected type
-            log.warning("no interface addresses this time: %s: unreadable IP-MIB address table: %s", device, e)
-            return []
-        return [InterfaceAddress(device=device, port=ports[if_index], ts=ts, address=address,
+            problems.append(PollProblem(what=what, reason=f"unreadable at {target.address}: {e}; "
+                                                          "no interface addresses this poll"))
+            return None
+        return [InterfaceAddress(device=target.device, port=ports[if_index], ts=ts, address=address,
                                  prefix_len=32 if prefix_len is None else prefix_len)
                 for address, if_index, prefix_len in sorted(found, key=_address_order)
                 if if_index in ports and not address.startswith("127.")]

@@ -16,21 +16,21 @@ Enterprise REST API Guide v6.22.1 routes (docs/ufm.md):
 
 Records name switches by UFM's system name, so a switch also polled over SNMP under the same name
 is the same device. 1-3 are the poll: their failure fails it. 4-7 add to it: a bad answer there
-(HTTP error, not JSON, wrong shape) is logged and kept in `problems`, and the poll goes on; a timeout,
-a refused connection or refused credentials fail the poll whatever the route. Items of an answer
-that lack what is needed are left out and noted in `problems` (route, item, what); the rest is kept.
+(HTTP error, not JSON, wrong shape) is a problem of the poll (PollResult.problems), and the poll goes
+on; a timeout, a refused connection or refused credentials fail the poll whatever the route. Items of
+an answer that lack what is needed are left out and noted as one problem per route (the items and
+why); the rest is kept.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import logging
 import time
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from collectors import ufm_telemetry
-from collectors.base import Collector, CollectorBadResponse, CollectorConfigError, PollResult
+from collectors.base import Collector, CollectorBadResponse, PollProblem, PollResult, PollStart
 from collectors.ufm_events import LinkEvidence, alarm_points, event_points
 from collectors.ufm_http import UfmClient
 from collectors.ufm_model import (
@@ -49,8 +49,6 @@ from collectors.ufm_model import (
 from nms.config.models import SwitchConfig, UfmSettings
 from nms.records import DeviceFacts, GenericPoint
 
-log = logging.getLogger(__name__)
-
 # The whole fabric's ports in one snapshot, as public callers ask (IBM/CAST
 # csm_big_data/data-aggregators/ufm/ufmCollection.py); the answer keys each port by its UFM name
 SNAPSHOT_SCOPE = {"functions": ["RAW"], "scope_object": "Site", "interval": 2, "monitor_object": "Port",
@@ -68,16 +66,13 @@ class UfmCollector(Collector):
         self._evidence: dict[str, LinkEvidence] = {}
         self._snapshots: dict[str, tuple[int | None, int]] = {}  # device -> (UFM's snapshot time, our ts)
         self._link_downed: dict[str, dict[str, int]] = {}  # device -> UFM port name -> LinkDownedCounterExtended
-        self.problems: dict[str, list[CollectorBadResponse]] = {}  # device -> what its last poll left out
 
     @classmethod
     def from_config(cls, config: Any) -> UfmCollector:
         return cls(config.thresholds.flap_count, config.thresholds.flap_window)
 
     async def _client(self, device: SwitchConfig) -> UfmClient:
-        settings = self.settings(device)
-        if settings is None:
-            raise CollectorConfigError(device.name, "has no collectors.ufm settings")
+        settings = self.required_settings(device)
         cached = self._clients.get(device.name)
         if cached is not None and cached[0] is settings and cached[1] == device.mgmt_address:
             return cached[2]
@@ -93,9 +88,10 @@ class UfmCollector(Collector):
     async def collect(self, device: SwitchConfig) -> PollResult:
         client = await self._client(device)
         s = client.settings
-        started_ns, t0 = time.time_ns(), time.perf_counter()
+        started = PollStart()
         client.requests = 0
         zone, problems, failed = ZoneInfo(s.timezone), Problems(), []
+        optional = _Optional(client, failed)
         version = await client.get("/app/ufm_version")
         route = "GET " + client.route("/resources/systems")
         fabric = index_systems(await client.get_list("/resources/systems"), route, problems,
@@ -107,21 +103,25 @@ class UfmCollector(Collector):
         now = time.time_ns()
         ts, counters, extra = now, {}, {}
         if s.counters and fabric.switch_ports():
+            route = (f"GET {s.telemetry_url}" if s.telemetry_url
+                     else "POST " + client.route("/monitoring/snapshot"))
             pending = (self._telemetry(client, fabric, now, problems) if s.telemetry_url
                        else self._counters(client, fabric, zone, now, problems))
-            ts, counters, extra = await self._optional(failed, pending, (now, {}, {}))
+            ts, counters, extra = await optional(route, "port counters left out", pending, (now, {}, {}))
         samples = [port_sample(ref, ts, counters.get(ref.name, {})) for ref in fabric.switch_ports()]
         records: list[Any] = [_ufm_facts(device.name, version, now, len(samples)), *device_facts(fabric, now), *samples]
         records += _error_points(device.name, fabric, extra, ts)
         peers = {}
         if s.links:
-            items = await self._optional(failed, client.get_list("/resources/links", paged=True), None)
+            items = await optional("GET " + client.route("/resources/links"), "links left out",
+                                   client.get_list("/resources/links", paged=True), None)
             if items is not None:
                 found, peers = neighbors(fabric, items, "GET " + client.route("/resources/links"), problems, now)
                 records += found
         downs = self._downs(device.name, extra)
         if s.events or downs:
-            items = await self._optional(failed, client.get_list("/app/events"), None) if s.events else []
+            items = (await optional("GET " + client.route("/app/events"), "events left out",
+                                    client.get_list("/app/events"), None) if s.events else [])
             if items is not None:
                 evidence = self._evidence[device.name]
                 fresh = evidence.new_events(items, "GET " + client.route("/app/events"), problems)
@@ -129,14 +129,12 @@ class UfmCollector(Collector):
                 records += evidence.link_events(fresh, fabric, peers, by_end, now, zone, downs)
                 records += event_points(device.name, fresh, fabric, now, zone)
         if s.alarms:
-            items = await self._optional(failed, client.get_list("/app/alarms"), None)
+            items = await optional("GET " + client.route("/app/alarms"), "alarms left out",
+                                   client.get_list("/app/alarms"), None)
             if items is not None:
                 records += alarm_points(device.name, items, "GET " + client.route("/app/alarms"), problems, fabric,
                                         now)
-        self._report(device.name, client, failed, problems)
-        return PollResult(device=device.name, collector=self.name, started_ns=started_ns,
-                          duration_s=time.perf_counter() - t0, records=records, counter_bits=self.counter_bits,
-                          values=client.requests)
+        return self.result(device.name, started, records, values=client.requests, problems=failed + problems.found())
 
     async def _counters(self, client: UfmClient, fabric: Fabric, zone: ZoneInfo, now: int, problems: Problems
                         ) -> tuple[int, dict[str, dict[str, int]], dict[str, dict[str, int]]]:
@@ -198,22 +196,6 @@ class UfmCollector(Collector):
             self._link_downed[device] = now
         return {name: n - before[name] for name, n in now.items() if name in before and n > before[name]}
 
-    @staticmethod
-    async def _optional(failed: list[CollectorBadResponse], pending, default):
-        """A route that adds to the poll: its bad answer is noted, not fatal (timeouts, refused
-        connections and credentials still are)."""
-        try:
-            return await pending
-        except CollectorBadResponse as e:
-            failed.append(e)
-            return default
-
-    def _report(self, device: str, client: UfmClient, failed: list[CollectorBadResponse], problems: Problems) -> None:
-        found = failed + [CollectorBadResponse(device, f"{client.base}: {m}") for m in problems.messages()]
-        for e in found:
-            log.warning("%s (kept the rest of the poll)", e)
-        self.problems[device] = found
-
     async def close(self) -> None:
         for _, _, client in self._clients.values():
             await client.close()
@@ -221,6 +203,22 @@ class UfmCollector(Collector):
         self._evidence.clear()
         self._snapshots.clear()
         self._link_downed.clear()
+
+
+class _Optional:
+    """Routes that add to the poll: a bad answer is a problem, not the poll's failure (timeouts,
+    refused connections and credentials still are)."""
+
+    def __init__(self, client: UfmClient, failed: list[PollProblem]):
+        self.client, self.failed = client, failed
+
+    async def __call__(self, route: str, consequence: str, pending, default):
+        try:
+            return await pending
+        except CollectorBadResponse as e:  # its message: "<base URL>: <route>: <why>"
+            why = e.message.removeprefix(f"{self.client.base}: ").removeprefix(f"{route}: ")
+            self.failed.append(PollProblem(what=route, reason=f"{why}; {consequence}"))
+            return default
 
 
 def _error_points(ufm: str, fabric: Fabric, extra: dict[str, dict[str, int]], ts: int) -> list[GenericPoint]:

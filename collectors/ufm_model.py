@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from nms.records import DeviceFacts, LldpNeighbor, OperStatus, PortSample
+from nms.records import DeviceFacts, LldpNeighbor, OperStatus, PollProblem, PortSample
 
 U64 = (1 << 64) - 1
 NS = 10**9
@@ -53,11 +53,13 @@ class Problems:
         name = item.get("name") or item.get("system_name") or item.get("id") if isinstance(item, dict) else None
         self.by_route[route].append(f"item {index}{f' ({name!r})' if name is not None else ''}: {what}")
 
-    def messages(self) -> list[str]:
+    def found(self) -> list[PollProblem]:
+        """One problem per route: how many of its items were left out, the first five and why."""
         out = []
         for route, notes in self.by_route.items():
             shown = "; ".join(notes[:5]) + (f"; and {len(notes) - 5} more" if len(notes) > 5 else "")
-            out.append(f"{route}: {len(notes)} of {self.totals.get(route, len(notes))} items left out: {shown}")
+            out.append(PollProblem(what=route, reason=f"{len(notes)} of {self.totals.get(route, len(notes))} "
+                                                      f"items left out: {shown}"))
         return out
 
 

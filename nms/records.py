@@ -785,6 +785,24 @@ class DeviceFacts(TelemetryRecord):
 
 CollectorState = Literal["pending", "ok", "error", "backoff"]
 CollectorErrorKind = Literal["timeout", "auth", "bad_response", "unreachable", "config", "internal"]
+PROBLEMS_KEPT = 20  # of the latest poll's problems, DeviceStatus keeps this many (and their count)
+
+
+def _clip(limit: int) -> BeforeValidator:
+    return BeforeValidator(lambda v: v[:limit] if isinstance(v, str) else v)
+
+
+class PollProblem(Record):
+    """Something a poll left out and why, the rest of the poll kept (PollResult.problems): a command
+    that failed, a route that answered badly, values or items that did not parse. The text names
+    the command, route or path, never a secret."""
+
+    what: Annotated[str, _clip(300)] = Field(description="the command, request, path or item left out")
+    reason: Annotated[str, _clip(1024)] = Field(description="why, and what the poll lost by it")
+    kind: CollectorErrorKind = "bad_response"
+
+    def __str__(self) -> str:
+        return f"{self.what}: {self.reason}"
 
 
 class DeviceStatus(Record):
@@ -806,6 +824,11 @@ class DeviceStatus(Record):
     last_error: str | None = Field(None, max_length=1024)
     next_attempt_ns: int | None = None
     records: int = Field(0, ge=0, description="records produced by the last successful poll")
+    problems: int = Field(0, ge=0, description="problems (things left out) reported by every poll so far")
+    last_problem_count: int = Field(0, ge=0, description="problems the last successful poll reported")
+    last_problems: list[PollProblem] = Field(
+        default_factory=list, max_length=PROBLEMS_KEPT,
+        description=f"the last successful poll's problems (the first {PROBLEMS_KEPT})")
 
 
 # --- topology (built by nms.topology from LLDP and the configured inventory) -------------------

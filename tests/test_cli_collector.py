@@ -13,6 +13,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -164,8 +165,8 @@ def test_without_lldpd_lldp_is_noted_and_the_rest_kept(box):
     result = poll(switch(box, config=False), collector)
     assert not of(result.records, LldpNeighbor) and result.facts.lldp_chassis_id is None
     assert {s.port for s in result.samples} >= {"lo", "swp1"}
-    [problem] = collector.problems["sw-1"]
-    assert problem.kind == "bad_response" and "'lldpctl -f json'" in str(problem)
+    [problem] = result.problems
+    assert problem.kind == "bad_response" and problem.what == "lldpctl -f json"
     assert "unable to connect to socket" in str(problem) and "LLDP neighbours left out" in str(problem)
 
 
@@ -198,8 +199,8 @@ def test_unparseable_output_names_the_command(box):
         collector = CliCollector()
         result = poll(switch(box, config=False), collector)
         assert result.samples and not of(result.records, LldpNeighbor)
-        [problem] = collector.problems["sw-1"]
-        assert "'lldpctl -f json': not JSON" in str(problem) and problem.kind == "bad_response"
+        [problem] = result.problems
+        assert "lldpctl -f json: not JSON" in str(problem) and problem.kind == "bad_response"
     finally:
         box.restore_command("/usr/sbin/lldpcli")
     box.fake_command("/usr/bin/ip", '{"not": "a list"}')
@@ -219,9 +220,9 @@ def test_a_password_user_logs_in_and_what_it_may_not_read_is_noted(box):
     dev = switch(box, username=USER, password=PASSWORD, key_file=None)
     result = poll(dev, collector)
     assert {s.port for s in result.samples} == {"lo", "mgmt0", "swp1", "down0", "down1"}
-    problems = " | ".join(str(p) for p in collector.problems["sw-1"])
-    assert "'lldpctl -f json': exit status 127 (not installed, or not allowed for this user)" in problems
-    assert "'nft list ruleset': exit status 1" in problems and "noted in the configuration snapshot" in problems
+    problems = " | ".join(str(p) for p in result.problems)
+    assert "lldpctl -f json: exit status 127 (not installed, or not allowed for this user)" in problems
+    assert "nft list ruleset: exit status 1" in problems and "noted in the configuration snapshot" in problems
     [config], _ = _configs(result.records)
     assert "### nftables: nft list ruleset\n(not readable: exit status 1: " in config.fields["text"]
     assert PASSWORD not in problems + repr(result.records) + repr(dev)
@@ -609,7 +610,10 @@ def test_nms_collect_cli_once_prints_the_ports_and_what_was_left_out(box, tmp_pa
     assert max(len(line) for line in lines) <= 80, proc.stdout
     for name in ("lo", "swp1", "down0"):
         assert any("sw-1" in line and f" {name} " in line for line in lines), proc.stdout
-    assert "left out of the poll" in proc.stdout and "'lldpctl -f json'" in proc.stdout
+    notes = " ".join(proc.stdout.split("left out of the last poll (the rest was kept):")[1].split())
+    assert "sw-1 (cli): lldpctl -f json: exit status 127 (not installed, or not allowed for this user)" in notes
+    assert "LLDP neighbours left out" in notes
+    assert re.search(r"│ sw-1\s*│ ok\s*│[^│]*│[^│]*│\s*[1-9]\d*\s*│", proc.stdout), proc.stdout  # the count: left out
     assert "1/1 devices ok" in proc.stderr and PASSWORD not in proc.stdout + proc.stderr
 
 
@@ -692,7 +696,7 @@ def test_a_vendor_platform_is_polled_through_its_own_commands(box, platform, por
         assert "### running-config: show running-config" in text and "hostname" in text
         assert "!Time" not in text and "! Command" not in text
         # what the fixtures leave out on purpose (an interface without counters, a bad address) is noted
-        assert all("left out" in str(e) for e in collector.problems["sw-1"]), collector.problems
+        assert result.problems and all("left out" in str(e) for e in result.problems), result.problems
     finally:
         vendor_cli_gone(box)
 
@@ -706,7 +710,7 @@ def test_ios_is_read_through_napalms_getters_on_the_checked_session(box, caplog)
     try:
         collector = CliCollector()
         result = poll(switch(box, platform="cisco_ios", config=True), collector)
-        assert collector.problems["sw-1"] == []
+        assert result.problems == []
         [facts] = of(result.records, DeviceFacts)
         assert result.records[0] is facts
         assert (facts.sys_name, facts.interfaces, facts.uptime_ticks) == ("NS2903-ASW-01", 13, 16676160 * 100)

@@ -12,7 +12,7 @@ files (no SSH: the login and host-key path is tests/test_cli_collector.py's, on 
 `| json` commands (`arista_eos`, `cisco_nxos`) on exec channels, and the commands of napalm's
 getters (`cisco_ios`; `cisco_nxos` on a device refusing `| json`: nxos_ssh) on the shell, as
 napalm's own tests answer them. A command the case has no file for fails as a device's would
-(noted in `problems`), except the interface list, which a poll cannot do without: it is answered
+(a problem of the poll: PollResult.problems), except the interface list, which a poll cannot do without: it is answered
 with an empty table. Then the records are compared with napalm's expected result, field by field.
 
 Left out: nxos (NX-API) `get_lldp_neighbors_detail`: napalm reads its text form, we read `| json`.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.base import CollectorBadResponse
+from collectors.base import CollectorBadResponse, PollProblem
 from collectors.cli import CliCollector
 from collectors.cli_ssh import Output, Session
 from collectors.lldp_id import mac_octets, mac_or_text
@@ -94,7 +94,7 @@ class ReplaySession(Session):
         return Output(command, 1, "", "not in this capture")
 
 
-def replay(driver: str, answers: dict[str, str], case: Path | None = None) -> tuple[list, list[CollectorBadResponse]]:
+def replay(driver: str, answers: dict[str, str], case: Path | None = None) -> tuple[list, list[PollProblem]]:
     dev = SwitchConfig(name="sw", mgmt_address="192.0.2.1", collectors={"cli": {
         "platform": PLATFORM[driver], "username": "u", "password": "p", "verify_host_key": False}})
     collector = CliCollector(max_concurrency=1)
@@ -107,7 +107,7 @@ def replay(driver: str, answers: dict[str, str], case: Path | None = None) -> tu
             collector._pool.shutdown()
 
     result = asyncio.run(run())
-    return result.records, collector.problems[dev.name]
+    return result.records, result.problems
 
 
 def case_answers(case: Path) -> dict[str, str]:
@@ -240,7 +240,7 @@ def test_napalm_capture_gives_napalms_result(case: Path):
     if driver == "ios" or not answers.get("show interface | json", "{").startswith("{"):
         # read through napalm's getters, the others of which met `% Invalid input`: only this case's
         # getter must be whole
-        problems = [p for p in problems if f"'{case.parts[-2].removeprefix('test_')}'" in str(p)]
+        problems = [p for p in problems if p.what == case.parts[-2].removeprefix("test_")]
     assert [str(p) for p in problems if "not in this capture" not in str(p)] == []
     CHECKS[case.parts[-2]](json.loads((case / "expected_result.json").read_text()), records, case)
 

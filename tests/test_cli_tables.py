@@ -95,7 +95,7 @@ def test_collect_once_wide_and_json_show_every_column(collect_config):
         "out err", "in disc", "out disc")
     lo = row(lines, "snmpd-local", "lo", "up")
     assert "65536" in lo and re.search(r"│\s*\d{5,}\s*│", lo), lo  # MTU, raw octet counters
-    row(lines, "device", "address", "state", "took", "objects", "error")
+    row(lines, "device", "address", "state", "took", "objects", "left out", "error")
     assert max(len(line) for line in lines) > 80  # wider than the terminal rather than cut short
 
     js = run("collect", "snmp", "--once", "--json", "--config", str(collect_config))
@@ -125,7 +125,9 @@ DEVICES = [
     {"device": "spine1", "collector": "snmp", "address": "10.200.0.1", "state": "ok", "interval_s": 10.0,
      "deadline_s": 8.0, "polls": 1234, "failures": 0, "consecutive_failures": 0, "last_poll_ns": None,
      "last_success_ns": None, "last_duration_s": 0.41, "last_error_kind": "auth", "last_error": "spine1: old error",
-     "next_attempt_ns": None, "records": 130},
+     "next_attempt_ns": None, "records": 130, "problems": 41, "last_problem_count": 4, "last_problems": [
+         {"what": f"extra object SNMPv2-MIB::sysLocation.{i}", "kind": "bad_response",
+          "reason": "the agent has no such object (noSuchObject or noSuchInstance)"} for i in range(4)]},
 ]
 
 
@@ -159,12 +161,16 @@ def test_devices_default_table_fits_80_columns(devices_url):
     proc = run("devices", "--url", devices_url)
     assert proc.returncode == 0, proc.stderr
     lines = assert_fits(proc.stdout)
-    row(lines, "device", "collector", "state", "last ok", "failures", "error")
-    row(lines, LONG_NAME, "snmp", "backoff", "never", "17/1234", "timeout")
-    row(lines, "spine1", "snmp", "ok", "2h ago", "0/1234", "")  # an old error of a device now ok: not shown
+    row(lines, "device", "via", "state", "last ok", "failures", "left out", "error")
+    row(lines, LONG_NAME, "snmp", "backoff", "never", "17/1234", "", "timeout")  # an older server: no problems
+    row(lines, "spine1", "snmp", "ok", "2h ago", "0/1234", "4", "")  # an old error of a device now ok: not shown
     assert "10.200.0.1" not in proc.stdout and "old error" not in proc.stdout
     assert f"{LONG_NAME} (snmp): no SNMP response from 10.200.13.117:161 as community (v2c) after 3 tries of 2 s " \
            "(a wrong community looks the same: agents drop such requests silently)" in unwrapped(proc.stdout)
+    # what the last poll left out: three of them under the table, the rest counted
+    notes = unwrapped(proc.stdout.split("left out of the last poll (the rest was kept):")[1])
+    assert "spine1 (snmp): extra object SNMPv2-MIB::sysLocation.2: the agent has no such object" in notes
+    assert "sysLocation.3" not in notes and "and 1 more (nms devices --json)" in notes
 
 
 def test_devices_wide_and_json(devices_url):
@@ -172,8 +178,12 @@ def test_devices_wide_and_json(devices_url):
     assert wide.returncode == 0, wide.stderr
     lines = wide.stdout.splitlines()
     assert "…" not in wide.stdout
-    row(lines, "device", "collector", "address", "state", "last success", "took", "polls", "failures", "error")
-    line = row(lines, LONG_NAME, "snmp", "10.200.13.117", "backoff", "never", "8.00 s", "1234", "17")
+    row(lines, "device", "collector", "address", "state", "last success", "took", "polls", "failures", "left out",
+        "error")
+    line = row(lines, LONG_NAME, "snmp", "10.200.13.117", "backoff", "never", "8.00 s", "1234", "17", "")
     assert "timeout:" in line
+    [spine1] = [x for x in lines if x.startswith("│ spine1 ")]
+    assert re.search(r"│\s*0\s*│\s*4 \(41 in all\)\s*│", spine1), spine1  # failures, left out (of all so far)
+    assert "sysLocation.3: the agent" in unwrapped(wide.stdout)  # --wide: every problem kept
     js = run("devices", "--json", "--url", devices_url)
     assert [d["device"] for d in json.loads(js.stdout)] == [LONG_NAME, "spine1"]

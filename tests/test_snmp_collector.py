@@ -239,6 +239,19 @@ def test_extra_objects_numeric_and_by_mib_name(snmpd, tmp_path):
         asyncio.run(poll(SnmpCollector(mib_dirs=[str(mibs)]), switch("root", bad)))
 
 
+def test_an_extra_object_the_agent_lacks_is_a_problem_and_the_rest_is_kept(snmpd):
+    """snmpd answers noSuchObject for an OID in the system group it does not have: the poll is ok,
+    its problems name the object; what the agent has is read as usual."""
+    missing = "1.3.6.1.2.1.1.99.0"
+    settings = snmpd.settings(interfaces=["lo"], extra_oids=["1.3.6.1.2.1.1.5.0", missing])
+    result = asyncio.run(poll(SnmpCollector(), switch("root", settings)))
+    assert [p.tags["object"] for p in result.records if isinstance(p, GenericPoint)] == ["1.3.6.1.2.1.1.5.0"]
+    assert [s.port for s in result.samples] == ["lo"] and result.facts.sys_name == "nms-test-snmpd"
+    [problem] = result.problems
+    assert (problem.what, problem.kind) == (f"extra object {missing}", "bad_response")
+    assert "no such object" in problem.reason and snmpd.settings()["community"] not in str(problem)
+
+
 def test_interface_addresses_come_back_with_their_port_and_prefix_length(snmpd):
     """IP-MIB ipAddrTable, read from the kernel by snmpd: every address of the machine's eth*
     interfaces with the kernel's interface name and prefix length; loopback left out; addresses of
@@ -599,7 +612,8 @@ def test_api_devices_ports_topology_and_metrics_after_real_polls(snmpd, tmp_path
     from nms.app.service import Service
 
     config = make_config(tmp_path / "data", polling={"enabled": False}, fabric={"switches": [
-        {"name": "rootns", "mgmt_address": "127.0.0.1", "collectors": {"snmp": snmpd.settings(interfaces=["lo"])}},
+        {"name": "rootns", "mgmt_address": "127.0.0.1", "collectors": {"snmp": snmpd.settings(
+            interfaces=["lo"], extra_oids=["1.3.6.1.2.1.1.99.0"])}},  # an object snmpd lacks: a problem per poll
         {"name": "ghost", "mgmt_address": "127.0.0.1", "collectors": {
             "snmp": snmpd.settings("nmssha", auth_key="wrong-key-123")}}]})
     service = Service(config)
@@ -613,6 +627,11 @@ def test_api_devices_ports_topology_and_metrics_after_real_polls(snmpd, tmp_path
         assert devices["rootns"]["state"] == "ok" and devices["rootns"]["polls"] == 2
         assert devices["ghost"]["state"] == "backoff" and devices["ghost"]["last_error_kind"] == "auth"
         assert "wrong-key-123" not in str(devices)
+        rootns = devices["rootns"]  # what its polls left out: the latest poll's, and all so far
+        assert (rootns["last_problem_count"], rootns["problems"]) == (1, 2)
+        assert rootns["last_problems"] == [{"what": "extra object 1.3.6.1.2.1.1.99.0", "kind": "bad_response",
+                                            "reason": "the agent has no such object (noSuchObject or noSuchInstance)"}]
+        assert devices["ghost"]["problems"] == 0 and devices["ghost"]["last_problems"] == []
         ports = client.get("/ports", params={"device": "rootns"}, headers=auth("read")).json()
         (lo,) = ports
         assert lo["port"] == "lo" and lo["rates"]["in_bps"] > 2000 * 1200 * 8 / 10  # the blast, over < 10 s
@@ -621,6 +640,8 @@ def test_api_devices_ports_topology_and_metrics_after_real_polls(snmpd, tmp_path
         metrics = client.get("/metrics", headers=auth("read")).text
         assert 'nms_collector_device_up{collector="snmp",device="rootns"} 1.0' in metrics
         assert 'nms_collector_polls_total{collector="snmp",device="ghost",result="auth"} 2.0' in metrics
+        assert 'nms_collector_poll_problems_total{collector="snmp",device="rootns"} 2.0' in metrics
+        assert 'nms_collector_last_poll_problems{collector="snmp",device="rootns"} 1.0' in metrics
         stored = client.get("/telemetry/latest", params={"measurement": "port_rates", "tag": "device=rootns"},
                             headers=auth("read")).json()["series"]
         assert stored and stored[0]["tags"] == {"device": "rootns", "port": "lo"}

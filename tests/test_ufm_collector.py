@@ -164,7 +164,7 @@ def test_a_poll_reports_the_switches_ufm_manages_with_exact_values(ufm, caplog):
     assert seen == both_ways | ACCESS  # the aggregation node's link is no cable
     host_end = next(n for n in of(result.records, LldpNeighbor) if n.remote_name == "gpu-03")
     assert host_end.remote_chassis_id == GUID["gpu-03"]
-    assert result.values == 7 and collector.problems == {"ufm-1": []}
+    assert result.values == 7 and result.problems == []
 
     basic = "Basic " + base64.b64encode(f"{USERNAME}:{PASSWORD}".encode()).decode()
     assert all(path.startswith("/ufmRest/") and header == basic for _, path, _, header in ufm.requests)
@@ -310,13 +310,13 @@ def test_items_missing_fields_are_left_out_and_the_good_ones_kept(ufm, caplog):
     samples = {(s.device, s.port) for s in of(result.records, PortSample)}
     assert len(samples) == 12 and ("leaf-1", "1/3/1") not in samples and ("leaf-1", "1/1/1") not in samples
     assert ("spine-2", "1/1/1") in samples
-    problems = [str(p) for p in collector.problems["ufm-1"]]
-    assert all(p.kind == "bad_response" for p in collector.problems["ufm-1"])
+    problems = [str(p) for p in result.problems]
+    assert all(p.kind == "bad_response" for p in result.problems)
     assert any("GET /ufmRest/resources/ports: 2 of 18 items left out" in p and "no 'logical_state'" in p
                and "'no-port-number' is not <GUID>_<port number>" in p for p in problems), problems
     assert any("GET /ufmRest/resources/links: 1 of 9 items left out" in p and "no 'destination_guid'" in p
                for p in problems), problems
-    assert "items left out" in caplog.text and PASSWORD not in caplog.text
+    assert PASSWORD not in " ".join(problems) + caplog.text
     assert len(of(result.records, LldpNeighbor)) == 10  # one inter-switch link (two ends) less
 
     every = json.loads(json.dumps(ufm.data["systems"]))
@@ -337,7 +337,7 @@ def test_a_failing_secondary_route_is_noted_and_the_poll_goes_on(ufm):
     samples = of(result.records, PortSample)
     assert len(samples) == 14 and all(s.in_octets is None for s in samples)  # state without counters
     assert not [p for p in of(result.records, GenericPoint) if p.measurement == "ufm_alarm"]
-    problems = [str(p) for p in collector.problems["ufm-1"]]
+    problems = [str(p) for p in result.problems]
     assert any("GET /ufmRest/app/alarms: HTTP 500" in p for p in problems), problems
     assert any("POST /ufmRest/monitoring/snapshot: no \"Port\" object under '1716899674'" in p for p in problems)
 
@@ -381,14 +381,14 @@ def test_the_snapshot_is_asked_for_the_whole_site_and_read_under_statistics(ufm)
     samples = {(s.device, s.port): s for s in of(result.records, PortSample)}
     raw = ufm.data["counters"][port_name("spine-2", "1/2/1")]
     assert samples[("spine-2", "1/2/1")].in_octets == 4 * raw["Infiniband_MBIn"]  # a multi-ASIC switch's port
-    assert len(samples) == 14 and collector.problems["ufm-1"] == []  # the hosts' ports in the answer are skipped
+    assert len(samples) == 14 and result.problems == []  # the hosts' ports in the answer are skipped
 
     # values at the port's top level (not the public shape): no counters, and the poll says why
     flat = {"2024-05-28 08:03:05": {"Port": {name: dict(c) for name, c in ufm.data["counters"].items()}}}
     ufm.fault("/monitoring/snapshot", lambda: json.dumps(flat).encode())
     result = poll(device(ufm), collector)
     assert all(s.in_octets is None for s in of(result.records, PortSample))
-    [problem] = [str(p) for p in collector.problems["ufm-1"]]
+    [problem] = [str(p) for p in result.problems]
     assert "POST /ufmRest/monitoring/snapshot: 14 of 14 items left out" in problem
     assert 'no "statistics" object' in problem
 
@@ -611,7 +611,7 @@ def test_a_repeated_snapshot_keeps_its_first_time(ufm):
 def test_ufm_telemetry_gives_exact_64_bit_counters(ufm):
     collector = UfmCollector()
     result = poll(device(ufm, telemetry_url=f"{ufm.url}/enterprise"), collector)
-    assert not ufm.snapshot_requests and collector.problems["ufm-1"] == []
+    assert not ufm.snapshot_requests and result.problems == []
     [scrape] = requests_to(ufm, "/enterprise")
     assert scrape[3] is None  # no UFM credential goes to the telemetry endpoint
     samples = {(s.device, s.port): s for s in of(result.records, PortSample)}
@@ -669,14 +669,14 @@ def test_bad_telemetry_is_noted_and_the_rest_kept(ufm):
     result = poll(dev, collector)
     s = next(x for x in of(result.records, PortSample) if (x.device, x.port) == ("leaf-1", "1/1/1"))
     assert s.out_octets is None and s.in_octets == ufm.data["telemetry"][rounded]["PortRcvDataExtended"]
-    [problem] = [str(p) for p in collector.problems["ufm-1"]]
+    [problem] = [str(p) for p in result.problems]
     assert f"GET {ufm.url}/enterprise: 1 of 14 items left out" in problem and "no exact unsigned 64-bit" in problem
 
     ufm.fault("/enterprise", lambda: b"<html><body>UFM Telemetry is starting</body></html>")
     result = poll(dev, collector)
     samples = of(result.records, PortSample)
     assert len(samples) == 14 and all(x.in_octets is None for x in samples)
-    [problem] = [str(p) for p in collector.problems["ufm-1"]]
+    [problem] = [str(p) for p in result.problems]
     assert f"GET {ufm.url}/enterprise: not Prometheus text" in problem
 
 
@@ -709,7 +709,7 @@ def test_settings_need_one_kind_of_credential_and_hide_secrets():
 
 def test_nms_collect_ufm_once_prints_the_switches_and_what_was_left_out(ufm, tmp_path):
     """The CLI polls UFM once: every switch port in the table, the links as neighbours, a route's bad
-    answer under it (the poll still ok), the password nowhere; --json carries the problems too."""
+    answer under it (the poll still ok), the password nowhere; --json has it in the device's status."""
     import os
     import subprocess
     import sys
@@ -731,15 +731,20 @@ def test_nms_collect_ufm_once_prints_the_switches_and_what_was_left_out(ufm, tmp
     assert max(len(line) for line in out.splitlines()) <= 80, out
     for switch, label, *_ in [("leaf-1", "1/1/1"), ("spine-2", "1/2/1"), ("leaf-2", "1/4/1")]:
         assert any(switch in line and label in line for line in out.splitlines()), out
-    assert "left out of the poll" in out and "/app/alarms: HTTP 500" in " ".join(out.split()), out
+    notes = " ".join(out.split("left out of the last poll (the rest was kept):")[1].split())
+    assert "ufm-1 (ufm): GET /ufmRest/app/alarms: HTTP 500" in notes and "alarms left out" in notes, out
     assert PASSWORD not in out + proc.stderr
     assert "1/1 devices ok" in proc.stderr
 
+    ufm.fault("/app/alarms", "500", "500", "500")
     js = json.loads(nms("--json").stdout)
+    [status] = js["devices"]
+    assert status["state"] == "ok" and status["last_problem_count"] == status["problems"] == 1
+    assert status["last_problems"][0]["what"] == "GET /ufmRest/app/alarms"
+    assert status["last_problems"][0]["reason"].startswith("HTTP 500")
     assert {f["device"] for f in js["facts"]} == {"ufm-1", "spine-1", "spine-2", "leaf-1", "leaf-2"}
     assert ("leaf-1", "1/1/1", "spine-1", "1/1/1") in {(n["device"], n["port"], n["remote_name"], n["remote_port"])
                                                        for n in js["lldp"]}
-    assert "problems" not in js  # the alarms answer again
 
 
 # --- helpers -------------------------------------------------------------------------------------------

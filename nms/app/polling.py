@@ -9,6 +9,10 @@ flap counts (nms.linkstate), go to the store and to an in-memory recent window t
 correlator). `on_records`, when set, sees every poll's records plus the derived ones (PortRates,
 QueueRates, LinkEvent).
 
+A successful poll's problems (PollResult.problems: what it left out and why) are counted per device
+and collector: the latest poll's (the first PROBLEMS_KEPT of them, and how many) and a running total,
+in the device's status (GET /devices) and in /metrics; a stream's batches count as its polls.
+
 A poll may report several devices: a fabric manager (UFM) is polled as one device and returns the
 records of the switches it manages. The devices a poll covers are the ones its DeviceFacts name
 (the polled device's own facts come first); each gets its facts and LLDP neighbours filed under its
@@ -37,12 +41,14 @@ from nms.config.models import SwitchConfig
 from nms.counters import FIRST, HELD, RateTracker
 from nms.linkstate import LinkStateTracker
 from nms.records import (
+    PROBLEMS_KEPT,
     DeviceFacts,
     DeviceStatus,
     FabricTopology,
     InterfaceAddress,
     LinkEvent,
     LldpNeighbor,
+    PollProblem,
     PortRates,
     PortSample,
     QueueSample,
@@ -77,6 +83,9 @@ class _Status:
     last_error: str | None = None
     next_attempt_ns: int | None = None
     records: int = 0
+    problems: int = 0
+    last_problem_count: int = 0
+    last_problems: list[PollProblem] = field(default_factory=list)
 
     def snapshot(self) -> DeviceStatus:
         return DeviceStatus(device=self.device.name, collector=self.collector, address=self.device.mgmt_address,
@@ -84,7 +93,9 @@ class _Status:
                             polls=self.polls, failures=self.failures, consecutive_failures=self.consecutive_failures,
                             last_poll_ns=self.last_poll_ns, last_success_ns=self.last_success_ns,
                             last_duration_s=self.last_duration_s, last_error_kind=self.last_error_kind,
-                            last_error=self.last_error, next_attempt_ns=self.next_attempt_ns, records=self.records)
+                            last_error=self.last_error, next_attempt_ns=self.next_attempt_ns, records=self.records,
+                            problems=self.problems, last_problem_count=self.last_problem_count,
+                            last_problems=list(self.last_problems))
 
 
 @dataclass
@@ -134,6 +145,10 @@ class _Metrics:
         )
         self.store_errors = Counter("nms_collector_store_errors", "batches the store refused", ["collector"],
                                     registry=registry)
+        self.problems = Counter("nms_collector_poll_problems", "things successful polls left out (PollResult.problems)",
+                                ["collector", "device"], registry=registry)
+        self.last_problems = Gauge("nms_collector_last_poll_problems", "things the device's last successful poll "
+                                   "left out", ["collector", "device"], registry=registry)
 
 
 class Poller:
@@ -281,6 +296,15 @@ class Poller:
         st.state, st.consecutive_failures, st.next_attempt_ns = "ok", 0, None
         st.last_success_ns = time.time_ns()
         st.records = len(result.records)
+        found = list(result.problems)
+        st.problems += len(found)
+        st.last_problem_count, st.last_problems = len(found), found[:PROBLEMS_KEPT]
+        if found:
+            more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+            log.warning("%s poll of %s left out %d things (the rest kept): %s%s", st.collector, st.device.name,
+                        len(found), "; ".join(map(str, found[:3])), more)
+        self.metrics.problems.labels(st.collector, st.device.name).inc(len(found))
+        self.metrics.last_problems.labels(st.collector, st.device.name).set(len(found))
         self.metrics.polls.labels(st.collector, st.device.name, "ok").inc()
         self.metrics.up.labels(st.collector, st.device.name).set(1)
         self.metrics.failing.labels(st.collector, st.device.name).set(0)

@@ -162,8 +162,8 @@ def topology(as_json: bool = typer.Option(False, "--json"), problems: bool = typ
 
 def devices(as_json: bool = typer.Option(False, "--json", help="everything /devices returns, as JSON"),
             wide: bool = WideOpt, url: str = UrlOpt, token: str | None = TokenOpt) -> None:
-    """Collector status per device: state, last success, failures, error (--wide: address, poll time,
-    polls, exact times)."""
+    """Collector status per device: state, last success, failures, error, what the last poll left out
+    (--wide: address, poll time, polls, exact times, every problem kept)."""
     items = ApiClient(url, token).call("GET", "/devices")
     if as_json:
         print(json.dumps(items, indent=2))
@@ -171,26 +171,49 @@ def devices(as_json: bool = typer.Option(False, "--json", help="everything /devi
     now = time.time_ns()
     if wide:
         table = _table("device", "collector", "address", "state", "last success", "took", "polls", "failures",
-                       "error", fold=("error",))
+                       "left out", "error", fold=("error",))
     else:  # the error's kind here, its message under the table
-        table = _table("device", "collector", "state", "last ok", "failures", "error")
-    errors = []
+        # "via": the collector (its name is short; the header is what 80 columns cannot spare)
+        table = _table("device", "via", "state", "last ok", "failures", "left out", "error")
+    errors, left_out = [], []
     for d in items:
+        count, total = d.get("last_problem_count", 0), d.get("problems", 0)  # an older server has neither
+        if count:
+            left_out.append(d)
         failing = d["state"] != "ok" and d["last_error"]
         state = _styled(d["state"], STATE_STYLE)
         if wide:
             table.add_row(d["device"], d["collector"], d["address"], state,
                           fmt_time(d["last_success_ns"]) if d["last_success_ns"] else "never",
                           f"{d['last_duration_s']:.2f} s" if d["last_duration_s"] is not None else "",
-                          str(d["polls"]), str(d["failures"]),
+                          str(d["polls"]), str(d["failures"]), f"{count} ({total} in all)" if total else "",
                           f"{d['last_error_kind']}: {d['last_error']}" if failing else "")
         else:
             table.add_row(d["device"], d["collector"], state, _ago(d["last_success_ns"], now),
-                          f"{d['failures']}/{d['polls']}", (d["last_error_kind"] or "") if failing else "")
+                          f"{d['failures']}/{d['polls']}", str(count) if count else "",
+                          (d["last_error_kind"] or "") if failing else "")
             if failing:
                 errors.append((d["device"], d["collector"], d["last_error"]))
     _print_table(table, wide)
     _error_notes(errors)
+    _problem_notes(left_out, shown=None if wide else 3)
+
+
+def _problem_notes(statuses: list[dict], shown: int | None) -> None:
+    """What each device's last poll left out (`shown` of them per device; None: all the status kept)."""
+    import textwrap
+
+    if not statuses:
+        return
+    console.print("left out of the last poll (the rest was kept):")
+    for d in statuses:
+        problems = d.get("last_problems", [])
+        for p in problems[:shown]:
+            console.print(textwrap.fill(f"{d['device']} ({d['collector']}): {p['what']}: {p['reason']}",
+                                        width=max(console.width, 40), initial_indent="  ", subsequent_indent="    "),
+                          markup=False, highlight=False)
+        if (more := d.get("last_problem_count", len(problems)) - len(problems[:shown])) > 0:
+            console.print(f"    and {more} more (nms devices --json)", markup=False, highlight=False)
 
 
 JsonOpt = typer.Option(False, "--json", help=(
@@ -214,7 +237,7 @@ def collect_snmp(config: Path = ConfigOpt, once: bool = OnceOpt, device: list[st
 def collect_ufm(config: Path = ConfigOpt, once: bool = OnceOpt, device: list[str] = DeviceOpt,
                 wide: bool = WideOpt, as_json: bool = JsonOpt) -> None:
     """Poll the configured UFM servers once and print the switches, ports and links they report
-    (nothing is stored). Same tables as `collect snmp`; UFM's own problems (items left out) follow."""
+    (nothing is stored). Same tables as `collect snmp`; what each poll left out follows."""
     _collect_once("ufm", "from UFM", config, device, wide, as_json)
 
 
@@ -262,19 +285,11 @@ def _collect_once(name: str, how: str, config: Path, device: list[str], wide: bo
     with console.status(f"polling {len(switches)} device(s) {how}..."):
         statuses = asyncio.run(run())
     took = time.perf_counter() - started
-    problems = [str(p) for items in getattr(collectors[name], "problems", {}).values() for p in items]
-    if as_json:
-        print(json.dumps({**_cycle_json(poller, statuses), **({"problems": problems} if problems else {})},
-                         indent=2))
+    if as_json:  # each device's problems are in its status (last_problems)
+        print(json.dumps(_cycle_json(poller, statuses), indent=2))
     else:
         _print_cycle(poller, statuses, wide)
-        if problems:
-            import textwrap
-
-            console.print("left out of the poll (the rest was kept):")
-            for p in problems:
-                console.print(textwrap.fill(p, width=max(console.width, 40), initial_indent="  ",
-                                            subsequent_indent="    "), markup=False, highlight=False)
+        _problem_notes([d.model_dump(mode="json") for d in statuses if d.last_problem_count], shown=None)
     failed = [s for s in statuses if s.state != "ok"]
     err_console.print(f"{len(statuses) - len(failed)}/{len(statuses)} devices ok in {took:.2f} s")
     if failed:
@@ -325,9 +340,10 @@ def _print_cycle(poller, statuses, wide: bool = False) -> None:
     if lldp.rows:
         _print_table(lldp, wide)
     if wide:
-        status = _table("device", "address", "state", "took", "objects", "error", title="devices", fold=("error",))
+        status = _table("device", "address", "state", "took", "objects", "left out", "error", title="devices",
+                        fold=("error",))
     else:  # the error's kind here, its message under the table
-        status = _table("device", "state", "took", "objects", "error", title="devices")
+        status = _table("device", "state", "took", "objects", "left out", "error", title="devices")
     errors = []
     for d in statuses:
         facts = poller.recent.facts.get(d.device)
@@ -335,6 +351,7 @@ def _print_cycle(poller, statuses, wide: bool = False) -> None:
         row = [d.device, d.address, _styled(d.state, STATE_STYLE),
                f"{d.last_duration_s:.2f} s" if d.last_duration_s is not None else "",
                str(facts.interfaces) + " ifs" if facts and d.state == "ok" else "",
+               str(d.last_problem_count) if d.last_problem_count else "",
                f"{d.last_error_kind}: {d.last_error}" if failing else ""]
         if not wide:
             del row[1]
