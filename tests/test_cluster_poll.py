@@ -270,11 +270,11 @@ def test_a_member_stops_even_when_the_stop_comes_with_a_bus_reply(nats_server, s
             await until(lambda: len(a.shard.members) == 2, 5, "poll-a to see both")
             stopping: list[asyncio.Task] = []
             b.shard._kv = _ReplyWithTheStop(b.shard._kv, lambda: stopping.append(asyncio.ensure_future(b.stop())))
-            await until(lambda: stopping, HEARTBEAT, "poll-b's next read of the members")
+            await until(lambda: stopping, 10, "poll-b's next read of the members")
             done, _ = await asyncio.wait(stopping, timeout=STOP_GRACE_S + 5)
             assert done, "poll-b's stop() did not return: its membership task outlived the cancel"
             assert b.shard._task.done()
-            await until(lambda: a.shard.members == ("poll-a",), HEARTBEAT, "poll-a to see poll-b gone")
+            await until(lambda: a.shard.members == ("poll-a",), 10, "poll-a to see poll-b gone")
         finally:
             await a.stop()
             await b.stop()
