@@ -3,11 +3,15 @@ NATS connection) against a real nats-server with JetStream (tests/_nats.py) and 
 (tests/_snmpd.py) that every configured switch points at; gNMI streams against the lab's real gNMI
 target (lab/gnmi_target.py), three switches streamed from one target. A member "killed" here stops
 at once, without leaving: no more heartbeats, its NATS connection closed, as kill -9 does
-(tests/test_cluster_poll_process.py kills a real `nms serve --role poll` with SIGKILL)."""
+(tests/test_cluster_poll_process.py kills a real `nms serve --role poll` with SIGKILL).
+Each test's event loop runs under a deadline (bounded()), so a member that does not stop fails the test
+with what it waited for instead of hanging it until pytest-timeout."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 
 import yaml
@@ -16,7 +20,7 @@ from _snmpd import Snmpd, snmpd  # noqa: F401  (fixture)
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from prometheus_client import CollectorRegistry
 
-from nms.app.poll_shard import PollShard
+from nms.app.poll_shard import STOP_GRACE_S, PollShard
 from nms.app.polling import Poller
 from nms.bus.nats import NatsBus
 from nms.config import parse_config
@@ -52,6 +56,7 @@ class Member:
         self.config.cluster.poll.member = name
         self.name = name
         self.registry = CollectorRegistry()
+        self.down = False  # stopped or killed
 
     async def start(self) -> Member:
         self.bus = NatsBus(self.config.cluster.bus)
@@ -74,12 +79,17 @@ class Member:
 
     async def kill(self) -> None:
         """Stop everything at once, leaving nothing behind in the bus (as kill -9)."""
+        self.down = True
+        self.shard._stopping.set()  # the cancel alone may be lost (poll_shard._end)
         self.shard._task.cancel()
         self.scheduler.shutdown(wait=False)
         await self.poller.close()
         await self.bus._nc.close()
 
     async def stop(self) -> None:
+        if self.down:
+            return
+        self.down = True
         self.scheduler.shutdown(wait=False)
         await self.shard.stop()
         await self.poller.close()
@@ -96,6 +106,34 @@ async def until(condition, timeout: float, what: str, step: float = 0.05):
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
+def handovers(m: Member) -> float:
+    """The switches this member took or gave so far (nms_poll_handover_switches_total)."""
+    return sum(m.registry.get_sample_value("nms_poll_handover_switches_total", {"direction": d}) or 0
+               for d in ("taken", "given"))
+
+
+def bounded(coro, timeout: float = 180.0):
+    """asyncio.run(coro), failed after `timeout` s (the members' stops included; pytest-timeout is 300 s)
+    rather than hung. Tasks left at the end are cancelled until they ended: asyncio.run cancels once,
+    and on Python 3.11 a cancel can be lost (nms/app/poll_shard.py, _end)."""
+    async def main():
+        task = asyncio.create_task(coro)
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        hung = "\n".join(f"  {t!r}" for t in asyncio.all_tasks() if t is not asyncio.current_task())
+        if not done:
+            task.cancel()
+            await asyncio.wait({task}, timeout=30)  # its `finally` stops the members
+        deadline = time.monotonic() + 10
+        while (left := asyncio.all_tasks() - {asyncio.current_task()}) and time.monotonic() < deadline:
+            for t in left:
+                t.cancel()
+            await asyncio.wait(left, timeout=0.1)
+        if not done:
+            raise AssertionError(f"the test's event loop did not finish within {timeout:g} s; its tasks:\n{hung}")
+        return task.result()
+    return asyncio.run(main())
+
+
 def test_members_split_the_switches_and_a_killed_members_switches_are_polled_within_two_heartbeats(
         nats_server, snmpd, tmp_path):  # noqa: F811
     config = cluster_config(tmp_path, nats_server.url, snmp_switches(snmpd))
@@ -110,10 +148,22 @@ def test_members_split_the_switches_and_a_killed_members_switches_are_polled_wit
             assert all(o == expected[m.name] and o for m, o in zip(members, owned, strict=True))
             assert set().union(*owned) == set(SWITCHES) and sum(map(len, owned)) == len(SWITCHES)  # disjoint, all
 
-            # steady state: every switch polled again, and only by its owner
-            before = [m.polls() for m in members]
-            await until(lambda: all(m.polls()[s] >= b[s] + 1 for m, b in zip(members, before, strict=True)
-                                    for s in m.shard.owned), 15, "one more poll of every switch")
+            # steady state: every switch polled again, and only by its owner, in a window where no member
+            # saw the membership change. On a starved machine the one event loop of the three members can
+            # stall past the renewal margin (0.75 heartbeat): every entry lapses and each member takes
+            # every switch for a while, as designed (polled twice rather than by no one); such a window
+            # does not count, up to three.
+            for _ in range(3):
+                await until(lambda: all(m.scheduled() == expected[m.name] for m in members), 10,
+                            "the shares scheduled")
+                before, moved = [m.polls() for m in members], [handovers(m) for m in members]
+                await until(lambda before=before: all(m.polls()[s] >= b[s] + 1 for m, b in zip(
+                    members, before, strict=True) for s in m.shard.owned), 15, "one more poll of every switch")
+                if [handovers(m) for m in members] == moved:
+                    break
+                print("the membership changed during the steady-state window (an event loop stalled); again")
+            else:
+                raise AssertionError("no steady-state window without a membership change in three")
             for m, b in zip(members, before, strict=True):
                 others = set(SWITCHES) - m.shard.owned
                 assert {s: m.polls()[s] for s in others} == {s: b[s] for s in others}, m.name
@@ -125,6 +175,7 @@ def test_members_split_the_switches_and_a_killed_members_switches_are_polled_wit
 
             # the worst case: poll-c dies right after renewing its entry
             victim, survivors = members[2], members[:2]
+            taken_before = gauges.get_sample_value("nms_poll_handover_switches_total", {"direction": "taken"}) or 0
             renewed = victim.shard._next_beat
             await until(lambda: victim.shard._next_beat != renewed, 5, "poll-c to renew its entry")
             await victim.kill()
@@ -147,13 +198,13 @@ def test_members_split_the_switches_and_a_killed_members_switches_are_polled_wit
             assert gauges.get_sample_value("nms_cluster_members", {"role": "poll"}) == 2
             assert gauges.get_sample_value("nms_poll_member_switches", {"member": "poll-c"}) is None
             assert gauges.get_sample_value("nms_poll_handover_switches_total", {"direction": "taken"}) == \
-                len(after["poll-a"] - expected["poll-a"])
+                taken_before + len(after["poll-a"] - expected["poll-a"])
             return took
         finally:
-            for m in members[:2]:
+            for m in members:
                 await m.stop()
 
-    took = asyncio.run(run())
+    took = bounded(run())
     print(f"poll-c's switches polled by the others {took:.2f} s after the kill")
 
 
@@ -176,8 +227,82 @@ def test_a_member_that_joins_takes_its_share_and_one_that_leaves_hands_it_back(n
             assert time.monotonic() - left < HEARTBEAT  # no waiting for the entry to expire
         finally:
             await a.stop()
+            await b.stop()
 
-    asyncio.run(run())
+    bounded(run())
+
+
+class _ReplyWithTheStop:
+    """The member's bucket (the real one, on the real nats-server) whose next read is answered in the same
+    event-loop iteration as the member's stop() begins, and waited for through asyncio.wait_for as
+    nats-py's requests wait: the race that, on Python 3.11, made stop()'s cancel vanish and stop() wait
+    for ever (CPython issue 86296). Seen in runs of this module; the timing is forced here."""
+
+    def __init__(self, kv, on_reply) -> None:
+        self.kv, self.on_reply = kv, on_reply
+
+    async def put(self, key, value):
+        await self.kv.put(key, value)
+
+    async def delete(self, key):
+        await self.kv.delete(key)
+
+    async def items(self):
+        live = await self.kv.items()
+        if self.on_reply is None:
+            return live
+        reply, on_reply, self.on_reply = asyncio.get_running_loop().create_future(), self.on_reply, None
+
+        def answer():
+            reply.set_result(live)  # wakes the wait_for below one callback later...
+            on_reply()  # ...after this starts stop()
+        asyncio.get_running_loop().call_soon(answer)
+        return await asyncio.wait_for(reply, 5)
+
+
+def test_a_member_stops_even_when_the_stop_comes_with_a_bus_reply(nats_server, snmpd, tmp_path):  # noqa: F811
+    config = cluster_config(tmp_path, nats_server.url, snmp_switches(snmpd))
+
+    async def run():
+        a = await Member(config, "poll-a").start()
+        b = await Member(config, "poll-b").start()
+        try:
+            await until(lambda: len(a.shard.members) == 2, 5, "poll-a to see both")
+            stopping: list[asyncio.Task] = []
+            b.shard._kv = _ReplyWithTheStop(b.shard._kv, lambda: stopping.append(asyncio.ensure_future(b.stop())))
+            await until(lambda: stopping, 10, "poll-b's next read of the members")
+            done, _ = await asyncio.wait(stopping, timeout=STOP_GRACE_S + 5)
+            assert done, "poll-b's stop() did not return: its membership task outlived the cancel"
+            assert b.shard._task.done()
+            await until(lambda: a.shard.members == ("poll-a",), 10, "poll-a to see poll-b gone")
+        finally:
+            await a.stop()
+            await b.stop()
+
+    bounded(run())
+
+
+def test_a_member_whose_bus_does_not_answer_still_stops_in_bounded_time(nats_server, snmpd, tmp_path):  # noqa: F811
+    config = cluster_config(tmp_path, nats_server.url, snmp_switches(snmpd))
+
+    async def run():
+        a = await Member(config, "poll-a").start()
+        os.kill(nats_server.proc.pid, signal.SIGSTOP)  # up, connected, silent
+        try:
+            started = time.monotonic()
+            await a.shard.stop()
+            left = time.monotonic() - started
+            await a.stop()
+            return left, time.monotonic() - started
+        finally:
+            os.kill(nats_server.proc.pid, signal.SIGCONT)
+
+    left, took = bounded(run())
+    ttl = HEARTBEAT * 1.25
+    # the leave waits for the entry's ttl, not the bus's publish timeout (5 s): the entry is gone by then
+    assert ttl - 0.1 < left < ttl + 1.5, f"the leave took {left:.2f} s with the bus silent (ttl {ttl} s)"
+    assert took - left < 2 + 1.5, f"stop took {took:.2f} s with the bus silent"  # NatsBus.close's flush: 2 s
+    print(f"poll-a left in {left:.2f} s and stopped in {took:.2f} s with its nats-server stopped (SIGSTOP)")
 
 
 def test_a_gnmi_stream_moves_with_its_switch(nats_server, tmp_path):  # noqa: F811
@@ -213,6 +338,7 @@ def test_a_gnmi_stream_moves_with_its_switch(nats_server, tmp_path):  # noqa: F8
             return took
         finally:
             await a.stop()
+            await b.stop()
             target.stop()
 
-    print(f"poll-b's gNMI streams delivering to poll-a {asyncio.run(run()):.2f} s after the kill")
+    print(f"poll-b's gNMI streams delivering to poll-a {bounded(run()):.2f} s after the kill")

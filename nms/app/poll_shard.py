@@ -7,7 +7,8 @@ a heartbeat; the switches are split over the live members by rendezvous hashing
 (nms/rendezvous.py), which every member computes alike, so no coordinator and no lock. A member
 that dies stops renewing: its entry expires and the others take its switches within 1.375
 heartbeats (and start polling them within another sixteenth); a member that stops cleanly deletes
-its entry (handed over at the others' next check).
+its entry (handed over at the others' next check). Stopping is bounded even when the bus does not
+answer: the leave waits at most the entry's ttl (it is gone by then anyway).
 A gNMI stream moves with its switch (the poller stops and starts it, nms/app/polling.py).
 
 A member that cannot reach the bus keeps polling the share it had (the others may take it too once
@@ -34,6 +35,18 @@ from nms.rendezvous import assign
 log = logging.getLogger(__name__)
 TTL_HEARTBEATS = 1.25  # renewed every half heartbeat: a renewal may be 0.75 heartbeat late
 CHECKS_PER_HEARTBEAT = 8
+STOP_GRACE_S = 5.0  # the most stop() waits for the membership task to end
+
+
+async def _end(task: asyncio.Task, grace_s: float) -> bool:
+    """Cancel `task` until it ended (True), or `grace_s` passed (False). Cancelling once is not enough on
+    Python < 3.12: asyncio.wait_for, which nats-py's requests use, returns the reply and drops a
+    cancel that arrives in the same loop iteration as that reply (CPython issue 86296, fixed in 3.12)."""
+    deadline = time.monotonic() + grace_s
+    while not task.done() and time.monotonic() < deadline:
+        task.cancel()
+        await asyncio.wait({task}, timeout=min(0.1, grace_s))
+    return task.done()
 
 
 def default_member() -> str:
@@ -75,6 +88,7 @@ class PollShard:
         self._next_beat = 0.0
         self._started = time.time()
         self._bus_ok = True
+        self._stopping = asyncio.Event()
 
     async def start(self, scheduler) -> None:
         """Join (first heartbeat), take this member's share, schedule it, then keep the membership."""
@@ -86,22 +100,25 @@ class PollShard:
         self._task = asyncio.create_task(self._keep(), name="poll-membership")
 
     async def stop(self) -> None:
-        """Leave: stop renewing and delete the entry, so the others take the switches at their next check."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._kv is not None:
+        """Leave: stop renewing and delete the entry, so the others take the switches at their next check.
+        Returns within STOP_GRACE_S + the entry's ttl, whether the bus answers or not."""
+        self._stopping.set()
+        if self._task is not None and not await _end(self._task, STOP_GRACE_S):
+            log.error("poll shard: the membership task of %s did not end within %g s", self.member, STOP_GRACE_S)
+        kv, self._kv = self._kv, None  # leave once
+        if kv is not None:
             try:
-                await self._kv.delete(self.member)
+                await asyncio.wait_for(kv.delete(self.member), self.spec.ttl_s)
                 log.info("poll shard: member %s left; its %d switches go to the others", self.member, len(self.owned))
-            except BusError as e:
-                log.warning("poll shard: could not leave cleanly (%s); the entry expires in %.1f s", e,
-                            self.spec.ttl_s)
+            except (BusError, TimeoutError) as e:
+                log.warning("poll shard: could not leave cleanly (%s); the entry expires in %.1f s",
+                            str(e) or f"no answer within {self.spec.ttl_s:g} s", self.spec.ttl_s)
 
     async def _keep(self) -> None:
-        while True:
+        while not self._stopping.is_set():  # besides the cancel, which a request may drop (_end)
             await asyncio.sleep(self.heartbeat_s / CHECKS_PER_HEARTBEAT)
+            if self._stopping.is_set():
+                return
             try:
                 if time.monotonic() >= self._next_beat:
                     await self._beat()
