@@ -193,7 +193,10 @@ def test_lldp_topology_equals_the_lab_and_an_unreachable_switch_does_not_delay_t
     assert set(link.seen_by[0] for link in topo.links) <= {"leaf1", "leaf2", "spine1", "spine2"}
     assert first["ghost"].last_error_kind == "timeout"
     for name in ("spine1", "spine2", "leaf1", "leaf2"):
-        assert (first[name].last_success_ns - started) / 1e9 < 1.5, f"{name} waited for the unreachable switch"
+        # polled beside the unreachable switch, not after its 2 tries of 1 s (when its own poll took on a loaded
+        # machine is its own business: 1.49 s was seen)
+        assert (first[name].last_poll_ns - started) / 1e9 < 1.0, f"{name} waited for the unreachable switch"
+        assert first[name].last_success_ns > first[name].last_poll_ns
     # the equal-cost paths between hosts on different leaves go through each spine
     from nms.topology import ecmp_paths
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
+from nms.app.tasks import end_tasks
 from nms.bus import Bus, BusError, KvSpec
 from nms.config.models import BusConfig, PollShardConfig
 from nms.rendezvous import assign
@@ -36,17 +37,6 @@ log = logging.getLogger(__name__)
 TTL_HEARTBEATS = 1.25  # renewed every half heartbeat: a renewal may be 0.75 heartbeat late
 CHECKS_PER_HEARTBEAT = 8
 STOP_GRACE_S = 5.0  # the most stop() waits for the membership task to end
-
-
-async def _end(task: asyncio.Task, grace_s: float) -> bool:
-    """Cancel `task` until it ended (True), or `grace_s` passed (False). Cancelling once is not enough on
-    Python < 3.12: asyncio.wait_for, which nats-py's requests use, returns the reply and drops a
-    cancel that arrives in the same loop iteration as that reply (CPython issue 86296, fixed in 3.12)."""
-    deadline = time.monotonic() + grace_s
-    while not task.done() and time.monotonic() < deadline:
-        task.cancel()
-        await asyncio.wait({task}, timeout=min(0.1, grace_s))
-    return task.done()
 
 
 def default_member() -> str:
@@ -103,7 +93,7 @@ class PollShard:
         """Leave: stop renewing and delete the entry, so the others take the switches at their next check.
         Returns within STOP_GRACE_S + the entry's ttl, whether the bus answers or not."""
         self._stopping.set()
-        if self._task is not None and not await _end(self._task, STOP_GRACE_S):
+        if self._task is not None and not await end_tasks([self._task], STOP_GRACE_S):
             log.error("poll shard: the membership task of %s did not end within %g s", self.member, STOP_GRACE_S)
         kv, self._kv = self._kv, None  # leave once
         if kv is not None:

@@ -36,6 +36,7 @@ from apscheduler.jobstores.base import JobLookupError
 from prometheus_client import Counter, Gauge, Histogram
 
 from nms.app.plugins import load_plugin
+from nms.app.tasks import end_tasks
 from nms.config import NmsConfig
 from nms.config.models import SwitchConfig
 from nms.counters import FIRST, HELD, RateTracker
@@ -58,6 +59,7 @@ from nms.topology import build_topology
 log = logging.getLogger(__name__)
 COLLECTOR_GROUP = "nms.collectors"
 NS = 10**9
+STOP_GRACE_S = 5.0  # the most a stop waits for a cancelled task to end
 
 
 def load_collectors(config: NmsConfig) -> dict[str, Any]:
@@ -213,9 +215,7 @@ class Poller:
 
     async def _stop(self, key: tuple[str, str]) -> None:
         if (task := self._streams.pop(key, None)) is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await end_tasks([task], STOP_GRACE_S)
         with contextlib.suppress(JobLookupError):
             self._scheduler.remove_job(f"collect-{key[0]}-{key[1]}")
         st = self.status[key]
@@ -431,10 +431,7 @@ class Poller:
                               flapping=flapping, generated_ns=now)
 
     async def close(self) -> None:
-        for task in self._streams.values():
-            task.cancel()
-        if self._streams:
-            await asyncio.gather(*self._streams.values(), return_exceptions=True)
+        await end_tasks(self._streams.values(), STOP_GRACE_S)
         self._streams.clear()
         for collector in self.collectors.values():
             try:

@@ -21,6 +21,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
+from nms.app.tasks import end_tasks
 from nms.app.telemetry_bus import FAMILIES, decode, family_subjects, stream_name
 from nms.bus import Bus, BusError, BusUnavailable, Consumer, Message
 from nms.config.models import BusConfig, WriterConfig
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 DURABLE = "writer"
 RETRY_DELAY_S = 2.0  # a batch the store did not take is delivered again after this
+STOP_GRACE_S = 5.0  # the most a stop waits for a cancelled task to end
 
 
 class BusWriter:
@@ -60,10 +62,9 @@ class BusWriter:
         if not self._tasks:
             return
         _, pending = await asyncio.wait(self._tasks, timeout=timeout)
-        for task in pending:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if not await end_tasks(pending, STOP_GRACE_S):
+            log.warning("writer: %d consumer task(s) did not end within %g s of being cancelled", len(pending),
+                        STOP_GRACE_S)
         self._tasks.clear()
 
     async def _run(self, family: str, consumer: Consumer) -> None:
