@@ -52,8 +52,9 @@ from collectors.base import (
     PollStart,
 )
 from collectors.cli_config import ConfigTracker
+from collectors.cli_settings import CliSettings
 from collectors.cli_ssh import Output, Session
-from nms.config.models import CliSettings, SwitchConfig
+from nms.config.models import SwitchConfig
 
 log = logging.getLogger(__name__)
 # netmiko device type -> its command set and parsers (each module has the same names as cli_linux)
@@ -64,6 +65,7 @@ PLATFORMS.update({name: cli_napalm for name in cli_napalm.DRIVERS})
 
 class CliCollector(Collector):
     name = "cli"
+    settings_model = CliSettings
     counter_bits: dict[str, int] = cli_linux.COUNTER_BITS  # stats64 is 64-bit; a qdisc's drops are not
     link_state_rank = 10  # the kernel's operstate, read as it is at each poll
 

@@ -48,7 +48,8 @@ from collectors.base import (
 )
 from collectors.gnmi_inventory import SystemState
 from collectors.gnmi_model import Port, apply, sample
-from nms.config.models import GnmiSettings, SwitchConfig
+from collectors.gnmi_settings import GnmiSettings
+from nms.config.models import SwitchConfig
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +261,7 @@ class _PollCall:
 
 class GnmiCollector(Collector):
     name = "gnmi"
+    settings_model = GnmiSettings
     streaming = True
     link_state_rank = 0  # ON_CHANGE: a status change arrives at once
     counter_bits: dict[str, int] = {}  # openconfig counters are counter64

@@ -36,8 +36,9 @@ from typing import Any
 from collectors.base import Collector, CollectorBadResponse, CollectorConfigError, PollProblem, PollResult, PollStart
 from collectors.lldp_id import mac_octets, mac_or_text
 from collectors.snmp_ifmib import IF_COLUMNS, IF_TABLE_COLUMNS, is_port, needs_if_table, port_names, port_sample
+from collectors.snmp_settings import SnmpSettings
 from collectors.snmp_walk import EnginePool, Oid, SnmpTarget, as_text, dotted, oid, row_int, table_rows
-from nms.config.models import SnmpSettings, SwitchConfig
+from nms.config.models import SwitchConfig
 from nms.records import DeviceFacts, GenericPoint, InterfaceAddress, LldpNeighbor, PortSample
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ def _fields(value: Any) -> dict[str, int | str]:
 
 class SnmpCollector(Collector):
     name = "snmp"
+    settings_model = SnmpSettings
     # ifTable errors/discards are Counter32; the octet and packet counters come from ifXTable (64-bit),
     # or from the ifTable (32-bit) where a sample says so (PortSample.counter_bits)
     link_state_rank = 30  # agents answer ifOperStatus from a cache (net-snmp: up to 15 s old)

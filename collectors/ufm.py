@@ -46,7 +46,8 @@ from collectors.ufm_model import (
     port_sample,
     snapshot_counters,
 )
-from nms.config.models import SwitchConfig, UfmSettings
+from collectors.ufm_settings import UfmSettings
+from nms.config.models import SwitchConfig
 from nms.records import DeviceFacts, GenericPoint
 
 # The whole fabric's ports in one snapshot, as public callers ask (IBM/CAST
@@ -57,6 +58,7 @@ SNAPSHOT_SCOPE = {"functions": ["RAW"], "scope_object": "Site", "interval": 2, "
 
 class UfmCollector(Collector):
     name = "ufm"
+    settings_model = UfmSettings
     counter_bits: dict[str, int] = {}  # every UFM counter is 64-bit
     link_state_rank = 20  # the subnet manager's view, refreshed by its own sweeps
 
