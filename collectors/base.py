@@ -4,9 +4,10 @@ A collector is one object per protocol for the whole service (it may hold one en
 connection pool). It is configured per device: a device is polled by collector `name` when its
 `collectors.<name>` section is set; the configuration validates that section through the
 collector's own `settings_model` (a pydantic model; found through the entry point, so a third
-party's collector is configured like a built-in one). The service schedules `collect_with_deadline(device)` per
-device at `schedule(device).interval_s`; each call returns a `PollResult` of shared records
-(PortSample, LldpNeighbor, DeviceFacts, InterfaceAddress, GenericPoint for extra objects) or raises a
+party's collector is configured like a built-in one). The service schedules
+`collect_with_deadline(device)` per device at `schedule(device).interval_s`; each call returns a
+`PollResult` of shared records (PortSample, LldpNeighbor, DeviceFacts, InterfaceAddress,
+GenericPoint for extra objects; the polled device's DeviceFacts first) or raises a
 `CollectorError` whose `kind` says what went wrong (timeout, auth, bad_response, unreachable,
 config). Messages name the device and the address, never a secret.
 

@@ -196,19 +196,19 @@ class SnmpCollector(Collector):
                 if int(system.get(LLDP_LOC_CHASSIS_SUBTYPE, 0)) == CHASSIS_IS_MAC
                 else mac_or_text(as_text(value))
             )
-        records.append(DeviceFacts(
+        facts = DeviceFacts(
             device=device.name, ts=ts, uptime_ticks=uptime, interfaces=len(rows),
             sys_name=as_text(system[SYS_NAME])[:255] if SYS_NAME in system else None,
             sys_descr=as_text(system[SYS_DESCR])[:1024] if SYS_DESCR in system else None,
             sys_object_id=dotted(system[SYS_OBJECT_ID].asTuple()) if SYS_OBJECT_ID in system else None,
-            lldp_chassis_id=chassis))
+            lldp_chassis_id=chassis)
         # only a poll that completes counts: one cut off by its deadline walks the addresses again
         if walk_addresses:
             self._addresses_due[device.name] = time.monotonic() + self.address_refresh_s
         if uptime is not None:
             self._uptimes[device.name] = uptime
-        return self.result(device.name, started, records, values=target.values, addresses_walked=walk_addresses,
-                           problems=problems)
+        return self.result(device.name, started, [facts, *records], values=target.values,
+                           addresses_walked=walk_addresses, problems=problems)
 
     async def _interface_rows(self, device: str, target: SnmpTarget) -> tuple[dict[Oid, dict[str, Any]], bool]:
         """IF-MIB rows by ifIndex, with the ifTable fallback columns when the device needs them; and

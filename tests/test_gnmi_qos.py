@@ -14,6 +14,7 @@ import time
 
 import grpc
 import pytest
+from _gnmi import Target, free_port
 from pygnmi.spec.v080 import gnmi_pb2, gnmi_pb2_grpc
 
 from collectors import gnmi_qos
@@ -24,7 +25,7 @@ from lab.gnmi_tree import Kernel
 from nms import qdisc
 from nms.config.models import SwitchConfig
 from nms.records import QueueRates, QueueSample
-from tests.test_gnmi_collector import Target, _NoScheduler, device, free_port, poller_for, until
+from tests.test_gnmi_collector import _NoScheduler, device, poller_for, until
 
 T0 = 1_700_000_000 * 10**9
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="makes veth pairs, qdiscs and a namespace (needs root)")
