@@ -35,7 +35,7 @@ A new collector is one module with a subclass (its `name`, its `settings_model`,
 line in its pyproject.toml:
 
     [project.entry-points."nms.collectors"]
-    snmp = "collectors.snmp:SnmpCollector"
+    snmp = "collectors.snmp.collector:SnmpCollector"
 """
 
 from __future__ import annotations

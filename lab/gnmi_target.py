@@ -5,7 +5,7 @@
         [--no-qos] [--no-models] [--poll-waits] [--log FILE]
 
 `nms lab up` runs one in every switch namespace (lab/services.py); tests run it on loopback.
-The values are the kernel's (lab/gnmi_tree.py). What a client gets (collectors/gnmi.py parses it):
+The values are the kernel's (lab/gnmi_tree.py). What a client gets (collectors/gnmi/collector.py parses it):
 
 * Capabilities: openconfig-interfaces 3.0.0, openconfig-if-ethernet, openconfig-system, and (unless
   --no-qos) openconfig-qos (no models at all with --no-models, as some targets answer); JSON_IETF,

@@ -32,10 +32,10 @@ from collectors.base import (
     CollectorTimeout,
     CollectorUnreachable,
 )
-from collectors.cli import CliCollector
-from collectors.cli_config import DIFF_MAX, TEXT_MAX, ConfigTracker
-from collectors.cli_linux import Bad, addresses, neighbors, normalize, port_samples
-from collectors.cli_settings import CliSettings
+from collectors.cli.collector import CliCollector
+from collectors.cli.config import DIFF_MAX, TEXT_MAX, ConfigTracker
+from collectors.cli.linux import Bad, addresses, neighbors, normalize, port_samples
+from collectors.cli.settings import CliSettings
 from nms.app.polling import Poller
 from nms.config import parse_config
 from nms.config.loader import ConfigError

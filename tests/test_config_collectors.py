@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -13,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from collectors.cli_settings import CliSettings
-from collectors.gnmi_settings import GnmiSettings
-from collectors.snmp_settings import SnmpSettings
-from collectors.ufm_settings import UfmSettings
+from collectors.cli.settings import CliSettings
+from collectors.gnmi.settings import GnmiSettings
+from collectors.snmp.settings import SnmpSettings
+from collectors.ufm.settings import UfmSettings
 from nms.app.polling import load_collectors
 from nms.config import ConfigError, parse_config
 from nms.config.collectors import installed_collectors
@@ -203,3 +204,15 @@ def test_config_check_of_a_third_party_collector_in_a_fresh_process(acme):
         print(before, sorted(m for m in sys.modules if m in ("acme_nms", "collectors.snmp", "collectors.gnmi")))
         """), str(good)], capture_output=True, text=True, env=env, timeout=120)
     assert loaded.stdout.strip() == "[] ['acme_nms']", loaded.stderr
+
+
+@pytest.mark.parametrize("name", ["snmp", "gnmi", "ufm", "cli"])
+def test_each_collectors_readme_sample_is_a_valid_configuration(name, monkeypatch):
+    readme = (REPO / "collectors" / name / "README.md").read_text()
+    sample = readme.split("```yaml\n", 1)[1].split("```", 1)[0]
+    for var in re.findall(r"\$\{(\w+)\}", sample):
+        monkeypatch.setenv(var, "a-long-enough-secret")
+    cfg = parse_config("fabric:\n  switches:\n" + textwrap.indent(sample, "    "))
+    [switch] = cfg.fabric.switches
+    assert list(switch.collectors) == [name]
+    assert type(switch.collectors[name]) is load_collectors(cfg)[name].settings_model

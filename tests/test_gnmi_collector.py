@@ -19,7 +19,7 @@ import yaml
 from _gnmi import PASSWORD, USER, Target
 
 from collectors.base import CollectorAuthError, CollectorTimeout, CollectorUnreachable
-from collectors.gnmi import GnmiCollector
+from collectors.gnmi.collector import GnmiCollector
 from nms.app.polling import Poller
 from nms.config import parse_config
 from nms.config.models import SwitchConfig
@@ -306,7 +306,7 @@ def test_full_paths_json_ietf_values_and_a_bad_value_among_good_ones():
     the rest of the notification kept."""
     from pygnmi.spec.v080 import gnmi_pb2 as pb
 
-    from collectors.gnmi_model import apply, sample
+    from collectors.gnmi.model import apply, sample
 
     def full(name: str, leaf: str):
         return pb.Path(elem=[pb.PathElem(name="openconfig-interfaces:interfaces"),
@@ -386,7 +386,7 @@ def test_inventory_answers_in_other_vendors_shapes():
     no prefix, and with leaves of the wrong kind (noted, the rest kept)."""
     from pygnmi.spec.v080 import gnmi_pb2 as pb
 
-    from collectors.gnmi_inventory import system_state
+    from collectors.gnmi.inventory import system_state
 
     def elems(*names):
         return pb.Path(elem=[pb.PathElem(name=n) for n in names])

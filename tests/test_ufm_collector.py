@@ -84,8 +84,8 @@ from collectors.base import (
     CollectorTimeout,
     CollectorUnreachable,
 )
-from collectors.ufm import UfmCollector
-from collectors.ufm_settings import UfmSettings
+from collectors.ufm.collector import UfmCollector
+from collectors.ufm.settings import UfmSettings
 from correlator.engine import Correlator
 from nms.app.polling import Poller
 from nms.config import parse_config

@@ -34,7 +34,7 @@ from collectors.base import (
     CollectorTimeout,
     CollectorUnreachable,
 )
-from collectors.cli_settings import CliSettings
+from collectors.cli.settings import CliSettings
 
 log = logging.getLogger(__name__)
 # paramiko logs every failed connection with a traceback at ERROR; the collector reports them itself

@@ -7,7 +7,7 @@ one of the LLDP-MIB local port and remote tables, and the configured extra objec
 engine serves every device; at most `polling.max_concurrency` devices are polled at once.
 
 A device without ifXTable, or with interfaces it leaves out, gets the ifTable's 32-bit counters,
-ifSpeed and ifDescr instead (collectors/snmp_ifmib.py): a second walk on the poll that finds the
+ifSpeed and ifDescr instead (collectors/snmp/ifmib.py): a second walk on the poll that finds the
 gap, and from then on those columns are part of the device's one interface walk.
 
 Interface addresses (InterfaceAddress: IPv4 address, port, prefix length; the correlator turns
@@ -35,9 +35,9 @@ from typing import Any
 
 from collectors.base import Collector, CollectorBadResponse, CollectorConfigError, PollProblem, PollResult, PollStart
 from collectors.lldp_id import mac_octets, mac_or_text
-from collectors.snmp_ifmib import IF_COLUMNS, IF_TABLE_COLUMNS, is_port, needs_if_table, port_names, port_sample
-from collectors.snmp_settings import SnmpSettings
-from collectors.snmp_walk import EnginePool, Oid, SnmpTarget, as_text, dotted, oid, row_int, table_rows
+from collectors.snmp.ifmib import IF_COLUMNS, IF_TABLE_COLUMNS, is_port, needs_if_table, port_names, port_sample
+from collectors.snmp.settings import SnmpSettings
+from collectors.snmp.transport import EnginePool, Oid, SnmpTarget, as_text, dotted, oid, row_int, table_rows
 from nms.config.models import SwitchConfig
 from nms.records import DeviceFacts, GenericPoint, InterfaceAddress, LldpNeighbor, PortSample
 
@@ -131,7 +131,7 @@ class SnmpCollector(Collector):
     def _extra_oids(self, device: str, settings: SnmpSettings) -> tuple[list[tuple[str, Oid]], list[tuple[str, Oid]]]:
         """(scalars to GET, subtrees to walk) as (label, oid), resolved once per device."""
         if device not in self._extras:
-            from collectors.snmp_mibs import resolve  # MIB names need pysmi: imported only when used
+            from collectors.snmp.mibs import resolve  # MIB names need pysmi: imported only when used
 
             scalars, trees = [], []
             for text in settings.extra_oids:

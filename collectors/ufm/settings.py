@@ -12,7 +12,7 @@ from nms.config.models import HttpUrl, Seconds, Strict
 
 
 class UfmSettings(Strict):
-    """NVIDIA UFM Enterprise REST API (collectors/ufm.py, docs/ufm.md). The device is the UFM server;
+    """NVIDIA UFM Enterprise REST API (collectors/ufm/collector.py, docs/ufm.md). The device is the UFM server;
     its polls report the switches UFM manages. One credential: `token` (/ufmRestV3), username and
     password (/ufmRest), or a client certificate `cert_file` + `key_file` (/ufmRest, UFM's client
     authentication)."""

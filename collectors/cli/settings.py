@@ -10,13 +10,13 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from nms.config.models import Seconds, Strict
 
-# netmiko device types with a command set (collectors/cli.py); cisco_ios through napalm's getters
+# netmiko device types with a command set (collectors/cli/collector.py); cisco_ios through napalm's getters
 CLI_PLATFORMS = ("linux", "arista_eos", "cisco_nxos", "cisco_ios")
-NAPALM_PLATFORMS = ("cisco_ios",)  # the `cli` extra: collectors/cli_napalm.py
+NAPALM_PLATFORMS = ("cisco_ios",)  # the `cli` extra: collectors/cli/napalm_getters.py
 
 
 class CliSettings(Strict):
-    """SSH command line (collectors/cli.py, docs/cli_collector.md): logs in with netmiko and reads
+    """SSH command line (collectors/cli/collector.py, docs/cli_collector.md): logs in with netmiko and reads
     interfaces, counters, LLDP neighbours and facts every `interval`, the running configuration at
     most every `config_interval`. The device's host key must be in `known_hosts` unless
     `verify_host_key: false`."""

@@ -46,7 +46,7 @@ from collectors.base import (
     CollectorTimeout,
     CollectorUnreachable,
 )
-from collectors.snmp_settings import SnmpSettings
+from collectors.snmp.settings import SnmpSettings
 
 Oid = tuple[int, ...]
 

@@ -12,7 +12,7 @@ from nms.config.models import Seconds, Strict
 
 
 class GnmiSettings(Strict):
-    """gNMI (collectors/gnmi.py, docs/gnmi.md): a Subscribe STREAM per device, openconfig-interfaces
+    """gNMI (collectors/gnmi/collector.py, docs/gnmi.md): a Subscribe STREAM per device, openconfig-interfaces
     counters SAMPLEd every `interval`, oper-status ON_CHANGE (`mode: stream`); or a poll every
     `interval` on a kept Subscribe POLL (`poll`) or by Subscribe ONCE (`once`), for targets that do
     not stream. TLS unless `insecure`."""
