@@ -2,9 +2,12 @@
 
 A collector is one object per protocol for the whole service (it may hold one engine, one
 connection pool). It is configured per device: a device is polled by collector `name` when its
-`collectors.<name>` section is set. The service schedules `collect_with_deadline(device)` per
-device at `schedule(device).interval_s`; each call returns a `PollResult` of shared records
-(PortSample, LldpNeighbor, DeviceFacts, InterfaceAddress, GenericPoint for extra objects) or raises a
+`collectors.<name>` section is set; the configuration validates that section through the
+collector's own `settings_model` (a pydantic model; found through the entry point, so a third
+party's collector is configured like a built-in one). The service schedules
+`collect_with_deadline(device)` per device at `schedule(device).interval_s`; each call returns a
+`PollResult` of shared records (PortSample, LldpNeighbor, DeviceFacts, InterfaceAddress,
+GenericPoint for extra objects; the polled device's DeviceFacts first) or raises a
 `CollectorError` whose `kind` says what went wrong (timeout, auth, bad_response, unreachable,
 config). Messages name the device and the address, never a secret.
 
@@ -28,10 +31,11 @@ Helpers every collector uses: `required_settings(device)` (its settings, or the 
 CollectorConfigError) and `result(device, PollStart(), records, ...)` (a PollResult timed from the
 poll's start, with the collector's name and counter widths).
 
-A new collector is one module with a subclass and one line in pyproject.toml:
+A new collector is one module with a subclass (its `name`, its `settings_model`, `collect`) and one
+line in its pyproject.toml:
 
     [project.entry-points."nms.collectors"]
-    snmp = "collectors.snmp:SnmpCollector"
+    snmp = "collectors.snmp.collector:SnmpCollector"
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from pydantic import BaseModel
 
 from nms.config.models import SwitchConfig
 from nms.records import CollectorErrorKind, DeviceFacts, InterfaceAddress, LldpNeighbor, PortSample
@@ -131,6 +137,9 @@ class PollResult:
 
 class Collector(ABC):
     name: ClassVar[str]
+    # the model of `collectors.<name>` (pydantic; Strict from nms.config.models forbids unknown keys):
+    # what settings(device) returns
+    settings_model: ClassVar[type[BaseModel]]
     # widths of PortSample counters this protocol delivers (a counter not named is 64-bit); where the width
     # of the octet and packet counters varies by device or port, each sample says it (counter_bits)
     counter_bits: ClassVar[Mapping[str, int]] = {}
@@ -142,7 +151,7 @@ class Collector(ABC):
 
     def settings(self, device: SwitchConfig) -> Any | None:
         """This collector's settings for `device`, or None when the device is not polled by it."""
-        return getattr(device.collectors, self.name, None)
+        return device.collectors.get(self.name)
 
     def required_settings(self, device: SwitchConfig) -> Any:
         """This collector's settings for `device`; a CollectorConfigError when it has none."""

@@ -2,13 +2,14 @@
 
     python -m lab.gnmi_target --listen ADDR:PORT (--tls-cert F --tls-key F | --insecure)
         [--username U --password-file F] [--interfaces GLOB]... [--port-speed-bps N] [--hostname NAME]
-        [--no-qos] [--poll-waits] [--log FILE]
+        [--no-qos] [--no-models] [--poll-waits] [--log FILE]
 
 `nms lab up` runs one in every switch namespace (lab/services.py); tests run it on loopback.
-The values are the kernel's (lab/gnmi_tree.py). What a client gets (collectors/gnmi.py parses it):
+The values are the kernel's (lab/gnmi_tree.py). What a client gets (collectors/gnmi/collector.py parses it):
 
 * Capabilities: openconfig-interfaces 3.0.0, openconfig-if-ethernet, openconfig-system, and (unless
-  --no-qos) openconfig-qos; JSON_IETF, JSON, PROTO; 0.8.0.
+  --no-qos) openconfig-qos (no models at all with --no-models, as some targets answer); JSON_IETF,
+  JSON, PROTO; 0.8.0.
 * openconfig-qos: the output queues' counters of the namespace's qdiscs (lab/gnmi_qos.py) under
   /qos/interfaces/interface[interface-id=X]/output/queues/queue[name=Q]/state, one notification per
   queue (prefix = the queue), typed scalars whatever the encoding (Get too); counters only, so every
@@ -90,8 +91,9 @@ async def _guarded(coro, queue: asyncio.Queue) -> None:
 class Target(gnmi_pb2_grpc.gNMIServicer):
     def __init__(self, kernel: Kernel, username: str | None = None, password: str | None = None,
                  hostname: str = "nms-lab-switch", qos: bool = True, poll_waits: bool = False,
-                 lab_dir: str | None = None, node: str | None = None):
+                 lab_dir: str | None = None, node: str | None = None, list_models: bool = True):
         self.kernel, self.watch, self.hostname = kernel, LinkWatch(kernel), hostname
+        self.list_models = list_models  # False: Capabilities lists no models (some targets do)
         self.queues = gnmi_qos.Queues(kernel.wanted) if qos else None
         self.poll_waits = poll_waits  # POLL: nothing until the first Poll request (some targets do that)
         self._user = username.encode() if username is not None else None
@@ -147,7 +149,7 @@ class Target(gnmi_pb2_grpc.gNMIServicer):
 
     async def Capabilities(self, request, context):
         await self._check(context, "Capabilities")
-        models = MODELS + ([QOS_MODEL] if self.queues is not None else [])
+        models = MODELS + ([QOS_MODEL] if self.queues is not None else []) if self.list_models else []
         return gnmi_pb2.CapabilityResponse(supported_models=models, supported_encodings=ENCODINGS,
                                            gNMI_version=GNMI_VERSION)
 
@@ -347,6 +349,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--hostname", default="nms-lab-switch", help="/system/state/hostname (namespaces share the "
                     "machine's own)")
     ap.add_argument("--no-qos", action="store_true", help="serve no openconfig-qos (a target without the model)")
+    ap.add_argument("--no-models", action="store_true", help="Capabilities lists no models (some targets "
+                    "do: a client then asks for what it wants and learns from the refusals)")
     ap.add_argument("--poll-waits", action="store_true", help="a POLL subscription answers only Poll requests "
                     "(nothing before the first)")
     ap.add_argument("--log", metavar="FILE", help="log here instead of stderr")
@@ -374,7 +378,8 @@ async def serve(args, password: str | None, credentials) -> None:
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])  # never share the port with another target
     gnmi_pb2_grpc.add_gNMIServicer_to_server(Target(Kernel(args.interfaces, args.port_speed_bps),
                                                     args.username, password, args.hostname, not args.no_qos,
-                                                    args.poll_waits, args.lab_dir, args.node), server)
+                                                    args.poll_waits, args.lab_dir, args.node,
+                                                    not args.no_models), server)
     address = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"
     try:
         port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)

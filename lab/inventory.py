@@ -133,7 +133,7 @@ NET_SNMP_PRIV = {"aes": "AES", "aes256": "AES-256", "des": "DES"}
 def new_snmp_credentials() -> dict:
     """A v2c community and a v3 authPriv user (SHA-256 + AES-128), random per lab.
 
-    The v3 keys use the field names of nms.config SnmpSettings, so `SnmpSettings(version="3",
+    The v3 keys use the field names of SnmpSettings (collectors/snmp/settings.py), so `SnmpSettings(version="3",
     **state["snmp"]["v3"])` works; `net_snmp_v3_args` is the same user for snmpget/snmpbulkwalk."""
     v3 = {"user": "nmslab", "auth_protocol": "sha256", "auth_key": _secret(20),
           "priv_protocol": "aes", "priv_key": _secret(20)}
@@ -146,7 +146,7 @@ def net_snmp_v3_args(v3: dict) -> list[str]:
 
 
 def new_gnmi_credentials(lab: LabDir) -> dict:
-    """The switches' gNMI user, random per lab. Field names are nms.config GnmiSettings', so
+    """The switches' gNMI user, random per lab. Field names are GnmiSettings' (collectors/gnmi/settings.py), so
     `GnmiSettings(**state["gnmi"])` is a working client configuration."""
     return {"port": GNMI_PORT, "username": GNMI_USER, "password": _secret(24), "ca_file": str(ca_file(lab))}
 

@@ -1,5 +1,5 @@
 """Linux egress queues: `tc -s -j qdisc show` -> QueueSample, for the CLI collector's linux platform
-(collectors/cli_linux.py) and the lab's gNMI target (lab/gnmi_qos.py), so both read a Linux
+(collectors/cli/linux.py) and the lab's gNMI target (lab/gnmi_qos.py), so both read a Linux
 switch's queues the same way.
 
 A port's queues are its egress qdiscs that hold packets themselves: the leaves of its qdisc tree

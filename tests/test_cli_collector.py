@@ -32,13 +32,14 @@ from collectors.base import (
     CollectorTimeout,
     CollectorUnreachable,
 )
-from collectors.cli import CliCollector
-from collectors.cli_config import DIFF_MAX, TEXT_MAX, ConfigTracker
-from collectors.cli_linux import Bad, addresses, neighbors, normalize, port_samples
+from collectors.cli.collector import CliCollector
+from collectors.cli.config import DIFF_MAX, TEXT_MAX, ConfigTracker
+from collectors.cli.linux import Bad, addresses, neighbors, normalize, port_samples
+from collectors.cli.settings import CliSettings
 from nms.app.polling import Poller
 from nms.config import parse_config
 from nms.config.loader import ConfigError
-from nms.config.models import CliSettings, SwitchConfig
+from nms.config.models import SwitchConfig
 from nms.records import DeviceFacts, GenericPoint, InterfaceAddress, LldpNeighbor, PortSample
 from nms.store import Query
 from nms.store.embedded import EmbeddedStore

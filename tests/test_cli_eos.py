@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors import cli_eos as eos
+from collectors.cli import eos
 
 FIX = Path(__file__).parent / "fixtures" / "eos"
 TS = 1_764_000_100 * 10**9

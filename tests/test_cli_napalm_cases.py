@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 
 from collectors.base import CollectorBadResponse, PollProblem
-from collectors.cli import CliCollector
-from collectors.cli_ssh import Output, Session
+from collectors.cli.collector import CliCollector
+from collectors.cli.transport import Output, Session
 from collectors.lldp_id import mac_octets, mac_or_text
 from nms.config.models import SwitchConfig
 from nms.records import DeviceFacts, GenericPoint, InterfaceAddress, LldpNeighbor, PortSample

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors import cli_nxos as nxos
+from collectors.cli import nxos
 
 FIX = Path(__file__).parent / "fixtures" / "nxos"
 TS = 1_764_000_100 * 10**9

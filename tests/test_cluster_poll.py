@@ -306,7 +306,7 @@ def test_a_member_whose_bus_does_not_answer_still_stops_in_bounded_time(nats_ser
 
 
 def test_a_gnmi_stream_moves_with_its_switch(nats_server, tmp_path):  # noqa: F811
-    from test_gnmi_collector import PASSWORD, USER, Target
+    from _gnmi import PASSWORD, USER, Target
 
     target = Target(tmp_path, "--insecure", "--interfaces", "lo", "--hostname", "leaf9").start()
     gnmi = {"port": target.port, "insecure": True, "username": USER, "password": PASSWORD, "interval": 0.5}

@@ -11,58 +11,19 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from _gnmi import PASSWORD, USER, Target
 
 from collectors.base import CollectorAuthError, CollectorTimeout, CollectorUnreachable
-from collectors.gnmi import GnmiCollector
+from collectors.gnmi.collector import GnmiCollector
 from nms.app.polling import Poller
 from nms.config import parse_config
 from nms.config.models import SwitchConfig
 from nms.records import DeviceFacts, LinkEvent, PortRates, PortSample
-
-USER, PASSWORD = "nms", "gnmi-test-password-7Qx"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Target:
-    """`python -m lab.gnmi_target` as a process on 127.0.0.1."""
-
-    def __init__(self, tmp: Path, *args: str, port: int | None = None):
-        self.tmp, self.args, self.port = tmp, args, port or free_port()
-        (tmp / "password").write_text(PASSWORD)
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> Target:
-        self.proc = subprocess.Popen([sys.executable, "-m", "lab.gnmi_target", "--listen", f"127.0.0.1:{self.port}",
-                                      "--username", USER, "--password-file", str(self.tmp / "password"), *self.args],
-                                     stdout=subprocess.DEVNULL, stderr=open(self.tmp / "target.log", "ab"))
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, (self.tmp / "target.log").read_text()
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return self
-            time.sleep(0.05)
-        raise AssertionError("the gNMI target did not listen")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 @pytest.fixture
@@ -345,7 +306,7 @@ def test_full_paths_json_ietf_values_and_a_bad_value_among_good_ones():
     the rest of the notification kept."""
     from pygnmi.spec.v080 import gnmi_pb2 as pb
 
-    from collectors.gnmi_model import apply, sample
+    from collectors.gnmi.model import apply, sample
 
     def full(name: str, leaf: str):
         return pb.Path(elem=[pb.PathElem(name="openconfig-interfaces:interfaces"),
@@ -425,7 +386,7 @@ def test_inventory_answers_in_other_vendors_shapes():
     no prefix, and with leaves of the wrong kind (noted, the rest kept)."""
     from pygnmi.spec.v080 import gnmi_pb2 as pb
 
-    from collectors.gnmi_inventory import system_state
+    from collectors.gnmi.inventory import system_state
 
     def elems(*names):
         return pb.Path(elem=[pb.PathElem(name=n) for n in names])

@@ -1,5 +1,5 @@
 """openconfig-qos output queues over gNMI, end to end below the lab: the tc parser (nms/qdisc.py), the
-notification mapping (collectors/gnmi_qos.py), the lab target serving real qdisc counters
+notification mapping (collectors/gnmi/qos.py), the lab target serving real qdisc counters
 (lab/gnmi_qos.py), the collector's ONCE/POLL/STREAM with and without the model, a target that
 refuses the path, and a POLL target that waits for the first Poll."""
 
@@ -14,17 +14,18 @@ import time
 
 import grpc
 import pytest
+from _gnmi import Target, free_port
 from pygnmi.spec.v080 import gnmi_pb2, gnmi_pb2_grpc
 
-from collectors import gnmi_qos
-from collectors.gnmi import GnmiCollector
+from collectors.gnmi import qos as gnmi_qos
+from collectors.gnmi.collector import GnmiCollector
 from lab.gnmi_qos import Queues
 from lab.gnmi_target import Target as TargetServicer
 from lab.gnmi_tree import Kernel
 from nms import qdisc
 from nms.config.models import SwitchConfig
 from nms.records import QueueRates, QueueSample
-from tests.test_gnmi_collector import Target, _NoScheduler, device, free_port, poller_for, until
+from tests.test_gnmi_collector import _NoScheduler, device, poller_for, until
 
 T0 = 1_700_000_000 * 10**9
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="makes veth pairs, qdiscs and a namespace (needs root)")
@@ -87,7 +88,7 @@ def test_tc_malformed_values_are_left_out_with_a_reason_and_the_rest_kept():
 
 
 def test_cli_linux_parses_the_same_and_declares_32_bit_drops():
-    from collectors import cli_linux
+    from collectors.cli import linux as cli_linux
 
     samples = cli_linux.queue_samples("sw", TC_OUTPUT, T0, lambda p: True, [])
     assert samples == qdisc.queue_samples("sw", TC_OUTPUT, T0, lambda p: True, [])

@@ -30,7 +30,7 @@ from _snmpd import (
 )
 
 from collectors.base import CollectorAuthError, CollectorTimeout
-from collectors.snmp import SnmpCollector
+from collectors.snmp.collector import SnmpCollector
 from nms.app.polling import Poller
 from nms.config.models import SwitchConfig
 from nms.records import DeviceFacts, GenericPoint, InterfaceAddress, LinkEvent, PortRates, PortSample
@@ -366,8 +366,8 @@ def test_address_table_parsers_on_snmpd_values():
     rows skipped, the prefix length read from the ipAddressPrefix row pointer."""
     from pysnmp.proto.rfc1902 import Integer32, IpAddress, ObjectName
 
-    from collectors.snmp import IP_ADDR, IP_ADDRESS, _ip_addr_table, _ip_address_table, _prefix_len
-    from collectors.snmp_walk import oid
+    from collectors.snmp.collector import IP_ADDR, IP_ADDRESS, _ip_addr_table, _ip_address_table, _prefix_len
+    from collectors.snmp.transport import oid
 
     assert [_prefix_len(IpAddress(m)) for m in ("255.255.255.0", "255.0.0.0", "255.255.255.255", "0.0.0.0",
                                                 "255.0.255.0")] == [24, 8, 32, 0, None]
@@ -487,7 +487,7 @@ def test_interface_names_and_32_bit_sums_from_snmp_values():
     sums wrapping like one 32-bit counter."""
     from pysnmp.proto.rfc1902 import Counter32, Gauge32, Integer32, OctetString
 
-    from collectors.snmp_ifmib import needs_if_table, port_names, port_sample
+    from collectors.snmp.ifmib import needs_if_table, port_names, port_sample
 
     rows = {(1,): {"oper": Integer32(1), "name": OctetString("swp1"), "descr": OctetString("Ethernet")},
             (2,): {"oper": Integer32(1), "descr": OctetString(b"mgmt0\0\0")},

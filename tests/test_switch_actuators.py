@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from _ufm import GUID, PASSWORD, USERNAME, UfmStandIn, port_name
 
-from collectors.ufm import UfmCollector
+from collectors.ufm.collector import UfmCollector
 from correlator.actions.base import ActuatorError
 from nms.app.actuators.switch import SwitchActuator, ports_of
 from nms.config.models import SwitchConfig

@@ -84,11 +84,12 @@ from collectors.base import (
     CollectorTimeout,
     CollectorUnreachable,
 )
-from collectors.ufm import UfmCollector
+from collectors.ufm.collector import UfmCollector
+from collectors.ufm.settings import UfmSettings
 from correlator.engine import Correlator
 from nms.app.polling import Poller
 from nms.config import parse_config
-from nms.config.models import SwitchConfig, UfmSettings
+from nms.config.models import SwitchConfig
 from nms.records import DeviceFacts, GenericPoint, LinkEvent, LldpNeighbor, PortRates, PortSample
 
 NS = 10**9

@@ -38,6 +38,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from nms.app.plugins import load_plugin
 from nms.app.tasks import end_tasks
 from nms.config import NmsConfig
+from nms.config.collectors import COLLECTOR_GROUP as COLLECTOR_GROUP  # also for callers of the poller
 from nms.config.models import SwitchConfig
 from nms.counters import FIRST, HELD, RateTracker
 from nms.linkstate import LinkStateTracker
@@ -57,14 +58,13 @@ from nms.records import (
 from nms.topology import build_topology
 
 log = logging.getLogger(__name__)
-COLLECTOR_GROUP = "nms.collectors"
 NS = 10**9
 STOP_GRACE_S = 5.0  # the most a stop waits for a cancelled task to end
 
 
 def load_collectors(config: NmsConfig) -> dict[str, Any]:
     """The collectors that at least one configured switch uses, found by entry-point name."""
-    names = sorted({name for s in config.fabric.switches for name, v in s.collectors if v is not None})
+    names = sorted({name for s in config.fabric.switches for name in s.collectors})
     return {name: load_plugin(COLLECTOR_GROUP, name).from_config(config) for name in names}
 
 

@@ -6,7 +6,6 @@ Secrets are SecretStr: they print as '**********' in logs, errors and API output
 
 from __future__ import annotations
 
-import importlib.util
 import ipaddress
 import re
 from importlib.metadata import entry_points
@@ -23,6 +22,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from nms.config.collectors import CollectorSettings
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -439,209 +440,12 @@ class ActionsConfig(Strict):
 # --- fabric inventory ------------------------------------------------------------------------
 
 
-class SnmpSettings(Strict):
-    version: Literal["2c", "3"] = "2c"
-    port: int = Field(161, ge=1, le=65535)
-    community: SecretStr | None = None
-    user: str | None = None
-    auth_protocol: Literal["sha", "sha256", "sha512", "md5"] = "sha"
-    auth_key: SecretStr | None = None
-    priv_protocol: Literal["aes", "aes256", "des"] = "aes"
-    priv_key: SecretStr | None = None
-    interval: Seconds = 10.0
-    timeout: Seconds = 2.0
-    retries: int = Field(1, ge=0, le=10)
-    deadline: Seconds | None = None  # a poll still running then is cancelled (default: 0.8 x interval)
-    max_repetitions: int = Field(20, ge=1, le=1000)  # GETBULK rows per column and request
-    lldp: bool = True  # also walk LLDP-MIB (neighbours, for the topology)
-    interfaces: list[str] = []  # fnmatch patterns of ifName to keep (all when empty)
-    # numeric OIDs (1.3.6.1.4.1.x.y...), or MIB::name resolved from MIB modules in mibs/ (needs pysmi);
-    # an OID ending in .0 is read with GET, anything else is walked
-    extra_oids: list[str] = []
-
-    @field_validator("extra_oids")
-    @classmethod
-    def _oids(cls, v: list[str]) -> list[str]:
-        for oid in v:
-            if not re.fullmatch(r"\.?\d+(\.\d+)+|[A-Za-z][\w-]*::[A-Za-z][\w-]*(\.\d+)*", oid):
-                raise ValueError(f"extra OID {oid!r}: give a numeric OID (1.3.6.1...) or MIB-NAME::object[.index]")
-        return v
-
-    @model_validator(mode="after")
-    def _credentials(self) -> SnmpSettings:
-        if self.version == "2c" and self.community is None:
-            raise ValueError("SNMP v2c needs a community")
-        if self.version == "3":
-            if not self.user:
-                raise ValueError("SNMPv3 needs a user")
-            if self.priv_key is not None and self.auth_key is None:
-                raise ValueError("SNMPv3 privacy (priv_key) needs authentication (auth_key)")
-            for key in (self.auth_key, self.priv_key):
-                if key is not None and len(key.get_secret_value()) < 8:
-                    raise ValueError("SNMPv3 keys must be at least 8 characters")
-        return self
-
-
-class UfmSettings(Strict):
-    """NVIDIA UFM Enterprise REST API (collectors/ufm.py, docs/ufm.md). The device is the UFM server;
-    its polls report the switches UFM manages. One credential: `token` (/ufmRestV3), username and
-    password (/ufmRest), or a client certificate `cert_file` + `key_file` (/ufmRest, UFM's client
-    authentication)."""
-
-    url: HttpUrl | None = None  # default https://<mgmt_address>; give it for a host name or another port
-    username: str | None = None
-    password: SecretStr | None = None
-    token: SecretStr | None = None  # an access token (UFM Settings > Access Tokens)
-    cert_file: Path | None = None  # client certificate (PEM) whose SAN UFM associates with a user
-    key_file: Path | None = None  # its private key (PEM, unencrypted)
-    verify_tls: bool = True
-    ca_file: Path | None = None  # CA bundle for UFM's certificate (default: the system's)
-    # UFM Telemetry's Prometheus endpoint (e.g. http://ufm:9001/enterprise): when set, the port
-    # counters come from it instead of the Monitoring snapshot
-    telemetry_url: HttpUrl | None = None
-    telemetry_data_unit: Literal["octets", "words"] = "octets"  # Port*DataExtended in octets or 4-octet words
-    interval: Seconds = 30.0
-    timeout: Seconds = 10.0  # per request
-    retries: int = Field(2, ge=0, le=10)  # after a timeout, a refused connection, HTTP 429 or 5xx
-    backoff: Seconds = 0.5  # before the first retry; doubles per retry
-    deadline: Seconds | None = None  # a poll still running then is cancelled (default: 0.8 x interval)
-    page_size: int = Field(1000, ge=0, le=1_000_000)  # links asked page by page (rpp); 0: in one answer
-    systems: list[str] = []  # fnmatch patterns of switch names to report (all when empty)
-    counters: bool = True  # port counters (Monitoring REST API snapshot)
-    links: bool = True  # links as LldpNeighbor records (for the topology)
-    alarms: bool = True
-    events: bool = True  # events: link down / flap evidence for the correlator, and stored
-    timezone: str = "UTC"  # the UFM server's clock, for event and alarm timestamps (they carry no zone)
-
-    @field_validator("url", "telemetry_url")
-    @classmethod
-    def _no_userinfo(cls, v: str | None) -> str | None:
-        if v is not None and "@" in v.split("//", 1)[1].split("/", 1)[0]:
-            raise ValueError("give the credentials as username/password, token or certificate, not in the URL")
-        return v
-
-    @field_validator("timezone")
-    @classmethod
-    def _zone(cls, v: str) -> str:
-        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-        try:
-            ZoneInfo(v)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"unknown time zone {v!r} (an IANA name such as UTC or Europe/Berlin)") from None
-        return v
-
-    @model_validator(mode="after")
-    def _credentials(self) -> UfmSettings:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("a client certificate needs both cert_file and key_file")
-        given = [k for k, v in (("token", self.token), ("username/password", self.username or self.password),
-                                ("cert_file/key_file", self.cert_file)) if v]
-        if len(given) > 1:
-            raise ValueError(f"give one credential, not {' and '.join(given)}")
-        if not given or (given == ["username/password"] and not (self.username and self.password)):
-            raise ValueError("UFM needs a token, a username and a password, or cert_file and key_file")
-        return self
-
-
-class GnmiSettings(Strict):
-    """gNMI (collectors/gnmi.py, docs/gnmi.md): a Subscribe STREAM per device, openconfig-interfaces
-    counters SAMPLEd every `interval`, oper-status ON_CHANGE (`mode: stream`); or a poll every
-    `interval` on a kept Subscribe POLL (`poll`) or by Subscribe ONCE (`once`), for targets that do
-    not stream. TLS unless `insecure`."""
-
-    port: int = Field(9339, ge=1, le=65535)  # IANA gnmi; many vendors use 57400 or 6030
-    username: str | None = None  # sent as gRPC metadata username/password
-    password: SecretStr | None = None
-    insecure: bool = False  # plaintext gRPC: only where explicitly configured (labs)
-    ca_file: Path | None = None  # CA bundle for the target's certificate (default: the system's)
-    cert_file: Path | None = None  # client certificate and key (mutual TLS)
-    key_file: Path | None = None
-    server_name: str | None = None  # the name in the target's certificate, where not its address
-    interval: Seconds = 10.0  # SAMPLE interval of the counters (and the schedule of `--once` polls)
-    timeout: Seconds = 5.0  # to connect, and for one Get / ONCE answer
-    deadline: Seconds | None = None  # a ONCE poll still running then is cancelled (default: 0.8 x interval)
-    stale_after: Seconds | None = (
-        None  # a stream silent this long is dropped and reopened (default: 2 x interval + 2 s)
-    )
-    interfaces: list[str] = []  # fnmatch patterns of interface names to keep (all when empty)
-    mode: Literal["stream", "poll", "once"] = "stream"
-    inventory: bool = True  # Get /system/state (openconfig-system) for hostname, version, uptime
-    queues: bool = True  # openconfig-qos output queue counters (drops, ECN marks) where the target has the model
-
-    @model_validator(mode="after")
-    def _tls(self) -> GnmiSettings:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("give both cert_file and key_file (mutual TLS), or neither")
-        if self.insecure and (self.ca_file or self.cert_file):
-            raise ValueError("insecure (plaintext) and TLS files exclude each other")
-        if (self.username is None) != (self.password is None):
-            raise ValueError("give both username and password, or neither")
-        return self
-
-
-# netmiko device types with a command set (collectors/cli.py); cisco_ios through napalm's getters
-CLI_PLATFORMS = ("linux", "arista_eos", "cisco_nxos", "cisco_ios")
-NAPALM_PLATFORMS = ("cisco_ios",)  # the `cli` extra: collectors/cli_napalm.py
-
-
-class CliSettings(Strict):
-    """SSH command line (collectors/cli.py, docs/cli_collector.md): logs in with netmiko and reads
-    interfaces, counters, LLDP neighbours and facts every `interval`, the running configuration at
-    most every `config_interval`. The device's host key must be in `known_hosts` unless
-    `verify_host_key: false`."""
-
-    platform: str = "linux"  # netmiko device_type; picks the commands and parsers (CLI_PLATFORMS)
-    port: int = Field(22, ge=1, le=65535)
-    username: str = Field(min_length=1)
-    password: SecretStr | None = None
-    key_file: Path | None = None  # private key (OpenSSH or PEM: Ed25519, ECDSA, RSA)
-    key_passphrase: SecretStr | None = None  # when key_file is encrypted
-    known_hosts: Path | None = None  # OpenSSH known_hosts holding the device's host key (hashed entries too)
-    verify_host_key: bool = True  # false: any host key is accepted (labs only)
-    interval: Seconds = 60.0
-    timeout: Seconds = 10.0  # TCP connect, SSH banner, authentication, and silence within one command
-    deadline: Seconds | None = None  # a poll still running then is cancelled (default: 0.8 x interval)
-    config: bool = True  # snapshot the running configuration (device_config points, diffs on change)
-    config_interval: Seconds = 3600.0  # ... at most this often
-    lldp: bool = True  # LLDP neighbours (lldpctl)
-    interfaces: list[str] = []  # fnmatch patterns of interface names to keep (all when empty)
-
-    @field_validator("platform")
-    @classmethod
-    def _platform(cls, v: str) -> str:
-        if v not in CLI_PLATFORMS:
-            raise ValueError(f"no command set for platform {v!r} yet (supported: {', '.join(CLI_PLATFORMS)}; "
-                             "see docs/cli_collector.md)")
-        if v in NAPALM_PLATFORMS and importlib.util.find_spec("napalm") is None:
-            raise ValueError(f"platform {v!r} reads through napalm, which is not installed "
-                             "(pip install 'fabric-nms[cli]')")
-        return v
-
-    @model_validator(mode="after")
-    def _credentials(self) -> CliSettings:
-        if self.password is None and self.key_file is None:
-            raise ValueError("give a password or a key_file (or both)")
-        if self.key_passphrase is not None and self.key_file is None:
-            raise ValueError("key_passphrase needs key_file")
-        if self.verify_host_key and self.known_hosts is None:
-            raise ValueError("known_hosts is required: host keys are checked against it "
-                             "(verify_host_key: false turns the check off, for labs only)")
-        return self
-
-
-class CollectorSettings(Strict):
-    snmp: SnmpSettings | None = None
-    ufm: UfmSettings | None = None
-    gnmi: GnmiSettings | None = None
-    cli: CliSettings | None = None
-
-
 class SwitchConfig(Strict):
     name: Name
     mgmt_address: str
     role: Literal["spine", "leaf", "superspine", "other"] = "other"
-    collectors: CollectorSettings = CollectorSettings()
+    # collector name -> its settings, each validated by that collector's own model (nms/config/collectors.py)
+    collectors: CollectorSettings = Field(default_factory=CollectorSettings)
 
     @field_validator("mgmt_address")
     @classmethod

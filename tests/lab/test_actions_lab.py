@@ -147,8 +147,8 @@ def test_a_flapping_link_is_drained_both_ways_and_restored_once_clean(loop):
 
 # -- switch side: gNMI Set through the collector's session, against the lab's targets -------------
 def _setter_and_switches(mesh):
-    from collectors.gnmi import GnmiCollector
-    from collectors.gnmi_set import GnmiSetter
+    from collectors.gnmi.collector import GnmiCollector
+    from collectors.gnmi.setter import GnmiSetter
     from nms.config import load_config
     config = load_config(mesh.dir.config)
     return GnmiSetter(GnmiCollector()), {s.name: s for s in config.fabric.switches}

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from lab_helpers import build_lab, new_lab_dir, skip_reason
 
-from collectors.cli import CliCollector
+from collectors.cli.collector import CliCollector
 from lab import inventory
 from lab import lab as lab_mod
 from nms.app.polling import Poller

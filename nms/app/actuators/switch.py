@@ -2,7 +2,7 @@
 
 * drain_link: the element is a link `dev:port--dev:port`; on each end whose device is in
   action.targets, the port's ECMP nexthop weight goes to 0 (gNMI Set of the lab's
-  /ecmp/uplinks/uplink[name=PORT]/config/weight, collectors/gnmi_set.py). Revert restores the
+  /ecmp/uplinks/uplink[name=PORT]/config/weight, collectors/gnmi/setter.py). Revert restores the
   weights read before.
 * isolate_port: the element is a port `dev:port` (or a link: its ends on the target devices);
   the port is disabled: gNMI Set of /interfaces/interface[name=PORT]/config/enabled = false, or,
@@ -54,7 +54,7 @@ class SwitchActuator(Actuator):
         if device is None or device.collectors.gnmi is None or "gnmi" not in self.poller.collectors:
             return None, None
         if self._setter is None:
-            from collectors.gnmi_set import GnmiSetter
+            from collectors.gnmi.setter import GnmiSetter
             self._setter = GnmiSetter(self.poller.collectors["gnmi"])
         return self._setter, device
 
@@ -65,7 +65,7 @@ class SwitchActuator(Actuator):
         for manager, covered in self.poller.recent.covered.items():
             device = self._device(manager)
             if name in covered and device is not None and device.collectors.ufm is not None:
-                from collectors.ufm_isolate import UfmIsolator
+                from collectors.ufm.isolate import UfmIsolator
                 return UfmIsolator(self.poller.collectors["ufm"]), device
         return None, None
 

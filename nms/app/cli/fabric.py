@@ -265,7 +265,7 @@ def _collect_once(name: str, how: str, config: Path, device: list[str], wide: bo
     logging.getLogger("nms.app.polling").setLevel(logging.ERROR)  # failures are in the table below
     logging.getLogger(f"collectors.{name}").setLevel(logging.ERROR)  # so are a poll's problems
     switches = [s for s in cfg.fabric.switches
-                if getattr(s.collectors, name) is not None and (not device or s.name in device)]
+                if name in s.collectors and (not device or s.name in device)]
     if not switches:
         err_console.print(f"[red]error:[/] no device with collectors.{name} settings"
                           + (f" among {', '.join(device)}" if device else ""))

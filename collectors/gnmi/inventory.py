@@ -1,4 +1,4 @@
-"""gNMI Get of openconfig-system /system/state -> DeviceFacts (collectors/gnmi.py).
+"""gNMI Get of openconfig-system /system/state -> DeviceFacts (collectors/gnmi/collector.py).
 
 A target answers the Get either as one JSON (JSON_IETF or JSON) value of the container, at
 /system/state or at /system ({"state": {...}}), or as typed leaves under /system/state (PROTO-style).
@@ -14,7 +14,7 @@ from typing import Any
 
 from pygnmi.spec.v080 import gnmi_pb2
 
-from collectors.gnmi_model import scalar
+from collectors.gnmi.model import scalar
 from nms.records import DeviceFacts, PollProblem
 
 PATH = gnmi_pb2.Path(elem=[gnmi_pb2.PathElem(name="system"), gnmi_pb2.PathElem(name="state")])

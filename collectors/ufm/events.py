@@ -30,7 +30,7 @@ from collections import deque
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from collectors.ufm_model import Fabric, PortRef, Problems, guid_of, parse_time
+from collectors.ufm.model import Fabric, PortRef, Problems, guid_of, parse_time
 from nms.records import GenericPoint, LinkEvent, PortSample
 
 LINK_DOWNED = "Infiniband_LinkDowned"

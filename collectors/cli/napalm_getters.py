@@ -2,13 +2,13 @@
 and `cisco_nxos` on a device that refuses `| json` (NX-OS before 7.0(3): napalm's `nxos_ssh`, which
 parses the text outputs).
 
-The login stays the collector's (collectors/cli_ssh.py: netmiko, the host key checked against
+The login stays the collector's (collectors/cli/transport.py: netmiko, the host key checked against
 known_hosts, the session closed at the poll's deadline). napalm's driver is handed that logged-in
 netmiko connection, as napalm's own tests hand it a test double, and its getters run their
 commands on it (netmiko's interactive shell, as under napalm's `open()`); the driver's `open()` and
 `close()` are not called, so napalm never logs in by itself nor touches the configuration.
 
-Getters -> records (these functions; collectors/cli.py runs them and notes what fails):
+Getters -> records (these functions; collectors/cli/collector.py runs them and notes what fails):
 get_interfaces and get_interfaces_counters -> PortSample (napalm's speed is in Mbit/s, its
 unknown counters -1), get_facts -> DeviceFacts, get_lldp_neighbors_detail -> LldpNeighbor,
 get_interfaces_ip -> InterfaceAddress (IPv4), get_config(retrieve="running") -> the snapshot.
@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from collectors.cli_linux import _reason
+from collectors.cli.linux import _reason
 from collectors.lldp_id import mac_or_text
 from nms.records import U64_MAX, DeviceFacts, InterfaceAddress, LldpNeighbor, PortSample
 

@@ -35,7 +35,7 @@ from collectors.base import (
     CollectorTimeout,
     CollectorUnreachable,
 )
-from nms.config.models import UfmSettings
+from collectors.ufm.settings import UfmSettings
 
 log = logging.getLogger(__name__)
 

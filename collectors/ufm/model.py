@@ -43,7 +43,7 @@ _IDENT = re.compile(r"^[^\x00-\x1f\\]{1,128}$")
 
 
 class Problems:
-    """Items left out of an answer, per route: reported once per poll (collectors/ufm.py)."""
+    """Items left out of an answer, per route: reported once per poll (collectors/ufm/collector.py)."""
 
     def __init__(self) -> None:
         self.by_route: dict[str, list[str]] = defaultdict(list)

@@ -34,7 +34,7 @@ from collectors.base import (
     CollectorTimeout,
     CollectorUnreachable,
 )
-from nms.config.models import CliSettings
+from collectors.cli.settings import CliSettings
 
 log = logging.getLogger(__name__)
 # paramiko logs every failed connection with a traceback at ERROR; the collector reports them itself

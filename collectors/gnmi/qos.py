@@ -1,10 +1,10 @@
-"""gNMI notifications of openconfig-qos output queues -> QueueSample (collectors/gnmi.py).
+"""gNMI notifications of openconfig-qos output queues -> QueueSample (collectors/gnmi/collector.py).
 
     /qos/interfaces/interface[interface-id=PORT]/output/queues/queue[name=Q]/state/<leaf>
 
 Leaves (openconfig-qos-interfaces; ecn-marked-pkts since 0.11.0): transmit-pkts, transmit-octets,
 dropped-pkts, dropped-octets, ecn-marked-pkts; a target that lacks one simply leaves that counter
-absent (never 0). As for interfaces (collectors/gnmi_model.py), a prefix and the update paths are
+absent (never 0). As for interfaces (collectors/gnmi/model.py), a prefix and the update paths are
 joined, module prefixes dropped, values typed or JSON (uint64 as a string); a value of the wrong
 kind is noted with its reason and left out, the rest of the notification kept. Input queues and
 other /qos containers are ignored.
@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from collectors.gnmi_model import U64, scalar
+from collectors.gnmi.model import U64, scalar
 from nms.records import PollProblem, QueueSample
 
 MODEL = "openconfig-qos"

@@ -7,7 +7,7 @@ one of the LLDP-MIB local port and remote tables, and the configured extra objec
 engine serves every device; at most `polling.max_concurrency` devices are polled at once.
 
 A device without ifXTable, or with interfaces it leaves out, gets the ifTable's 32-bit counters,
-ifSpeed and ifDescr instead (collectors/snmp_ifmib.py): a second walk on the poll that finds the
+ifSpeed and ifDescr instead (collectors/snmp/ifmib.py): a second walk on the poll that finds the
 gap, and from then on those columns are part of the device's one interface walk.
 
 Interface addresses (InterfaceAddress: IPv4 address, port, prefix length; the correlator turns
@@ -35,9 +35,10 @@ from typing import Any
 
 from collectors.base import Collector, CollectorBadResponse, CollectorConfigError, PollProblem, PollResult, PollStart
 from collectors.lldp_id import mac_octets, mac_or_text
-from collectors.snmp_ifmib import IF_COLUMNS, IF_TABLE_COLUMNS, is_port, needs_if_table, port_names, port_sample
-from collectors.snmp_walk import EnginePool, Oid, SnmpTarget, as_text, dotted, oid, row_int, table_rows
-from nms.config.models import SnmpSettings, SwitchConfig
+from collectors.snmp.ifmib import IF_COLUMNS, IF_TABLE_COLUMNS, is_port, needs_if_table, port_names, port_sample
+from collectors.snmp.settings import SnmpSettings
+from collectors.snmp.transport import EnginePool, Oid, SnmpTarget, as_text, dotted, oid, row_int, table_rows
+from nms.config.models import SwitchConfig
 from nms.records import DeviceFacts, GenericPoint, InterfaceAddress, LldpNeighbor, PortSample
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ def _fields(value: Any) -> dict[str, int | str]:
 
 class SnmpCollector(Collector):
     name = "snmp"
+    settings_model = SnmpSettings
     # ifTable errors/discards are Counter32; the octet and packet counters come from ifXTable (64-bit),
     # or from the ifTable (32-bit) where a sample says so (PortSample.counter_bits)
     link_state_rank = 30  # agents answer ifOperStatus from a cache (net-snmp: up to 15 s old)
@@ -129,7 +131,7 @@ class SnmpCollector(Collector):
     def _extra_oids(self, device: str, settings: SnmpSettings) -> tuple[list[tuple[str, Oid]], list[tuple[str, Oid]]]:
         """(scalars to GET, subtrees to walk) as (label, oid), resolved once per device."""
         if device not in self._extras:
-            from collectors.snmp_mibs import resolve  # MIB names need pysmi: imported only when used
+            from collectors.snmp.mibs import resolve  # MIB names need pysmi: imported only when used
 
             scalars, trees = [], []
             for text in settings.extra_oids:
@@ -194,19 +196,19 @@ class SnmpCollector(Collector):
                 if int(system.get(LLDP_LOC_CHASSIS_SUBTYPE, 0)) == CHASSIS_IS_MAC
                 else mac_or_text(as_text(value))
             )
-        records.append(DeviceFacts(
+        facts = DeviceFacts(
             device=device.name, ts=ts, uptime_ticks=uptime, interfaces=len(rows),
             sys_name=as_text(system[SYS_NAME])[:255] if SYS_NAME in system else None,
             sys_descr=as_text(system[SYS_DESCR])[:1024] if SYS_DESCR in system else None,
             sys_object_id=dotted(system[SYS_OBJECT_ID].asTuple()) if SYS_OBJECT_ID in system else None,
-            lldp_chassis_id=chassis))
+            lldp_chassis_id=chassis)
         # only a poll that completes counts: one cut off by its deadline walks the addresses again
         if walk_addresses:
             self._addresses_due[device.name] = time.monotonic() + self.address_refresh_s
         if uptime is not None:
             self._uptimes[device.name] = uptime
-        return self.result(device.name, started, records, values=target.values, addresses_walked=walk_addresses,
-                           problems=problems)
+        return self.result(device.name, started, [facts, *records], values=target.values,
+                           addresses_walked=walk_addresses, problems=problems)
 
     async def _interface_rows(self, device: str, target: SnmpTarget) -> tuple[dict[Oid, dict[str, Any]], bool]:
         """IF-MIB rows by ifIndex, with the ifTable fallback columns when the device needs them; and

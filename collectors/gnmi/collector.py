@@ -6,9 +6,9 @@ events, the correlator) as soon as the target sends it, not at the next poll. `c
 contract; `nms collect gnmi --once`) is one Subscribe ONCE, or with `mode: poll` one Poll on a
 Subscribe POLL kept open across polls. Capabilities opens each connection: it checks the
 credentials and that the target serves openconfig-interfaces; then a Get of openconfig-system's
-/system/state gives the facts (hostname, software version, uptime; collectors/gnmi_inventory.py)
+/system/state gives the facts (hostname, software version, uptime; collectors/gnmi/inventory.py)
 where the target serves it. Where the target lists openconfig-qos (or lists no models), the output
-queues' counters are SAMPLEd too (QueueSample: drops, ECN marks; collectors/gnmi_qos.py); a
+queues' counters are SAMPLEd too (QueueSample: drops, ECN marks; collectors/gnmi/qos.py); a
 subscription refused for that path is a problem of the poll (PollResult.problems) and made again
 without it, so a target without the model is read as before. Values of the wrong kind are left out
 as problems too; a stream's go with the next batch it emits (the refused queues with every batch).
@@ -33,8 +33,6 @@ from typing import Any
 import grpc
 from pygnmi.spec.v080 import gnmi_pb2, gnmi_pb2_grpc
 
-from collectors import gnmi_inventory as inventory
-from collectors import gnmi_qos
 from collectors.base import (
     Collector,
     CollectorAuthError,
@@ -46,9 +44,12 @@ from collectors.base import (
     PollResult,
     PollStart,
 )
-from collectors.gnmi_inventory import SystemState
-from collectors.gnmi_model import Port, apply, sample
-from nms.config.models import GnmiSettings, SwitchConfig
+from collectors.gnmi import inventory
+from collectors.gnmi import qos as gnmi_qos
+from collectors.gnmi.inventory import SystemState
+from collectors.gnmi.model import Port, apply, sample
+from collectors.gnmi.settings import GnmiSettings
+from nms.config.models import SwitchConfig
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +261,7 @@ class _PollCall:
 
 class GnmiCollector(Collector):
     name = "gnmi"
+    settings_model = GnmiSettings
     streaming = True
     link_state_rank = 0  # ON_CHANGE: a status change arrives at once
     counter_bits: dict[str, int] = {}  # openconfig counters are counter64
@@ -285,7 +287,7 @@ class GnmiCollector(Collector):
         return session
 
     async def session(self, device: SwitchConfig) -> _Session:
-        """The device's session, for gNMI Set (collectors/gnmi_set.py)."""
+        """The device's session, for gNMI Set (collectors/gnmi/setter.py)."""
         return await self._session(device)
 
     def _wanted(self, device: SwitchConfig) -> Callable[[str], bool]:

@@ -42,7 +42,7 @@ def _scalar(tv: gnmi_pb2.TypedValue):
 
 
 class GnmiSetter:
-    """Get/Set of single leaves on the devices the gNMI collector (collectors/gnmi.py) knows."""
+    """Get/Set of single leaves on the devices the gNMI collector (collectors/gnmi/collector.py) knows."""
 
     def __init__(self, collector) -> None:
         self.collector = collector

@@ -8,10 +8,10 @@ Enterprise REST API Guide v6.22.1 routes (docs/ufm.md):
 2. GET  resources/systems     -> DeviceFacts per switch (`systems` patterns pick which)
 3. GET  resources/ports       -> PortSample per switch port (state, speed, MTU)
 4. POST monitoring/snapshot   -> the PortSamples' counters (64-bit; data counted in 4-octet units),
-   or, when `telemetry_url` is set, UFM Telemetry's Prometheus endpoint (collectors/ufm_telemetry.py)
+   or, when `telemetry_url` is set, UFM Telemetry's Prometheus endpoint (collectors/ufm/telemetry.py)
 5. GET  resources/links       -> LldpNeighbor per switch end of each link (paged: page_number/rpp)
 6. GET  app/events            -> LinkEvent for link downs / flaps the samples cannot see, and a
-                                  `ufm_event` point per new event (collectors/ufm_events.py)
+                                  `ufm_event` point per new event (collectors/ufm/events.py)
 7. GET  app/alarms            -> a `ufm_alarm` point per active alarm
 
 Records name switches by UFM's system name, so a switch also polled over SNMP under the same name
@@ -29,11 +29,10 @@ import time
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from collectors import ufm_telemetry
 from collectors.base import Collector, CollectorBadResponse, PollProblem, PollResult, PollStart
-from collectors.ufm_events import LinkEvidence, alarm_points, event_points
-from collectors.ufm_http import UfmClient
-from collectors.ufm_model import (
+from collectors.ufm import telemetry as ufm_telemetry
+from collectors.ufm.events import LinkEvidence, alarm_points, event_points
+from collectors.ufm.model import (
     COUNTERS,
     Bad,
     Fabric,
@@ -46,7 +45,9 @@ from collectors.ufm_model import (
     port_sample,
     snapshot_counters,
 )
-from nms.config.models import SwitchConfig, UfmSettings
+from collectors.ufm.settings import UfmSettings
+from collectors.ufm.transport import UfmClient
+from nms.config.models import SwitchConfig
 from nms.records import DeviceFacts, GenericPoint
 
 # The whole fabric's ports in one snapshot, as public callers ask (IBM/CAST
@@ -57,6 +58,7 @@ SNAPSHOT_SCOPE = {"functions": ["RAW"], "scope_object": "Site", "interval": 2, "
 
 class UfmCollector(Collector):
     name = "ufm"
+    settings_model = UfmSettings
     counter_bits: dict[str, int] = {}  # every UFM counter is 64-bit
     link_state_rank = 20  # the subnet manager's view, refreshed by its own sweeps
 

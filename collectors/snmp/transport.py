@@ -46,7 +46,7 @@ from collectors.base import (
     CollectorTimeout,
     CollectorUnreachable,
 )
-from nms.config.models import SnmpSettings
+from collectors.snmp.settings import SnmpSettings
 
 Oid = tuple[int, ...]
 

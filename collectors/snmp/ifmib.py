@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from collectors.snmp_walk import Oid, oid, row_int
+from collectors.snmp.transport import Oid, oid, row_int
 from nms.records import U64_MAX, PortSample
 
 IFX = "1.3.6.1.2.1.31.1.1.1"

@@ -1,14 +1,14 @@
 """The CLI collector: logs in over SSH and reads what a switch's command line shows.
 
-One SSH session per device (collectors/cli_ssh.py: netmiko logs in, the host key is checked
+One SSH session per device (collectors/cli/transport.py: netmiko logs in, the host key is checked
 against known_hosts), kept across polls and logged into again when it broke. netmiko and paramiko
 are synchronous: a poll runs in a thread of the collector's own pool (`polling.max_concurrency`
 threads); a poll cut off at its deadline closes its session, which ends the thread's blocked read.
 
-Per poll, on the `linux` platform (collectors/cli_linux.py; `arista_eos` (cli_eos.py) and
-`cisco_nxos` (cli_nxos.py) run their `| json` equivalents, without 2 (the speed is in 1) and with
+Per poll, on the `linux` platform (collectors/cli/linux.py; `arista_eos` (eos.py) and
+`cisco_nxos` (nxos.py) run their `| json` equivalents, without 2 (the speed is in 1) and with
 the chassis id from the facts; `cisco_ios`, and a `cisco_nxos` device that refuses `| json`, run
-napalm's getters on the same session instead: collectors/cli_napalm.py):
+napalm's getters on the same session instead: collectors/cli/napalm_getters.py):
 
 1. `ip -s -s -j link show`            -> PortSample per interface (64-bit kernel counters, oper
                                           status, MTU): the poll fails without it
@@ -21,7 +21,7 @@ napalm's getters on the same session instead: collectors/cli_napalm.py):
 5a. `tc -s -j qdisc show` (linux)    -> QueueSample per egress queue (leaf qdisc): drops, ECN marks
 6. the running configuration (`config`, at most every `config_interval`): the CONFIG_SECTIONS
    commands under headers -> `device_config` and, when it changed, `device_config_change` points
-   (collectors/cli_config.py)
+   (collectors/cli/config.py)
 
 A timeout, refused login, refused host key or lost session fails the poll whatever the command.
 Any other failure of 2-6 (a command missing or failing, output that does not parse) is a problem
@@ -41,7 +41,6 @@ from typing import Any
 import paramiko
 from netmiko.exceptions import ReadTimeout
 
-from collectors import cli_eos, cli_linux, cli_napalm, cli_nxos
 from collectors.base import (
     Collector,
     CollectorBadResponse,
@@ -51,19 +50,25 @@ from collectors.base import (
     PollResult,
     PollStart,
 )
-from collectors.cli_config import ConfigTracker
-from collectors.cli_ssh import Output, Session
-from nms.config.models import CliSettings, SwitchConfig
+from collectors.cli import eos as cli_eos
+from collectors.cli import linux as cli_linux
+from collectors.cli import napalm_getters as cli_napalm
+from collectors.cli import nxos as cli_nxos
+from collectors.cli.config import ConfigTracker
+from collectors.cli.settings import CliSettings
+from collectors.cli.transport import Output, Session
+from nms.config.models import SwitchConfig
 
 log = logging.getLogger(__name__)
 # netmiko device type -> its command set and parsers (each module has the same names as cli_linux)
 PLATFORMS = {"linux": cli_linux, "arista_eos": cli_eos, "cisco_nxos": cli_nxos}
-# ... and those read through napalm's getters on the same session (collectors/cli_napalm.py)
+# ... and those read through napalm's getters on the same session (collectors/cli/napalm_getters.py)
 PLATFORMS.update({name: cli_napalm for name in cli_napalm.DRIVERS})
 
 
 class CliCollector(Collector):
     name = "cli"
+    settings_model = CliSettings
     counter_bits: dict[str, int] = cli_linux.COUNTER_BITS  # stats64 is 64-bit; a qdisc's drops are not
     link_state_rank = 10  # the kernel's operstate, read as it is at each poll
 
@@ -177,7 +182,7 @@ class _Poll:
         return self
 
     def _run_napalm(self, driver: str) -> _Poll:
-        """The poll through napalm's `driver`'s getters (collectors/cli_napalm.py); get_interfaces is
+        """The poll through napalm's `driver`'s getters (collectors/cli/napalm_getters.py); get_interfaces is
         required."""
         napalm = cli_napalm.driver(driver, self.session.connection, self.device, self.s.timeout)
         before = time.time_ns()

@@ -1,4 +1,4 @@
-"""gNMI notifications -> PortSample (collectors/gnmi.py).
+"""gNMI notifications -> PortSample (collectors/gnmi/collector.py).
 
 The paths are openconfig-interfaces' (and openconfig-if-ethernet's port speed) under
 /interfaces/interface[name=...]. A Notification's prefix and each update's path are joined, module

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from collectors.cli_linux import Bad, _json, _reason, config_text  # noqa: F401 (config_text: the platform's)
+from collectors.cli.linux import Bad, _json, _reason, config_text  # noqa: F401 (config_text: the platform's)
 from collectors.lldp_id import mac_or_text
 from nms.records import U64_MAX, DeviceFacts, InterfaceAddress, LldpNeighbor, OperStatus, PortSample
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from collectors.ufm_model import U64, Bad, exact, guid_of
+from collectors.ufm.model import U64, Bad, exact, guid_of
 
 # PortSample counter <- UFM Telemetry counter (IB PortCountersExtended names, as UFM Telemetry and
 # NVIDIA's Grafana dashboard and PDR plugin name them)
@@ -30,7 +30,7 @@ COUNTERS = {
     "out_discards": "PortXmitDiscards",
 }
 # counters without a PortSample field: stored as a `ufm_port_errors` point; link_downed's increase is
-# also link-flap evidence (collectors/ufm_events.py)
+# also link-flap evidence (collectors/ufm/events.py)
 EXTRA = {"link_downed": "LinkDownedCounterExtended", "symbol_errors": "Symbol_Errors"}
 DATA = ("out_octets", "in_octets")
 _WANTED = {name: key for key, name in (COUNTERS | EXTRA).items()}

@@ -1,0 +1,1 @@
+"""The gNMI collector: see README.md here (sample configuration) and collector.py."""
