@@ -367,12 +367,13 @@ class Agent:
                   **(self.clock_sync.stats if self.clock_sync is not None else {}),
                   "cpu_user_s": usage.ru_utime, "cpu_system_s": usage.ru_stime, "max_rss_kib": usage.ru_maxrss,
                   "buffered_bytes": self.reporter.buffered_bytes, "uptime_s": time.monotonic() - self.started,
-                  "clock_offset_ns": self.clock.offset_ns,
+                  "clock_offset_ns": self.clock.offset_ns, "service_switches": self.client.switches,
                   "steer_map": self.steering.map_size(self._steer_peers())}
         fields = {k: v for k, v in fields.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         self.reporter.put("points", GenericPoint(measurement="agent_stats", tags={"host": self.cfg.host},
                                                  fields=fields, ts=self.clock.now()))
         status = {"host": self.cfg.host, "session": f"{self.session:016x}", "stats": fields,
+                  "service": {"url": self.client.url, "urls": self.client.urls, "switches": self.client.switches},
                   "paths": self.paths_table()}
         tmp = self.buffer_dir / "status.tmp"
         tmp.write_text(json.dumps(status, indent=1))

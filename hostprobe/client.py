@@ -6,8 +6,9 @@ fetches the peer list every `peers.refresh`, and holds a long-poll GET for comma
 goes to the probe loop through a queue, and the loop's outcome of each command comes back through
 another (`Control.result`, which never blocks) for the control thread to post. A service that
 restarts answers with a new `instance`, and the agent registers again, keeping its command cursor
-(command ids are never reused). The last peer list is cached on disk, so an agent that starts while
-the service is down still probes.
+(command ids are never reused). With several service URLs (`service.urls`, API workers of a
+cluster) the client uses one and moves to the next when it fails (ServiceClient). The last peer list
+is cached on disk, so an agent that starts while the service is down still probes.
 """
 
 from __future__ import annotations
@@ -37,20 +38,68 @@ class ServiceError(Exception):
 
 
 class ServiceClient:
+    """The service's API over `settings.urls`, one at a time: a connection error, a timeout or a 503
+    (an API worker that is degraded or cannot reach the bus) moves every thread to the next URL,
+    round-robin; the callers' own retries and backoff do the rest. The first failure of an episode
+    and the URL that answers again are logged (not every retry while none answers)."""
+
     def __init__(self, settings, host: str):
         self.host = host
+        self.urls: list[str] = list(settings.urls)
         verify = str(settings.ca_file) if settings.ca_file else settings.verify_tls
-        self._args = dict(base_url=settings.url, timeout=settings.timeout, verify=verify,
+        self._args = dict(timeout=settings.timeout, verify=verify,
                           headers={"Authorization": f"Bearer {settings.token.get_secret_value()}",
                                    "User-Agent": f"nms-agent/{__version__}"})
-        self._local = threading.local()  # one httpx.Client per thread
+        self._local = threading.local()  # one httpx.Client per thread and URL
+        self._lock = threading.Lock()
+        self._index = 0
+        self._failing = False  # the current URL failed and none has answered since
+        self.switches = 0
 
     @property
-    def http(self) -> httpx.Client:
-        client = getattr(self._local, "client", None)
-        if client is None:
-            client = self._local.client = httpx.Client(**self._args)
-        return client
+    def url(self) -> str:
+        """The URL in use."""
+        return self.urls[self._index]
+
+    def _client(self, index: int) -> httpx.Client:
+        clients = getattr(self._local, "clients", None)
+        if clients is None:
+            clients = self._local.clients = {}
+        if index not in clients:
+            clients[index] = httpx.Client(base_url=self.urls[index], **self._args)
+        return clients[index]
+
+    def request(self, method: str, path: str, **kw) -> httpx.Response:
+        index = self._index
+        try:
+            response = self._client(index).request(method, path, **kw)
+        except httpx.TransportError as e:  # refused, reset, timed out
+            self._failed(index, type(e).__name__)
+            raise
+        if response.status_code == 503:
+            self._failed(index, f"503 {response.text[:120]}")
+        else:
+            self._answered(index)
+        return response
+
+    def _failed(self, index: int, reason: str) -> None:
+        with self._lock:
+            if index != self._index or len(self.urls) == 1:
+                return  # another thread moved on already (or there is nowhere to go)
+            self._index = (index + 1) % len(self.urls)
+            self.switches += 1
+            first = not self._failing
+            self._failing = True
+        (log.warning if first else log.debug)("service at %s failed (%s): switching to %s", self.urls[index],
+                                              reason, self.urls[self._index])
+
+    def _answered(self, index: int) -> None:
+        if self._failing and index == self._index:
+            with self._lock:
+                if not self._failing:
+                    return
+                self._failing = False
+            log.warning("service at %s answers: using it (%d switches so far)", self.urls[index], self.switches)
 
     def _json(self, response: httpx.Response) -> dict:
         if response.status_code in (401, 403):
@@ -63,21 +112,21 @@ class ServiceClient:
         return response.json()
 
     def register(self, info: dict) -> dict:
-        return self._json(self.http.post(f"/agents/{self.host}/register", json=info))
+        return self._json(self.request("POST", f"/agents/{self.host}/register", json=info))
 
     def peers(self) -> dict:
-        return self._json(self.http.get(f"/agents/{self.host}/peers"))
+        return self._json(self.request("GET", f"/agents/{self.host}/peers"))
 
     def commands(self, after: int, wait: float) -> dict:
-        return self._json(self.http.get(f"/agents/{self.host}/commands", params={"after": after, "wait": wait},
-                                        timeout=wait + 10))
+        return self._json(self.request("GET", f"/agents/{self.host}/commands", params={"after": after, "wait": wait},
+                                       timeout=wait + 10))
 
     def post_result(self, command_id: int, result: dict) -> httpx.Response:
-        return self.http.post(f"/agents/{self.host}/commands/{command_id}/result", json=result)
+        return self.request("POST", f"/agents/{self.host}/commands/{command_id}/result", json=result)
 
     def post_batch(self, kind: str, gz_body: bytes) -> httpx.Response:
-        return self.http.post(f"/ingest/{kind}", content=gz_body,
-                              headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+        return self.request("POST", f"/ingest/{kind}", content=gz_body,
+                            headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
 
 
 class Control(threading.Thread):

@@ -17,11 +17,32 @@ from nms.config.models import ByteSize, HttpUrl, Name, Seconds, Strict
 
 
 class ServiceSettings(Strict):
-    url: HttpUrl  # e.g. http://198.18.0.1:8080 (the service's management address)
+    """`urls`: the service's API workers, used one at a time; the agent moves to the next on a
+    connection error, a timeout or a 503 (hostprobe/client.py). `url`: one, the same as `urls: [url]`."""
+
+    url: HttpUrl | None = None  # e.g. http://198.18.0.1:8080 (the service's management address)
+    urls: list[HttpUrl] = Field(default_factory=list)
     token: SecretStr  # an API token with the `ingest` scope
     timeout: Seconds = 5.0
     verify_tls: bool = True
     ca_file: Path | None = None
+
+    @field_validator("urls")
+    @classmethod
+    def _distinct(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"duplicate URLs: {sorted({u for u in v if v.count(u) > 1})}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_list(self) -> ServiceSettings:
+        if self.url is not None and self.urls:
+            raise ValueError("give service.url or service.urls, not both")
+        if self.url is None and not self.urls:
+            raise ValueError("service.urls (or service.url) is required: the service's API URL(s)")
+        if not self.urls:
+            self.urls = [self.url]  # type: ignore[list-item]  # one URL is a one-element list
+        return self
 
 
 class NicSettings(Strict):
@@ -188,7 +209,8 @@ def summary(cfg: AgentConfig) -> str:
     """One line for `nms-agent --check` and `nms config check` (no secret in it)."""
     nics = ", ".join(n.name + (f" {n.address}" if n.address else "") for n in cfg.nics)
     p = cfg.probe
-    return (f"host {cfg.host!r}, service {cfg.service.url}, {len(cfg.nics)} NIC(s) ({nics}), probes on UDP {p.port} "
+    return (f"host {cfg.host!r}, service {', '.join(cfg.service.urls)}, {len(cfg.nics)} NIC(s) ({nics}), "
+            f"probes on UDP {p.port} "
             f"at {p.rate:g}/s x {p.sports} source ports, transport {p.transport}, "
             f"clock sync {'on' if cfg.clock_sync.enabled else 'off'}")
 

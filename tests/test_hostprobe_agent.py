@@ -53,8 +53,9 @@ class Bed:
         self.service.send_signal(signal.SIGTERM)
         self.service.wait(20)
 
-    def start_agent(self, host: str, env: dict | None = None):
-        conf = {"host": host, "service": {"url": self.url, "token": AGENT},
+    def start_agent(self, host: str, env: dict | None = None, urls: list[str] | None = None):
+        service = {"urls": urls} if urls else {"url": self.url}
+        conf = {"host": host, "service": {**service, "token": AGENT},
                 "nics": [{"name": "lo", "address": HOSTS[host]}],
                 "probe": {"key": KEY, "port": self.probe_port, "sports": 4},
                 "report": {"buffer_dir": str(self.tmp / host), "stats_interval": "1s"}}

@@ -38,6 +38,15 @@ def test_good_config_with_env_and_file_secrets(tmp_path, monkeypatch):
     assert cfg.probe.rate == 20 and cfg.probe.down_after == 0.5 and cfg.probe.port == 33434
     assert cfg.peers.refresh == 60 and cfg.probe.sports == 32 and cfg.lab_clock.drift_ppm == 5
     assert TOKEN not in repr(cfg) and KEY not in repr(cfg)
+    assert cfg.service.urls == ["http://198.18.0.1:8080"]  # one URL: a one-element list
+
+
+def test_a_list_of_service_urls_is_kept_in_order():
+    cfg = parse_config("host: h\nservice: {urls: ['http://198.18.0.1:8080/', 'https://198.18.0.2:8443'], token: "
+                       + TOKEN + "}\nnics: [{name: eth0}]\nprobe: {key: " + KEY + "}\n", model=AgentConfig)
+    assert cfg.service.urls == ["http://198.18.0.1:8080", "https://198.18.0.2:8443"] and cfg.service.url is None
+    from hostprobe.config import summary
+    assert "service http://198.18.0.1:8080, https://198.18.0.2:8443," in summary(cfg)
 
 
 @pytest.mark.parametrize("text, where, what", [
@@ -45,6 +54,14 @@ def test_good_config_with_env_and_file_secrets(tmp_path, monkeypatch):
      "line 2: service.url", "http"),
     ("host: h\nservice: {url: 'http://x', token: " + TOKEN + "}\nnics: []\nprobe: {key: " + KEY + "}\n",
      "line 3: nics", "at least 1"),
+    ("host: h\nservice: {urls: ['http://a', ftp://b], token: " + TOKEN + "}\nnics: [{name: eth0}]\nprobe: {key: "
+     + KEY + "}\n", "line 2: service.urls[1]", "http"),
+    ("host: h\nservice: {urls: ['http://a', 'http://a/'], token: " + TOKEN + "}\nnics: [{name: eth0}]\n"
+     "probe: {key: " + KEY + "}\n", "line 2: service.urls", "duplicate URLs: ['http://a']"),
+    ("host: h\nservice: {url: 'http://a', urls: ['http://b'], token: " + TOKEN + "}\nnics: [{name: eth0}]\n"
+     "probe: {key: " + KEY + "}\n", "line 2: service", "service.url or service.urls, not both"),
+    ("host: h\nservice: {urls: [], token: " + TOKEN + "}\nnics: [{name: eth0}]\nprobe: {key: " + KEY + "}\n",
+     "line 2: service", "service.urls (or service.url) is required"),
     ("host: h\nservice: {url: 'http://x', token: " + TOKEN + "}\nnics: [{name: eth0}]\nprobe: {key: short}\n",
      "line 4: probe.key", "too short"),
     ("host: h\nservice: {url: 'http://x', token: " + TOKEN + "}\nnics: [{name: eth0}]\n"

@@ -241,3 +241,55 @@ def test_state_config_errors_name_the_field(tmp_path, monkeypatch):
     assert cfg.state.dsn.get_secret_value().endswith("@db1:5432/nms")
     assert "hunter2" not in repr(cfg.state) and "hunter2" not in cfg.model_dump_json()
     assert make_config(tmp_path).state.backend == "sqlite"  # the default: <data_dir>/state.sqlite
+
+
+def test_during_a_postgresql_outage_the_api_answers_503_and_the_correlator_logs_it_once(
+        tmp_path, postgres_server, postgres_database, caplog):
+    """Reads of state answer 503 with the reason (never the password) and a Retry-After; the
+    correlator loop logs one warning when the outage starts and one info when it ends, no traceback
+    per step; after PostgreSQL is back the same read answers 200."""
+    dsn = postgres_database() + " password=s3cret-pw"  # trust authentication: accepted, never needed
+    caplog.set_level("INFO", logger="nms.app.service")
+    cfg = make_config(tmp_path / "data", state={"backend": "postgresql", "dsn": dsn}, correlator={"interval": "0.5s"})
+    with api_client(cfg) as c:
+        service = c.app.state.service
+        [opened] = service.incidents.apply([finding()], T0)
+        runs = service.metrics.scheduler_runs
+
+        def steps(outcome: str) -> float:
+            return runs.labels("correlate", outcome)._value.get()
+
+        assert c.get("/incidents", headers=auth("read")).status_code == 200
+        postgres_server.stop()
+        try:
+            r = c.get("/incidents", headers=auth("read"))
+            assert r.status_code == 503 and r.headers["Retry-After"] == "5", r.text
+            detail = r.json()["detail"]
+            # "state store at <db>: <lost connection>", or "state store: cannot connect to PostgreSQL at
+            # <db>: ..." when a correlator step met the outage first
+            assert detail.startswith("state store unavailable: state store") and detail.endswith("; retry later")
+            assert f"postgresql://nms@{postgres_server.dir}:5432/" in detail, detail
+            assert "s3cret-pw" not in r.text
+            errors = steps("error")
+            wait_until(lambda: steps("error") >= errors + 3, 30, what="three correlator steps during the outage")
+        finally:
+            postgres_server.start()
+        wait_until(lambda: c.get("/incidents", headers=auth("read")).status_code == 200, 30,
+                   what="the incidents read answering again")  # the store connects again on its next use
+        r = c.get("/incidents", headers=auth("read"))
+        assert r.status_code == 200 and [i["id"] for i in r.json()] == [opened.incident.id], r.text
+        ok = steps("ok")
+        wait_until(lambda: steps("ok") > ok, 30, what="a correlator step after the outage")
+    logged = [(rec.levelname, rec.getMessage()) for rec in caplog.records
+              if "scheduled job correlate" in rec.getMessage()]
+    assert [level for level, _ in logged] == ["WARNING", "INFO"], logged
+    assert "postgresql://nms@" in logged[0][1] and "s3cret-pw" not in logged[0][1]
+    assert "the state store is back after" in logged[1][1]
+    assert not [rec for rec in caplog.records if rec.exc_info]  # no traceback, from any logger
+
+
+def test_passwords_are_taken_out_of_state_errors_given_to_clients():
+    error = StateUnavailable("state store at postgresql://nms@db1:5432/nms: dsn 'host=db1 password=hunter2 "
+                             "user=nms' and postgresql://nms:hunter3@db2/nms failed")
+    assert error.reason == ("state store at postgresql://nms@db1:5432/nms: dsn 'host=db1 password=*** user=nms' "
+                            "and postgresql://nms:***@db2/nms failed")

@@ -31,7 +31,7 @@ from nms.app.telemetry_bus import TelemetryPublisher, stream_specs
 from nms.app.writer import BusWriter
 from nms.config import NmsConfig
 from nms.signing import CommandSigner
-from nms.state import StateStore
+from nms.state import StateStore, StateUnavailable
 from nms.store import TimeSeriesStore
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ class Service:
         self.metrics.watch_store(self.store.stats, self.store.name)
         self.scheduler: AsyncIOScheduler | None = None
         self._correlating: asyncio.Task | None = None
+        self._state_outages: dict[str, float] = {}  # job -> when it first met StateUnavailable (monotonic)
         self._acting: set[asyncio.Task] = set()  # action ticks started by a correlator window
         self.started_at = time.time()
         self.poller = Poller(config, self.store, self.metrics.registry)  # switch collectors, by entry point
@@ -184,14 +185,25 @@ class Service:
 
     async def _threaded(self, job: str, fn, *args):
         """Run a scheduled job's work in a worker thread, counted per outcome; a failure is logged
-        and never stops the scheduler. Returns fn's result, or None when it failed."""
+        and never stops the scheduler. Returns fn's result, or None when it failed. A state store
+        outage (PostgreSQL down) is one warning when a job first meets it and one info when the job
+        runs again, not a traceback every run (the correlator steps every second)."""
         try:
             result = await asyncio.to_thread(fn, *args)
+        except StateUnavailable as e:
+            self.metrics.scheduler_runs.labels(job, "error").inc()
+            if job not in self._state_outages:
+                self._state_outages[job] = time.monotonic()
+                log.warning("scheduled job %s: %s; it retries every run, logged again when the state store is back",
+                            job, e.reason)
+            return None
         except Exception:
             self.metrics.scheduler_runs.labels(job, "error").inc()
             log.exception("scheduled job %s failed", job)
             return None
         self.metrics.scheduler_runs.labels(job, "ok").inc()
+        if (since := self._state_outages.pop(job, None)) is not None:
+            log.info("scheduled job %s: the state store is back after %.0f s", job, time.monotonic() - since)
         return result
 
     async def _prune(self, retention_s: float) -> None:

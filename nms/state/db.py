@@ -9,6 +9,7 @@ incident and action events, agent commands) commit in the order of their ids acr
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -26,7 +27,23 @@ class Cursor(Protocol):
 
 
 class StateUnavailable(RuntimeError):
-    """The state database cannot be reached (PostgreSQL down, or refusing this connection)."""
+    """The state database cannot be reached (PostgreSQL down, or refusing this connection). Its
+    message names the database by `describe_dsn` and carries the driver's reason; `reason` is that
+    message with anything shaped like a password taken out, for answers to API clients."""
+
+    @property
+    def reason(self) -> str:
+        return redact_password(str(self))
+
+
+_PASSWORDS = (re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE),  # key=value DSN
+              re.compile(r"(://[^/\s:@]*:)[^@\s/]*(@)"))  # URL DSN: scheme://user:password@host
+
+
+def redact_password(text: str) -> str:
+    """`text` with the passwords of DSNs in it replaced by `***`."""
+    text = _PASSWORDS[0].sub(r"\1***", text)
+    return _PASSWORDS[1].sub(r"\1***\2", text)
 
 
 class Dialect:

@@ -32,6 +32,7 @@ from nms.app.api import (
 from nms.app.api.fabric_view import FabricViews
 from nms.app.auth import SessionStore, TokenRegistry
 from nms.app.service import Service
+from nms.state import StateUnavailable
 from nms.store import StoreError, StoreUnavailable
 
 
@@ -202,6 +203,12 @@ def create_app(service: Service, manage_lifecycle: bool = True) -> FastAPI:
     @app.exception_handler(StoreUnavailable)
     async def store_unavailable(request: Request, exc: StoreUnavailable):
         return JSONResponse({"detail": f"telemetry store unavailable: {exc}"}, status_code=503,
+                            headers={"Retry-After": "5"})
+
+    @app.exception_handler(StateUnavailable)
+    async def state_unavailable(request: Request, exc: StateUnavailable):
+        # PostgreSQL is down or unreachable (docs/cluster.md): the client retries, nothing of its call was stored
+        return JSONResponse({"detail": f"state store unavailable: {exc.reason}; retry later"}, status_code=503,
                             headers={"Retry-After": "5"})
 
     @app.exception_handler(StoreError)
