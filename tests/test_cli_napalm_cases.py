@@ -8,7 +8,7 @@ tests/fixtures/napalm/<driver>/ (Apache License 2.0: tests/fixtures/napalm/LICEN
 only the getters that map onto our records, and of the `| json` ones only the files our commands read.
 
 Each case is replayed through CliCollector.collect() on a session that answers from the case's
-files (no SSH: the login and host-key path is tests/test_cli_collector.py's, on a real sshd): our
+files (tests/_replay_cli.py; no SSH: the login and host-key path is tests/test_cli_collector.py's): our
 `| json` commands (`arista_eos`, `cisco_nxos`) on exec channels, and the commands of napalm's
 getters (`cisco_ios`; `cisco_nxos` on a device refusing `| json`: nxos_ssh) on the shell, as
 napalm's own tests answer them. A command the case has no file for fails as a device's would
@@ -27,10 +27,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from _replay_cli import NOT_RECORDED, poll
 
 from collectors.base import CollectorBadResponse, PollProblem
-from collectors.cli.collector import CliCollector
-from collectors.cli.transport import Output, Session
 from collectors.lldp_id import mac_octets, mac_or_text
 from nms.config.models import SwitchConfig
 from nms.records import DeviceFacts, GenericPoint, InterfaceAddress, LldpNeighbor, PortSample
@@ -57,56 +56,10 @@ NXOS_SSH_JSON = ("test_get_interfaces_counters",)
 REFUSAL = (NAPALM / "nxos_ssh/test_get_facts/does_not_support_json/show_inventory___json.txt").read_text()
 
 
-class ReplayShell:
-    """netmiko's side of a logged-in IOS shell, answering from a case's files as napalm's own tests
-    do (file name: the command with every other character than [a-zA-Z0-9] made `_`)."""
-
-    def __init__(self, case: Path | None):
-        self.case = case
-
-    def send_command(self, command: str, **_kwargs) -> str:
-        f = self.case / (re.sub("[^a-zA-Z0-9]", "_", command)[:150] + ".txt") if self.case else None
-        if f is not None and f.is_file():
-            return f.read_text()
-        if command in ("show interfaces", "show interface"):
-            return ""  # the interface list a poll needs: none
-        return "% Invalid input detected at '^' marker."  # not in this capture
-
-
-class ReplaySession(Session):
-    """A logged-in session whose device is a directory of napalm's captures."""
-
-    def __init__(self, device: str, settings, answers: dict[str, str], case: Path | None = None):
-        super().__init__(device, "192.0.2.1", settings)
-        self.answers, self.shell = answers, ReplayShell(case)
-
-    @property
-    def connected(self) -> bool:
-        return True
-
-    @property
-    def connection(self):
-        return self.shell
-
-    def run(self, command: str, preamble: str = "") -> Output:
-        if command in self.answers:
-            return Output(command, 0, self.answers[command], "")
-        return Output(command, 1, "", "not in this capture")
-
-
 def replay(driver: str, answers: dict[str, str], case: Path | None = None) -> tuple[list, list[PollProblem]]:
     dev = SwitchConfig(name="sw", mgmt_address="192.0.2.1", collectors={"cli": {
         "platform": PLATFORM[driver], "username": "u", "password": "p", "verify_host_key": False}})
-    collector = CliCollector(max_concurrency=1)
-    collector._sessions[dev.name] = ReplaySession(dev.name, collector.settings(dev), answers, case)
-
-    async def run():
-        try:
-            return await collector.collect(dev)
-        finally:
-            collector._pool.shutdown()
-
-    result = asyncio.run(run())
+    result = asyncio.run(poll(dev, dict(answers), case))
     return result.records, result.problems
 
 
@@ -241,7 +194,7 @@ def test_napalm_capture_gives_napalms_result(case: Path):
         # read through napalm's getters, the others of which met `% Invalid input`: only this case's
         # getter must be whole
         problems = [p for p in problems if p.what == case.parts[-2].removeprefix("test_")]
-    assert [str(p) for p in problems if "not in this capture" not in str(p)] == []
+    assert [str(p) for p in problems if NOT_RECORDED not in str(p)] == []
     CHECKS[case.parts[-2]](json.loads((case / "expected_result.json").read_text()), records, case)
 
 
