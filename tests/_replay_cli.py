@@ -95,3 +95,27 @@ async def poll(device: SwitchConfig, answers: dict[str, str | Output], case: Pat
 
 async def replay_cli(device: SwitchConfig, responses: Path) -> PollResult:
     return await poll(device, load(responses))
+
+
+class RecordingSession(Session):
+    """A real SSH session that records every command's answer (tests/collector_cases/record.py)."""
+
+    def __init__(self, device: str, address: str, settings):
+        super().__init__(device, address, settings)
+        self.recording: dict[str, str | dict] = {}
+
+    def run(self, command: str, preamble: str = "") -> Output:
+        out = super().run(command, preamble)
+        self.recording[command] = out.stdout if out.ok and not out.stderr else {
+            "status": out.status, "stdout": out.stdout, "stderr": out.stderr}
+        return out
+
+    def connect(self) -> None:
+        super().connect()
+        send = self.connection.send_command  # napalm's getters' commands, on the shell
+
+        def send_command(command: str, *args, **kwargs):
+            self.recording[command] = output = send(command, *args, **kwargs)
+            return output
+
+        self.connection.send_command = send_command

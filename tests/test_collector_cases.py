@@ -33,7 +33,7 @@ def test_every_collector_has_two_cases_or_more_one_with_a_problem():
     by: dict[str, list[bool]] = {}
     for case in CASES:
         by.setdefault(case.collector, []).append(bool(case.expected().get("problems")))
-    assert set(by) >= {"cli", "snmp"}
+    assert set(by) == {"cli", "snmp", "gnmi", "ufm"}
     assert all(len(flags) >= 2 and any(flags) for flags in by.values()), by
 
 
