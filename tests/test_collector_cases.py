@@ -53,3 +53,28 @@ def test_settings_are_validated_by_the_collectors_own_model(tmp_path):
     (case_dir / "settings.yaml").write_text(yaml.safe_dump({"version": "2c", "comunity": "typo"}))
     with pytest.raises(ValueError, match="comunity"):
         Case(case_dir).device()
+
+
+def test_a_walk_line_that_cannot_be_replayed_is_named():
+    from _replay_snmp import parse_walk
+
+    walk = parse_walk('.1.3.6.1.2.1.1.5.0 = Hex-STRING: 6C 65 61 \n66 31 \n'  # a hex string goes on
+                      '.1.3.6.1.2.1.1.3.0 = Timeticks: (7) 0:00:00.07\n'
+                      '.1.3.6.1.2.1.1.6.0 = STRING: "rack \\"4\\""\n.1.0.8802 = No Such Object available\n')
+    values = [bytes(v.asOctets()) if hasattr(v, "asOctets") else int(v) for v in walk.values()]
+    assert values == [b"leaf1", 7, b'rack "4"']
+    with pytest.raises(ValueError, match=r"w:2: SNMP type 'Opaque' is not replayed"):
+        parse_walk(".1.3.6.1.2.1.1.5.0 = INTEGER: 1\n.1.3.6.1.2.1.1.6.0 = Opaque: 01\n", "w")
+
+
+def test_a_request_the_recording_does_not_have_fails_naming_it(tmp_path):
+    """Here: the same target's recording, polled without the queues (another subscription)."""
+    case = next(c for c in CASES if c.id == "gnmi/lab_target_lo")
+    copy = Case(tmp_path / "gnmi" / "without_queues")
+    copy.dir.mkdir(parents=True)
+    for name in ("settings.yaml", "responses.json", "expected.yaml"):
+        (copy.dir / name).write_text((case.dir / name).read_text())
+    with (copy.dir / "settings.yaml").open("a") as f:
+        f.write("queues: false\n")
+    with pytest.raises(AssertionError, match="Subscribe request not in this recording"):
+        replay(copy)
