@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _snmpd import SKIP_REASON, Snmpd, available, kernel_ipv4
+from _snmpd import kernel_ipv4
 
 REPO = Path(__file__).resolve().parents[1]
 LONG_NAME = "dc1-pod3-leaf-017"
@@ -45,16 +45,6 @@ def row(lines: list[str], *cells: str) -> str:
 
 def unwrapped(text: str) -> str:
     return " ".join(text.split())
-
-
-@pytest.fixture(scope="module")
-def snmpd():
-    if not available():
-        pytest.skip(SKIP_REASON)
-    server = Snmpd()
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

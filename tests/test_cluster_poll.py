@@ -15,8 +15,7 @@ import signal
 import time
 
 import yaml
-from _nats import nats_server  # noqa: F401  (fixture)
-from _snmpd import Snmpd, snmpd  # noqa: F401  (fixture)
+from _snmpd import Snmpd
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from prometheus_client import CollectorRegistry
 
@@ -135,7 +134,7 @@ def bounded(coro, timeout: float = 180.0):
 
 
 def test_members_split_the_switches_and_a_killed_members_switches_are_polled_within_two_heartbeats(
-        nats_server, snmpd, tmp_path):  # noqa: F811
+        nats_server, snmpd, tmp_path):
     config = cluster_config(tmp_path, nats_server.url, snmp_switches(snmpd))
 
     async def run():
@@ -208,7 +207,7 @@ def test_members_split_the_switches_and_a_killed_members_switches_are_polled_wit
     print(f"poll-c's switches polled by the others {took:.2f} s after the kill")
 
 
-def test_a_member_that_joins_takes_its_share_and_one_that_leaves_hands_it_back(nats_server, snmpd, tmp_path):  # noqa: F811
+def test_a_member_that_joins_takes_its_share_and_one_that_leaves_hands_it_back(nats_server, snmpd, tmp_path):
     config = cluster_config(tmp_path, nats_server.url, snmp_switches(snmpd))
 
     async def run():
@@ -260,7 +259,7 @@ class _ReplyWithTheStop:
         return await asyncio.wait_for(reply, 5)
 
 
-def test_a_member_stops_even_when_the_stop_comes_with_a_bus_reply(nats_server, snmpd, tmp_path):  # noqa: F811
+def test_a_member_stops_even_when_the_stop_comes_with_a_bus_reply(nats_server, snmpd, tmp_path):
     config = cluster_config(tmp_path, nats_server.url, snmp_switches(snmpd))
 
     async def run():
@@ -282,7 +281,7 @@ def test_a_member_stops_even_when_the_stop_comes_with_a_bus_reply(nats_server, s
     bounded(run())
 
 
-def test_a_member_whose_bus_does_not_answer_still_stops_in_bounded_time(nats_server, snmpd, tmp_path):  # noqa: F811
+def test_a_member_whose_bus_does_not_answer_still_stops_in_bounded_time(nats_server, snmpd, tmp_path):
     config = cluster_config(tmp_path, nats_server.url, snmp_switches(snmpd))
 
     async def run():
@@ -305,7 +304,7 @@ def test_a_member_whose_bus_does_not_answer_still_stops_in_bounded_time(nats_ser
     print(f"poll-a left in {left:.2f} s and stopped in {took:.2f} s with its nats-server stopped (SIGSTOP)")
 
 
-def test_a_gnmi_stream_moves_with_its_switch(nats_server, tmp_path):  # noqa: F811
+def test_a_gnmi_stream_moves_with_its_switch(nats_server, tmp_path):
     from _gnmi import PASSWORD, USER, Target
 
     target = Target(tmp_path, "--insecure", "--interfaces", "lo", "--hostname", "leaf9").start()

@@ -11,8 +11,7 @@ import time
 import uuid
 
 import yaml
-from _nats import nats_server  # noqa: F401  (fixture)
-from _snmpd import Snmpd, snmpd  # noqa: F401  (fixture)
+from _snmpd import Snmpd
 from test_cluster_write import Member
 
 from nms.rendezvous import assign
@@ -46,7 +45,7 @@ def sampled_since(influxd, member: Member, since_ns: int) -> dict[str, int]:
 
 
 def test_two_poll_processes_split_the_switches_and_a_killed_ones_are_polled_by_the_other(
-        tmp_path, influxd, nats_server, snmpd):  # noqa: F811
+        tmp_path, influxd, nats_server, snmpd):
     a = poll_member(tmp_path, "poll-a", influxd, nats_server.url, snmpd)
     b = poll_member(tmp_path, "poll-b", influxd, nats_server.url, snmpd)
     try:

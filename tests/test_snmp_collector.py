@@ -40,14 +40,6 @@ REPO = Path(__file__).resolve().parents[1]
 SNMPD_CACHE_S = 3.5  # snmpd serves IF-MIB from a cache refreshed at most every ~3 s
 
 
-@pytest.fixture(scope="module")
-def snmpd():
-    server = Snmpd()
-    server.start()
-    yield server
-    server.stop()
-
-
 def switch(name: str, snmp: dict, address: str = "127.0.0.1") -> SwitchConfig:
     return SwitchConfig(name=name, mgmt_address=address, collectors={"snmp": snmp})
 
