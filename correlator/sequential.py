@@ -24,7 +24,7 @@ explains yet, each directed link against its own baseline:
   is judged before any new opening and keeps its paths, so the window cover can neither move the
   fault to a neighbour nor drop it for a window that happened to lose little.
 * **over**: some window ending now is `1 / P_STOP` times likelier at the baseline than at 3/4 of
-  the found rate (its ~2 sigma lower bound, raised as evidence accumulates): the other side of the
+  the found rate (its exact ~2 sigma lower bound, raised as evidence accumulates): the other side of the
   sequential test. A repaired link stops being reported once ~ln(1/P_STOP) / (0.75 rate) exchanges
   crossed it clean: seconds at 5 %, ~15 s at 0.5 %, about a minute at 0.1 % (docs/correlator.md).
 
@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.stats import binom
+from scipy.stats import binom, chi2
 
 from correlator.context import Context, PathStats
 from correlator.localize import Pick, cover_loss
@@ -53,6 +53,7 @@ P_STOP = 1e-3
 STOP_FRACTION = 0.75  # "over" tests the baseline against this fraction of the found (lower-bound) rate
 PRIOR_EXCHANGES = 10_000.0
 SUSPECT_P = 0.01
+LOWER_BOUND_P = 0.02275  # one-sided 2 sigma
 LEARN_S = 3600.0  # a link's loss baseline is learned over about this long (decay time constant)
 TYPICAL_FACTOR = 2.0  # a link's baseline is at most this times the fabric's median link baseline
 
@@ -254,5 +255,7 @@ class SequentialLoss:
 
 def _lower(lost: int, sent: int) -> float:
     """A lower bound of a loss rate (~2 sigma): the rate the loss is held to, free of the luck that
-    made its first window significant."""
-    return max(0.0, lost - 2 * math.sqrt(lost)) / max(sent, 1)
+    made its first window significant. The exact (Garwood) Poisson bound: the normal one, lost - 2
+    sqrt(lost), is 0 up to 4 losses, so a loud fault found within a second on a few losses was held
+    to twice its baseline and took minutes to be over after its repair."""
+    return float(chi2.ppf(LOWER_BOUND_P, 2 * lost)) / 2 / max(sent, 1) if lost > 0 else 0.0

@@ -1,5 +1,6 @@
 import os
 
+import pytest
 from _influx import influx_store, influxd  # noqa: F401  (influxd fixtures)
 from _nats import nats_server  # noqa: F401  (a nats-server with JetStream)
 from _notify import notify_make as make  # noqa: F401  (notification test fixtures)
@@ -13,3 +14,31 @@ from hypothesis import settings
 settings.register_profile("repeatable", derandomize=True, database=None)
 settings.register_profile("explore")
 settings.load_profile(os.environ.get("NMS_HYPOTHESIS", "repeatable"))
+
+# scripts/test.sh runs the suite on two pytest-xdist workers (`-n 2 --dist loadfile
+# --no-loadscope-reorder`): every module is a unit of work of its own (its module-scoped fixtures set
+# up once) on whichever worker is free, except the labs (tests/lab/: namespaces, real-time faults, one
+# lab at a time), which are one unit, run in order on one worker, and the first one handed out. They
+# mostly wait on real time and use about one core: the rest of the suite runs beside them instead of
+# after them, at a lower CPU priority so that the labs' timers are not starved by it.
+LABS = "tests/lab/"
+BESIDE_THE_LABS_NICE = 5
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LabsTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return LABS if nodeid.startswith(LABS) else super()._split_scope(nodeid)
+
+    return LabsTogether(config, log)
+
+
+def pytest_runtest_setup(item):
+    beside = os.environ.get("PYTEST_XDIST_WORKER") and not item.nodeid.startswith(LABS)
+    if beside and os.nice(0) < BESIDE_THE_LABS_NICE:
+        os.nice(BESIDE_THE_LABS_NICE - os.nice(0))

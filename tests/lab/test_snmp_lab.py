@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from lab_helpers import skip_reason
 
 pytestmark = [pytest.mark.root]
 PREFIX = "nmss-"
@@ -25,20 +24,9 @@ UNUSED_MGMT_ADDRESS = "198.18.252.250"  # in the lab's management subnet, no nod
 SNMPD_CACHE_S = 3.5
 
 
-def _skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "SNMP lab tests need root (network namespaces, veth)"
-    try:
-        from lab.sh import INSTALL_HINT, REQUIRED
-    except ImportError:
-        return "the fabric lab (the lab package) is not available"
-    missing = [b for b in REQUIRED if shutil.which(b) is None]
-    return f"SNMP lab tests need {', '.join(missing)}: {INSTALL_HINT}" if missing else None
-
-
 @pytest.fixture(scope="module")
 def lab():
-    reason = _skip_reason()
+    reason = skip_reason()
     if reason:
         pytest.skip(reason)
     from lab import cleanup
