@@ -1,3 +1,4 @@
+import collections
 import os
 
 import pytest
@@ -22,6 +23,11 @@ settings.load_profile(os.environ.get("NMS_HYPOTHESIS", "repeatable"))
 # mostly wait on real time and use about one core: the rest of the suite runs beside them instead of
 # after them, at a lower CPU priority so that the labs' timers are not starved by it.
 LABS = "tests/lab/"
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # xdist's workers start with COLUMNS=80 and LINES=24, and rich fixes a Console's width from COLUMNS
+    # when the console is made (at import): the CLI tables would be cut at 80 columns in every test
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
 BESIDE_THE_LABS_NICE = 5
 
 
@@ -38,7 +44,35 @@ def pytest_xdist_make_scheduler(config, log):
     return LabsTogether(config, log)
 
 
+def pytest_collection_modifyitems(items):
+    """pytest 9 builds an item's id from its callspec, and schemathesis's items (tests/test_api_fuzz.py,
+    one per API operation) have none: all would share one id, and xdist, which schedules by id, would
+    run one of them. Each gets the id pytest 8 gave it: its name, the operation in brackets."""
+    for item in items:
+        if item.name.endswith("]") and not item.nodeid.endswith("]"):
+            item._id = item.parent.id.child(item.name)
+    shared = sorted(nodeid for nodeid, n in collections.Counter(i.nodeid for i in items).items() if n > 1)
+    if shared:
+        raise pytest.UsageError(f"tests sharing an id (xdist would run one of each): {shared[:5]}")
+
+
 def pytest_runtest_setup(item):
     beside = os.environ.get("PYTEST_XDIST_WORKER") and not item.nodeid.startswith(LABS)
     if beside and os.nice(0) < BESIDE_THE_LABS_NICE:
         os.nice(BESIDE_THE_LABS_NICE - os.nice(0))
+
+
+_RERUN_FAILURES: list[tuple[str, str]] = []
+
+
+def pytest_runtest_logreport(report):
+    """Keep why a test needed its rerun: pytest-rerunfailures shows only that it did (here, not in
+    tests/lab/conftest.py: under xdist only this conftest is loaded where the reports are gathered)."""
+    if report.outcome == "rerun":
+        _RERUN_FAILURES.append((report.nodeid, report.longreprtext[-4000:]))
+
+
+def pytest_terminal_summary(terminalreporter):
+    for nodeid, text in _RERUN_FAILURES:
+        terminalreporter.write_sep("-", f"first failure of {nodeid} (it was rerun)")
+        terminalreporter.write_line(text)

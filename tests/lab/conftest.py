@@ -31,18 +31,3 @@ def lab():
     handle = build_lab(new_lab_dir())
     yield handle
     lab_mod.down(handle.dir, PREFIX)
-
-
-_RERUN_FAILURES: list[tuple[str, str]] = []
-
-
-def pytest_runtest_logreport(report):
-    """Keep why a lab test needed its rerun: pytest-rerunfailures shows only that it did."""
-    if report.outcome == "rerun":
-        _RERUN_FAILURES.append((report.nodeid, report.longreprtext[-4000:]))
-
-
-def pytest_terminal_summary(terminalreporter):
-    for nodeid, text in _RERUN_FAILURES:
-        terminalreporter.write_sep("-", f"first failure of {nodeid} (it was rerun)")
-        terminalreporter.write_line(text)
