@@ -8,4 +8,4 @@ bash scripts/install.sh test
 echo "== lint (scripts/lint.sh)"
 bash scripts/lint.sh
 echo "== running tests"
-exec .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder "$@"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

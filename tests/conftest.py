@@ -16,12 +16,11 @@ settings.register_profile("repeatable", derandomize=True, database=None)
 settings.register_profile("explore")
 settings.load_profile(os.environ.get("NMS_HYPOTHESIS", "repeatable"))
 
-# scripts/test.sh runs the suite on two pytest-xdist workers (`-n 2 --dist loadfile
-# --no-loadscope-reorder`): every module is a unit of work of its own (its module-scoped fixtures set
-# up once) on whichever worker is free, except the labs (tests/lab/: namespaces, real-time faults, one
-# lab at a time), which are one unit, run in order on one worker, and the first one handed out. They
-# mostly wait on real time and use about one core: the rest of the suite runs beside them instead of
-# after them, at a lower CPU priority so that the labs' timers are not starved by it.
+# With `-n 2` (pytest-xdist; README: not what CI runs, the labs' timers miss deadlines beside the rest
+# on 2 cores) every module is a unit of work of its own (its
+# module-scoped fixtures set up once) on whichever worker is free, except the labs (tests/lab/:
+# namespaces, real-time faults, one lab at a time), which are one unit, run in order on one worker
+# and handed out first; the rest runs beside them at a lower CPU priority.
 LABS = "tests/lab/"
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # xdist's workers start with COLUMNS=80 and LINES=24, and rich fixes a Console's width from COLUMNS
@@ -33,8 +32,9 @@ BESIDE_THE_LABS_NICE = 5
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    if config.getvalue("dist") != "loadfile":
+    if config.getvalue("dist") == "each":
         return None
+    config.option.loadscopereorder = False  # collection order: the labs first
     from xdist.scheduler import LoadFileScheduling
 
     class LabsTogether(LoadFileScheduling):
