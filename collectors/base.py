@@ -29,7 +29,9 @@ device's link state (events, flaps, the topology's oper status); the others give
 
 Helpers every collector uses: `required_settings(device)` (its settings, or the "no settings"
 CollectorConfigError) and `result(device, PollStart(), records, ...)` (a PollResult timed from the
-poll's start, with the collector's name and counter widths).
+poll's start, with the collector's name and counter widths). A collector that keeps a session (a
+target, a channel, a client) per device keeps it in a `DeviceCache`: made again when the device's
+settings or address change, the replaced one released.
 
 A new collector is one module with a subclass (its `name`, its `settings_model`, `collect`) and one
 line in its pyproject.toml:
@@ -41,11 +43,12 @@ line in its pyproject.toml:
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
@@ -205,3 +208,56 @@ class Collector(ABC):
 
     async def close(self) -> None:  # noqa: B027  (optional: collectors without resources keep it)
         """Release engines, sockets, sessions."""
+
+
+T = TypeVar("T")
+
+
+class DeviceCache(Generic[T]):
+    """One kept object per device (a session, a target, a client), made by `make(device, settings)`
+    and made again when the device's settings object (a reloaded configuration gives a new one) or
+    management address changes, or when `usable(obj)` says no. The replaced object is handed to
+    `release` (a plain or an async callable) and `forget(device_name)` is called, so that the collector
+    drops what it kept about the device's old session."""
+
+    def __init__(self, make: Callable[[SwitchConfig, Any], T], *,
+                 release: Callable[[T], Awaitable[None] | None] | None = None,
+                 usable: Callable[[T], bool] | None = None,
+                 forget: Callable[[str], None] | None = None) -> None:
+        self.make, self.release, self.usable, self.forget = make, release, usable, forget
+        self._kept: dict[str, tuple[Any, str, T]] = {}  # device -> (settings, address, object)
+
+    async def get(self, device: SwitchConfig, settings: Any) -> T:
+        """The device's object, made (and the one it replaces released) when there is none to keep."""
+        cached = self._kept.get(device.name)
+        if cached is not None and cached[0] is settings and cached[1] == device.mgmt_address \
+                and (self.usable is None or self.usable(cached[2])):
+            return cached[2]
+        made = self.make(device, settings)
+        self._kept[device.name] = (settings, device.mgmt_address, made)
+        if self.forget is not None:
+            self.forget(device.name)
+        if cached is not None:
+            await self._release(cached[2])
+        return made
+
+    def kept(self, device_name: str) -> T | None:
+        """The device's object as it is now (None when there is none); nothing is made."""
+        cached = self._kept.get(device_name)
+        return None if cached is None else cached[2]
+
+    def drop_all(self) -> list[T]:
+        """Forget every object and hand them back unreleased (for a collector that releases them elsewhere,
+        as the CLI collector does in its thread pool)."""
+        objects = [cached[2] for cached in self._kept.values()]
+        self._kept.clear()
+        return objects
+
+    async def close_all(self) -> None:
+        """Release every object and forget them."""
+        for obj in self.drop_all():
+            await self._release(obj)
+
+    async def _release(self, obj: T) -> None:
+        if self.release is not None and inspect.isawaitable(pending := self.release(obj)):
+            await pending

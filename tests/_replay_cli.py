@@ -86,7 +86,7 @@ def load(responses: Path) -> dict[str, str | Output]:
 async def poll(device: SwitchConfig, answers: dict[str, str | Output], case: Path | None = None) -> PollResult:
     """One poll of `device` through CliCollector.collect() on a session answering from `answers`."""
     collector = CliCollector(max_concurrency=1)
-    collector._sessions[device.name] = ReplaySession(device.name, collector.settings(device), answers, case)
+    collector._sessions.make = lambda device, settings: ReplaySession(device.name, settings, answers, case)
     try:
         return await collector.collect(device)
     finally:

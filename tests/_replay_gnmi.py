@@ -28,7 +28,7 @@ from google.protobuf import json_format
 from pygnmi.spec.v080 import gnmi_pb2
 
 from collectors.base import PollResult
-from collectors.gnmi.collector import GnmiCollector, _Session
+from collectors.gnmi.collector import GnmiCollector
 from nms.config.models import SwitchConfig
 
 
@@ -129,7 +129,7 @@ class _RecordingCall:
 
 async def replay_gnmi(device: SwitchConfig, responses: Path) -> PollResult:
     collector = GnmiCollector()
-    session = collector._sessions[device.name] = _Session(device, collector.required_settings(device))
+    session = await collector._session(device)
     session.stub = ReplayStub(json.loads(responses.read_text()), str(responses))
     try:
         return await collector.collect(device)

@@ -108,10 +108,8 @@ class ReplayTarget(SnmpTarget):
 
 async def replay_snmp(device: SwitchConfig, responses: Path) -> PollResult:
     collector = SnmpCollector(max_concurrency=1)
-    settings = collector.required_settings(device)
     walk = parse_walk(responses.read_text(), str(responses))
-    collector._targets[device.name] = (settings, device.mgmt_address,
-                                       ReplayTarget(device.name, device.mgmt_address, settings, walk))
+    collector._targets.make = lambda device, settings: ReplayTarget(device.name, device.mgmt_address, settings, walk)
     try:
         return await collector.collect(device)
     finally:

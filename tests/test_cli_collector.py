@@ -334,11 +334,11 @@ def test_a_broken_session_is_logged_into_again(box):
     async def run():
         try:
             await collector.collect(dev)
-            first = collector._sessions["sw-1"]
+            first = collector._sessions.kept("sw-1")
             box.stop_sshd()  # the kept session dies with sshd
             box.start_sshd()
             result = await collector.collect(dev)
-            return first, collector._sessions["sw-1"], result
+            return first, collector._sessions.kept("sw-1"), result
         finally:
             await collector.close()
 
@@ -359,14 +359,14 @@ def test_a_poll_cut_at_its_deadline_closes_its_session(box):
         try:
             with pytest.raises(CollectorTimeout, match="deadline of 1 s"):
                 await collector.collect_with_deadline(dev, 1)
-            hung = collector._sessions["sw-1"]
+            hung = collector._sessions.kept("sw-1")
             for _ in range(50):
                 if not hung.connected:
                     break
                 await asyncio.sleep(0.05)
             box.restore_command("/usr/sbin/lldpcli")
             result = await collector.collect_with_deadline(dev, 10)
-            return hung, collector._sessions["sw-1"], result
+            return hung, collector._sessions.kept("sw-1"), result
         finally:
             await collector.close()
 
@@ -746,11 +746,11 @@ def test_a_napalm_getter_cut_at_the_deadline_ends_with_its_session(box):
         try:
             with pytest.raises(CollectorTimeout, match="deadline of 3 s"):
                 await collector.collect_with_deadline(dev, 3)
-            hung = collector._sessions["sw-1"]
+            hung = collector._sessions.kept("sw-1")
             vendor_cli_gone(box)
             vendor_cli(box, "cisco_ios")
             result = await collector.collect_with_deadline(dev, 15)
-            return hung, collector._sessions["sw-1"], result
+            return hung, collector._sessions.kept("sw-1"), result
         finally:
             await collector.close()
 

@@ -46,6 +46,7 @@ from collectors.base import (
     CollectorError,
     CollectorTimeout,
     CollectorUnreachable,
+    DeviceCache,
     PollProblem,
     PollResult,
     PollStart,
@@ -97,6 +98,76 @@ def test_a_problem_reads_as_what_and_why_and_long_texts_are_cut():
     error = CollectorBadResponse("sw-1", "https://ufm: GET /x: HTTP 500")
     assert error.problem("alarms", "alarms left out") == PollProblem(
         what="alarms", reason="https://ufm: GET /x: HTTP 500; alarms left out")
+
+
+class _Session:
+    """What a collector keeps per device (DeviceCache's tests)."""
+
+    def __init__(self, device: SwitchConfig, settings: dict):
+        self.device, self.address, self.settings = device.name, device.mgmt_address, settings
+        self.usable = True
+
+
+@pytest.mark.parametrize("release_kind", ["plain", "async"])
+def test_a_device_cache_keeps_one_object_per_device_and_releases_each_replaced_one_once(release_kind):
+    released: list[_Session] = []
+    forgotten: list[str] = []
+
+    async def release_async(session: _Session) -> None:
+        await asyncio.sleep(0)
+        released.append(session)
+
+    cache = DeviceCache(_Session, release=released.append if release_kind == "plain" else release_async,
+                        usable=lambda session: session.usable, forget=forgotten.append)
+    device = SwitchConfig(name="sw-1", mgmt_address="192.0.2.1")
+    other = SwitchConfig(name="sw-2", mgmt_address="192.0.2.2")
+    settings = {"port": 161}
+
+    async def run():
+        first = await cache.get(device, settings)
+        assert await cache.get(device, settings) is first and cache.kept("sw-1") is first
+        assert (released, forgotten) == ([], ["sw-1"])
+        # a reloaded configuration gives equal settings in a new object: a new session
+        second = await cache.get(device, dict(settings))
+        assert second is not first and second.settings is not settings
+        assert (released, forgotten) == ([first], ["sw-1", "sw-1"])
+        # the device's management address changed
+        moved = await cache.get(device.model_copy(update={"mgmt_address": "192.0.2.9"}), second.settings)
+        assert moved.address == "192.0.2.9" and released == [first, second]
+        # the collector says the kept one is no longer usable (an aborted session)
+        moved.usable = False
+        again = await cache.get(device.model_copy(update={"mgmt_address": "192.0.2.9"}), second.settings)
+        assert again is not moved and released == [first, second, moved] and forgotten == ["sw-1"] * 4
+        elsewhere = await cache.get(other, settings)
+        assert cache.kept("sw-3") is None and forgotten[-1] == "sw-2"
+        await cache.close_all()
+        assert released == [first, second, moved, again, elsewhere]  # each once, the kept ones at close
+        assert cache.kept("sw-1") is None and cache.kept("sw-2") is None
+        await cache.close_all()
+        assert len(released) == 5
+
+    asyncio.run(run())
+
+
+def test_a_device_cache_keeps_the_old_object_when_making_a_new_one_fails_and_hands_back_dropped_ones():
+    released: list[_Session] = []
+
+    def make(device: SwitchConfig, settings: dict) -> _Session:
+        if settings.get("bad"):
+            raise CollectorConfigError(device.name, "TLS file /nonexistent: No such file or directory")
+        return _Session(device, settings)
+
+    cache = DeviceCache(make, release=released.append)
+    device = SwitchConfig(name="sw-1", mgmt_address="192.0.2.1")
+
+    async def run():
+        first = await cache.get(device, {})
+        with pytest.raises(CollectorConfigError, match="sw-1: TLS file"):
+            await cache.get(device, {"bad": True})
+        assert cache.kept("sw-1") is first and released == []
+        assert cache.drop_all() == [first] and cache.kept("sw-1") is None and released == []
+
+    asyncio.run(run())
 
 
 # --- the shared suite: the same tests against every collector's real peer -----------------------------

@@ -46,6 +46,7 @@ from collectors.base import (
     CollectorBadResponse,
     CollectorTimeout,
     CollectorUnreachable,
+    DeviceCache,
     PollProblem,
     PollResult,
     PollStart,
@@ -75,7 +76,10 @@ class CliCollector(Collector):
     def __init__(self, max_concurrency: int = 64) -> None:
         # netmiko/paramiko block: polls run in this pool, not the loop's default one (the store's)
         self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="cli-poll")
-        self._sessions: dict[str, Session] = {}
+        # a session aborted at a poll's deadline is logged into again as a new one
+        self._sessions: DeviceCache[Session] = DeviceCache(
+            lambda device, settings: Session(device.name, device.mgmt_address, settings),
+            release=Session.abort, usable=lambda session: not session.aborted)
         self._config_due: dict[str, float] = {}  # device -> time.monotonic() of its next config snapshot
         self.configs = ConfigTracker()
 
@@ -83,20 +87,8 @@ class CliCollector(Collector):
     def from_config(cls, config: Any) -> CliCollector:
         return cls(max_concurrency=config.polling.max_concurrency)
 
-    def _session(self, device: SwitchConfig) -> Session:
-        settings = self.required_settings(device)
-        cached = self._sessions.get(device.name)
-        if cached is not None and cached.settings is settings and cached.address == device.mgmt_address \
-                and not cached.aborted:
-            return cached
-        if cached is not None:
-            cached.abort()
-        session = Session(device.name, device.mgmt_address, settings)
-        self._sessions[device.name] = session
-        return session
-
     async def collect(self, device: SwitchConfig) -> PollResult:
-        session = self._session(device)
+        session = await self._sessions.get(device, self.required_settings(device))
         started = PollStart()
         try:
             poll = await asyncio.get_running_loop().run_in_executor(self._pool, self._poll, session)
@@ -121,8 +113,7 @@ class CliCollector(Collector):
             return _Poll(session, self).run()
 
     async def close(self) -> None:
-        sessions = list(self._sessions.values())
-        self._sessions.clear()
+        sessions = self._sessions.drop_all()  # aborted in the pool: closing a socket may block
         self._config_due.clear()
         if sessions:
             await asyncio.get_running_loop().run_in_executor(self._pool, lambda: [s.abort() for s in sessions])

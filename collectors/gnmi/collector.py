@@ -40,6 +40,7 @@ from collectors.base import (
     CollectorConfigError,
     CollectorTimeout,
     CollectorUnreachable,
+    DeviceCache,
     PollProblem,
     PollResult,
     PollStart,
@@ -267,7 +268,7 @@ class GnmiCollector(Collector):
     counter_bits: dict[str, int] = {}  # openconfig counters are counter64
 
     def __init__(self) -> None:
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: DeviceCache[_Session] = DeviceCache(_Session, release=_Session.close)
         self._polls: dict[str, _PollCall] = {}  # device -> its kept Subscribe POLL (`mode: poll`)
 
     def settings(self, device: SwitchConfig) -> GnmiSettings | None:
@@ -278,13 +279,7 @@ class GnmiCollector(Collector):
         return float(s.stale_after or 2 * s.interval + 2)
 
     async def _session(self, device: SwitchConfig) -> _Session:
-        s = self.required_settings(device)
-        session = self._sessions.get(device.name)
-        if session is None or session.settings is not s:
-            if session is not None:
-                await session.close()
-            session = self._sessions[device.name] = _Session(device, s)
-        return session
+        return await self._sessions.get(device, self.required_settings(device))
 
     async def session(self, device: SwitchConfig) -> _Session:
         """The device's session, for gNMI Set (collectors/gnmi/setter.py)."""
@@ -307,7 +302,7 @@ class GnmiCollector(Collector):
             ports, queues, problems, values, caps, system = await self._poll(device)
         else:
             ports, queues, problems, values, caps, system = await self._once(device)
-        if (refused := self._sessions[device.name].queues_refused) is not None:
+        if (refused := (await self._session(device)).queues_refused) is not None:
             problems = [_queues_refused(refused), *problems]
         now = time.time_ns()
         records: list[Any] = [system.facts(device.name, now, len(ports), caps.gNMI_version)]
@@ -453,6 +448,4 @@ class GnmiCollector(Collector):
         for poll_call in self._polls.values():
             poll_call.close()
         self._polls.clear()
-        for session in self._sessions.values():
-            await session.close()
-        self._sessions.clear()
+        await self._sessions.close_all()

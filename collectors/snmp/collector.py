@@ -33,7 +33,15 @@ import logging
 import time
 from typing import Any
 
-from collectors.base import Collector, CollectorBadResponse, CollectorConfigError, PollProblem, PollResult, PollStart
+from collectors.base import (
+    Collector,
+    CollectorBadResponse,
+    CollectorConfigError,
+    DeviceCache,
+    PollProblem,
+    PollResult,
+    PollStart,
+)
 from collectors.lldp_id import mac_octets, mac_or_text
 from collectors.snmp.ifmib import IF_COLUMNS, IF_TABLE_COLUMNS, is_port, needs_if_table, port_names, port_sample
 from collectors.snmp.settings import SnmpSettings
@@ -106,7 +114,11 @@ class SnmpCollector(Collector):
         self._uptimes: dict[str, int] = {}  # device -> sysUpTime at its last good poll (reboots)
         self._engines = EnginePool()
         self._semaphore: asyncio.Semaphore | None = None
-        self._targets: dict[str, tuple[SnmpSettings, str, SnmpTarget]] = {}
+        # one engine for every device (its setup costs ~0.3 s), see EnginePool for the exception
+        self._targets: DeviceCache[SnmpTarget] = DeviceCache(
+            lambda device, settings: SnmpTarget(self._engines.engine_for(settings), device.name, device.mgmt_address,
+                                                settings),
+            forget=self._forget)
         self._extras: dict[str, tuple[list[tuple[str, Oid]], list[tuple[str, Oid]]]] = {}
         self._if_table: set[str] = set()  # devices whose interface walk includes the ifTable fallback columns
 
@@ -115,18 +127,11 @@ class SnmpCollector(Collector):
         return cls(max_concurrency=config.polling.max_concurrency,
                    mib_dirs=[str(d) for d in config.polling.mib_dirs])
 
-    def _target(self, device: SwitchConfig) -> SnmpTarget:
-        settings = self.required_settings(device)
-        cached = self._targets.get(device.name)
-        if cached is None or cached[0] is not settings or cached[1] != device.mgmt_address:
-            # one engine for every device (its setup costs ~0.3 s), see EnginePool for the exception
-            target = SnmpTarget(self._engines.engine_for(settings), device.name, device.mgmt_address, settings)
-            self._targets[device.name] = (settings, device.mgmt_address, target)
-            self._extras.pop(device.name, None)
-            self._addresses_due.pop(device.name, None)
-            self._if_table.discard(device.name)
-            return target
-        return cached[2]
+    def _forget(self, device: str) -> None:
+        """A new target for `device`: what was learnt through the old one is read again."""
+        self._extras.pop(device, None)
+        self._addresses_due.pop(device, None)
+        self._if_table.discard(device)
 
     def _extra_oids(self, device: str, settings: SnmpSettings) -> tuple[list[tuple[str, Oid]], list[tuple[str, Oid]]]:
         """(scalars to GET, subtrees to walk) as (label, oid), resolved once per device."""
@@ -144,7 +149,7 @@ class SnmpCollector(Collector):
         return self._extras[device]
 
     async def collect(self, device: SwitchConfig) -> PollResult:
-        target = self._target(device)
+        target = await self._targets.get(device, self.required_settings(device))
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.max_concurrency)
         async with self._semaphore:
@@ -257,7 +262,7 @@ class SnmpCollector(Collector):
 
     async def close(self) -> None:
         self._engines.close()
-        self._targets.clear()
+        await self._targets.close_all()
         self._semaphore = None
         self._addresses_due.clear()
         self._uptimes.clear()

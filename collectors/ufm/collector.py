@@ -29,7 +29,7 @@ import time
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from collectors.base import Collector, CollectorBadResponse, PollProblem, PollResult, PollStart
+from collectors.base import Collector, CollectorBadResponse, DeviceCache, PollProblem, PollResult, PollStart
 from collectors.ufm import telemetry as ufm_telemetry
 from collectors.ufm.events import LinkEvidence, alarm_points, event_points
 from collectors.ufm.model import (
@@ -64,7 +64,9 @@ class UfmCollector(Collector):
 
     def __init__(self, flap_count: int = 8, flap_window_s: float = 3600.0):
         self.flap_count, self.flap_window_s = flap_count, flap_window_s
-        self._clients: dict[str, tuple[UfmSettings, str, UfmClient]] = {}
+        self._clients: DeviceCache[UfmClient] = DeviceCache(
+            lambda device, settings: UfmClient(device.name, device.mgmt_address, settings),
+            release=UfmClient.close, forget=self._forget)
         self._evidence: dict[str, LinkEvidence] = {}
         self._snapshots: dict[str, tuple[int | None, int]] = {}  # device -> (UFM's snapshot time, our ts)
         self._link_downed: dict[str, dict[str, int]] = {}  # device -> UFM port name -> LinkDownedCounterExtended
@@ -74,18 +76,13 @@ class UfmCollector(Collector):
         return cls(config.thresholds.flap_count, config.thresholds.flap_window)
 
     async def _client(self, device: SwitchConfig) -> UfmClient:
-        settings = self.required_settings(device)
-        cached = self._clients.get(device.name)
-        if cached is not None and cached[0] is settings and cached[1] == device.mgmt_address:
-            return cached[2]
-        if cached is not None:
-            await cached[2].close()
-        client = UfmClient(device.name, device.mgmt_address, settings)
-        self._clients[device.name] = (settings, device.mgmt_address, client)
-        self._evidence[device.name] = LinkEvidence(self.flap_count, self.flap_window_s)
-        self._snapshots.pop(device.name, None)
-        self._link_downed.pop(device.name, None)
-        return client
+        return await self._clients.get(device, self.required_settings(device))
+
+    def _forget(self, device: str) -> None:
+        """A new client for `device`: its link evidence, snapshot time and Link Downed counters start over."""
+        self._evidence[device] = LinkEvidence(self.flap_count, self.flap_window_s)
+        self._snapshots.pop(device, None)
+        self._link_downed.pop(device, None)
 
     async def collect(self, device: SwitchConfig) -> PollResult:
         client = await self._client(device)
@@ -199,9 +196,7 @@ class UfmCollector(Collector):
         return {name: n - before[name] for name, n in now.items() if name in before and n > before[name]}
 
     async def close(self) -> None:
-        for _, _, client in self._clients.values():
-            await client.close()
-        self._clients.clear()
+        await self._clients.close_all()
         self._evidence.clear()
         self._snapshots.clear()
         self._link_downed.clear()

@@ -57,7 +57,7 @@ async def record_cli(device: SwitchConfig, case: Path) -> PollResult:
 
     collector = CliCollector(max_concurrency=1)
     session = RecordingSession(device.name, device.mgmt_address, collector.required_settings(device))
-    collector._sessions[device.name] = session
+    collector._sessions.make = lambda device, settings: session
     try:
         return await collector.collect(device)
     finally:
@@ -69,10 +69,10 @@ async def record_cli(device: SwitchConfig, case: Path) -> PollResult:
 async def record_gnmi(device: SwitchConfig, case: Path) -> PollResult:
     from _replay_gnmi import RecordingStub
 
-    from collectors.gnmi.collector import GnmiCollector, _Session
+    from collectors.gnmi.collector import GnmiCollector
 
     collector = GnmiCollector()
-    session = collector._sessions[device.name] = _Session(device, collector.required_settings(device))
+    session = await collector._session(device)
     session.stub = stub = RecordingStub(session.stub)
     try:
         return await collector.collect(device)
