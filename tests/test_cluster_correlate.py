@@ -127,16 +127,19 @@ def test_correlate_member_on_the_bus_opens_the_incident_once_across_a_kill(
     assert _incidents(api) == []
 
     synth.down.add(cable)  # the link fails: its paths' windows come back empty
+    fault_at = time.monotonic()
     while not (found := _incidents(api)):
         pace()
         assert t - now < 15, f"no incident within 12 s of the fault; correlate log:\n{corr.tail()}"
     [incident] = found
+    print(f"incident open {time.monotonic() - fault_at:.1f} s after the first faulty windows were posted")
     # what the single process opens for the same agents' input: without the pollers' interface addresses
     # (not on the bus yet, docs/cluster.md) neither can name the cable, and both name the same element
     expected = _single_process(tmp_path, fabric, cable, now)
     assert (incident["kind"], incident["element"], incident["state"]) == (*expected, "open"), expected
 
     corr.kill(signal.SIGKILL)  # mid-stream: the fault goes on, the API keeps taking windows
+    killed_at = time.monotonic()
     for _ in range(3):
         pace()
     corr.start()
@@ -147,6 +150,7 @@ def test_correlate_member_on_the_bus_opens_the_incident_once_across_a_kill(
     wait_until(lambda: all(v == (0, 0, 0) for v in _group_state(nats_server.url).values()), 30,
                what="every telemetry message acknowledged by the correlate group",
                why=lambda: f"{_group_state(nats_server.url)}\n{corr.tail()}")
+    print(f"every message acknowledged {time.monotonic() - killed_at:.1f} s after the kill")
     found = _incidents(api)
     assert [(i["id"], i["kind"], i["element"], i["state"]) for i in found] == [
         (incident["id"], *expected, "open")], found  # continued, not opened again

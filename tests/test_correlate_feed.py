@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from nms.app.correlate_feed import CorrelateFeed
 from nms.app.telemetry_bus import TelemetryPublisher, stream_name, stream_specs
 from nms.bus.nats import NatsBus
-from nms.config.models import BusConfig, CorrelateFeedConfig
+from nms.config.models import BusConfig, CorrelateFeedConfig, FabricConfig
 from nms.records import ProbeWindow
 
 T0 = 1_764_000_000_000_000_000
@@ -43,7 +43,8 @@ def test_feed_hands_each_message_once_and_acks_after(nats_server):
         await bus.connect()
         await bus.ensure_streams(stream_specs(cfg))
         handed: list[tuple[str, list]] = []
-        feed = CorrelateFeed(bus, cfg, CorrelateFeedConfig(ack_wait=1.0), lambda k, r: handed.append((k, r)) or r,
+        feed = CorrelateFeed(bus, cfg, CorrelateFeedConfig(ack_wait=1.0), FabricConfig(),
+                             lambda k, r: handed.append((k, r)) or r,
                              CollectorRegistry())
         await TelemetryPublisher(bus, cfg, CollectorRegistry()).publish("probe_windows", [_window(1), _window(2)])
         consumer = await bus.consumer(stream_name("cf", "probe"), "correlate", "cf.tel.probe.>", 1.0, 16)

@@ -18,12 +18,14 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from nms.app.correlate_partitions import owned, partitions
+from nms.app.poll_shard import default_member
 from nms.app.tasks import end_tasks
 from nms.app.telemetry_bus import FAMILIES, decode, family_subjects, stream_name
 from nms.bus import Bus, BusError, BusUnavailable, Consumer, Message
-from nms.config.models import BusConfig, CorrelateFeedConfig
+from nms.config.models import BusConfig, CorrelateFeedConfig, FabricConfig
 
 log = logging.getLogger(__name__)
 
@@ -32,15 +34,21 @@ STOP_GRACE_S = 5.0
 
 
 class CorrelateFeed:
-    def __init__(self, bus: Bus, bus_cfg: BusConfig, cfg: CorrelateFeedConfig,
+    def __init__(self, bus: Bus, bus_cfg: BusConfig, cfg: CorrelateFeedConfig, fabric: FabricConfig,
                  on_ingest: Callable[[str, list], list], registry: CollectorRegistry) -> None:
         self.bus, self.cfg, self.on_ingest = bus, cfg, on_ingest
         self.prefix = bus_cfg.prefix
+        self.member = cfg.member or default_member()
+        self.partitions = partitions(fabric, cfg.partitions)
+        # no membership of correlate members yet (docs/cluster.md): this member is the only one
+        self.owned = owned(self.partitions, (), self.member)
         self._handed: dict[str, OrderedDict[int, None]] = {f: OrderedDict() for f in FAMILIES}
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
         self.messages = Counter("nms_correlate_feed_messages", "telemetry messages taken from the bus by the "
                                 "correlator, by outcome", ["family", "result"], registry=registry)
+        Gauge("nms_correlate_owned_partitions", "fabric partitions this correlate member owns",
+              registry=registry).set(len(self.owned))
 
     async def start(self) -> None:
         for family in FAMILIES:
@@ -48,7 +56,9 @@ class CorrelateFeed:
                                                family_subjects(self.prefix, family), self.cfg.ack_wait,
                                                max_pending=self.cfg.batch_messages * 16)
             self._tasks.append(asyncio.create_task(self._run(family, consumer), name=f"correlate-feed-{family}"))
-        log.info("correlate feed: consuming the telemetry streams as %r", self.cfg.group)
+        log.info("correlate feed: consuming the telemetry streams as %r; member %s owns %d of %d partitions "
+                 "(split by %s)", self.cfg.group, self.member, len(self.owned), len(self.partitions),
+                 self.cfg.partitions)
 
     async def stop(self) -> None:
         self._stopping.set()

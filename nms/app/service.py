@@ -95,7 +95,7 @@ class Service:
         self.writer = (BusWriter(self.bus, bus_cfg, config.cluster.write, self.store, self.metrics.registry)
                        if self.bus is not None and bus_cfg is not None and "write" in self.roles else None)
         # a `correlate` member without `api` takes the telemetry from the bus (with `api`, on_ingest has it)
-        self.correlate_feed = (CorrelateFeed(self.bus, bus_cfg, config.cluster.correlate, self.on_ingest,
+        self.correlate_feed = (CorrelateFeed(self.bus, bus_cfg, config.cluster.correlate, config.fabric, self.on_ingest,
                                              self.metrics.registry)
                                if self.bus is not None and bus_cfg is not None and "correlate" in self.roles
                                and "api" not in self.roles else None)
