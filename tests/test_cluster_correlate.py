@@ -3,7 +3,8 @@
 opens the incident in the shared PostgreSQL state, where the API reads it. The input is the
 single-process test's (tests/test_correlation_service.py: a synthetic fabric, one link down), and so
 must the incident be. Killed with SIGKILL while the fault goes on and started again, the member goes
-on from its durable consumer's position: every message acknowledged, the incident not opened twice.
+on from its durable consumer's position: every message acknowledged, the incident not opened twice
+and continued by the restarted member (once the agents' retrace re-sent the probe paths).
 
 Real parts: nats-server with JetStream (tests/_nats.py), influxd (each member's store), PostgreSQL
 (tests/_postgres.py), the service's own CLI as subprocesses."""
@@ -143,7 +144,13 @@ def test_correlate_member_on_the_bus_opens_the_incident_once_across_a_kill(
     for _ in range(3):
         pace()
     corr.start()
-    corr.wait_ready("correlate feed: consuming")
+    wait_until(lambda: corr.text().count("correlate feed: consuming") == 2, 60,  # the first one's line is there
+               what="the restarted correlate member", why=corr.tail)
+    restarted_ns = time.time_ns()
+    # the restarted member starts with an empty context: the probe paths went to the killed one (the
+    # group acknowledged them), so it localizes nothing until the agents' next retrace
+    # (probe.trace_interval) sends them again, as here; without it the incident resolved after 2 windows
+    _post(api, synth.inventory_records(t))
     for _ in range(4):
         pace()
     # every window posted was taken by the group and acknowledged: none lost with the killed member
@@ -153,5 +160,11 @@ def test_correlate_member_on_the_bus_opens_the_incident_once_across_a_kill(
     print(f"every message acknowledged {time.monotonic() - killed_at:.1f} s after the kill")
     found = _incidents(api)
     assert [(i["id"], i["kind"], i["element"], i["state"]) for i in found] == [
-        (incident["id"], *expected, "open")], found  # continued, not opened again
+        (incident["id"], *expected, "open")], found  # not opened again
+    # continued: the restarted member (it loads the open incidents) refreshes it with its own windows
+    deadline = time.monotonic() + 30
+    while _incidents(api)[0]["last_seen_ns"] < restarted_ns:
+        pace()
+        assert time.monotonic() < deadline, f"the restarted member did not continue the incident:\n{corr.tail()}"
+    assert len(_incidents(api)) == 1
     assert "Traceback" not in api.text() + corr.text()
