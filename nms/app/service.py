@@ -19,6 +19,7 @@ from nms.app.audits.history import AuditHistory
 from nms.app.audits.runner import AuditRunner
 from nms.app.audits.snapshot import SnapshotSource
 from nms.app.clock_service import ClockService
+from nms.app.correlate_feed import CorrelateFeed
 from nms.app.correlation import MIN_GAP_S, CorrelationService
 from nms.app.dashboards.incident_points import IncidentPoints
 from nms.app.metrics import ServiceMetrics
@@ -87,11 +88,17 @@ class Service:
                                            feed=self.incident_feed if self.correlation is not None else None)
         # a cluster (docs/cluster.md): ingest publishes on the bus, `write` members store what it carries
         bus_cfg = config.cluster.bus
-        self.bus = open_bus(bus_cfg) if bus_cfg is not None and self.roles & {"api", "write", "poll"} else None
+        bus_roles = {"api", "write", "poll", "correlate"}
+        self.bus = open_bus(bus_cfg) if bus_cfg is not None and self.roles & bus_roles else None
         self.publisher = (TelemetryPublisher(self.bus, bus_cfg, self.metrics.registry)
                           if self.bus is not None and bus_cfg is not None and "api" in self.roles else None)
         self.writer = (BusWriter(self.bus, bus_cfg, config.cluster.write, self.store, self.metrics.registry)
                        if self.bus is not None and bus_cfg is not None and "write" in self.roles else None)
+        # a `correlate` member without `api` takes the telemetry from the bus (with `api`, on_ingest has it)
+        self.correlate_feed = (CorrelateFeed(self.bus, bus_cfg, config.cluster.correlate, config.fabric, self.on_ingest,
+                                             self.metrics.registry)
+                               if self.bus is not None and bus_cfg is not None and "correlate" in self.roles
+                               and "api" not in self.roles else None)
         # `poll` members share the switches (nms/app/poll_shard.py); without a bus, this process polls all
         self.poll_shard = (PollShard(self.bus, bus_cfg, config.cluster.poll, self.poller, self.metrics.registry)
                            if self.bus is not None and bus_cfg is not None and "poll" in self.roles
@@ -151,6 +158,8 @@ class Service:
             await self.bus.ensure_streams(stream_specs(self.config.cluster.bus))  # type: ignore[arg-type]
         if self.writer is not None:
             await self.writer.start()
+        if self.correlate_feed is not None:
+            await self.correlate_feed.start()
         correlate = "correlate" in self.roles
         self.scheduler = AsyncIOScheduler(
             timezone="UTC", job_defaults={"misfire_grace_time": int(self.config.scheduler.misfire_grace),
@@ -261,6 +270,8 @@ class Service:
         """Clean shutdown: stop scheduling and writing, flush the store (or spool it), close state and bus."""
         if self.writer is not None:
             await self.writer.stop()
+        if self.correlate_feed is not None:
+            await self.correlate_feed.stop()
         if self.scheduler is not None and self.scheduler.running:
             self.scheduler.shutdown(wait=False)
         if self._correlating is not None:

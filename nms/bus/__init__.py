@@ -71,6 +71,10 @@ class Message(Protocol):
     def deliveries(self) -> int:
         """1 on the first delivery, more when it is delivered again."""
 
+    @property
+    def seq(self) -> int:
+        """The message's position in its stream (the same on every delivery)."""
+
     async def ack(self) -> None:
         """Handled: never deliver again."""
 

@@ -41,6 +41,10 @@ class NatsMessage:
     def deliveries(self) -> int:
         return int(self._msg.metadata.num_delivered)
 
+    @property
+    def seq(self) -> int:
+        return int(self._msg.metadata.sequence.stream)
+
     async def ack(self) -> None:
         await self._msg.ack()
 

@@ -648,6 +648,21 @@ class PollShardConfig(Strict):
     member: SubjectToken | None = None
 
 
+class CorrelateFeedConfig(Strict):
+    """A `correlate` member without `api` takes the telemetry from the bus (nms/app/correlate_feed.py)."""
+
+    # the durable consumer's name: members of one group share the messages, and a restarted member
+    # goes on from what the group acknowledged
+    group: SubjectToken = "correlate"
+    # how the fabric is split into partitions that members own (nms/app/correlate_partitions.py): the
+    # whole fabric, or one per leaf plus `core`; today one member owns them all
+    partitions: Literal["fabric", "leaf"] = "fabric"
+    member: SubjectToken | None = None  # this member's name in the bus; default: <hostname>-<pid>
+    batch_messages: int = Field(256, ge=1, le=10_000)
+    fetch_timeout: Seconds = 0.5
+    ack_wait: Seconds = 10.0  # taken and not acknowledged within it (the member died): delivered again
+
+
 class StateConfig(Strict):
     """Where incidents, actions, jobs and agent commands are kept (nms.state): SQLite in data_dir (one
     process: the default), or PostgreSQL, shared by a cluster's processes."""
@@ -685,6 +700,7 @@ class ClusterConfig(Strict):
     bus: BusConfig | None = None  # None: one process, no bus (the default)
     write: WriterConfig = WriterConfig()
     poll: PollShardConfig = PollShardConfig()
+    correlate: CorrelateFeedConfig = CorrelateFeedConfig()
 
 
 class NmsConfig(Strict):
