@@ -139,3 +139,35 @@ def test_status_and_down_of_no_cluster_say_so(tmp_path):
     for command in ("status", "down"):
         r = nms(command, "--dir", str(tmp_path))
         assert r.returncode == 1 and f"no cluster in {tmp_path}" in r.stderr
+
+
+def test_member_config_from_the_example_cluster_config_validates_and_keeps_the_base(tmp_path):
+    """What `up --config config/cluster.yaml` writes for a member: the launcher's servers, ports and
+    secrets (as ${file:...} references, no secret in the file) over the base's own settings."""
+    import yaml
+
+    from nms.app.cluster_launcher import ClusterDir, member_config
+    from nms.config import load_config
+
+    cdir = ClusterDir(tmp_path)
+    cdir.secrets.mkdir()
+    for name in ("api-token", "ingest-token", "nats-token"):
+        cdir.secret(name)
+    base = yaml.safe_load((REPO / "config" / "cluster.yaml").read_text())
+    doc = member_config(base, cdir, "write-1", 18080, "nats://127.0.0.1:14222", "http://127.0.0.1:18086",
+                        f"host={tmp_path / 'postgres'} port=5432 user=nms dbname=nms")
+    path = tmp_path / "nms.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    text = path.read_text()
+    assert all((cdir.secrets / s).read_text().strip() not in text for s in ("api-token", "nats-token"))
+    cfg = load_config(path)
+    assert cfg.cluster.bus.servers == ["nats://127.0.0.1:14222"] and cfg.cluster.bus.replicas == 1
+    assert cfg.cluster.bus.token.get_secret_value() == (cdir.secrets / "nats-token").read_text().strip()
+    assert cfg.cluster.bus.username is None
+    assert str(cfg.store.influxdb.url).startswith("http://127.0.0.1:18086") and cfg.store.influxdb.username is None
+    assert cfg.state.backend == "postgresql" and cfg.api.host == "127.0.0.1" and cfg.api.port == 18080
+    assert [t.name for t in cfg.api.tokens] == ["cluster-admin", "cluster-ingest"]
+    assert cfg.data_dir == tmp_path / "members" / "write-1" / "data"
+    # the base's own settings stay
+    assert (cfg.cluster.write.batch_messages, cfg.cluster.write.ack_wait, cfg.cluster.bus.prefix) == (64, 30.0, "nms")
+    assert cfg.site == "cluster-example"
