@@ -1,52 +1,21 @@
 """A real nats-server with JetStream (Debian's nats-server 2.9.x) for tests, plus a pytest fixture.
 
-`NatsServer` runs on a free loopback port with its JetStream store in its own temporary
-directory; restart() keeps the port and the streams.
+`NatsServer` (nms/app/local_daemons.py, also `nms cluster`'s) runs on a free loopback port with its
+JetStream store in its own temporary directory.
 """
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
-import tempfile
-from pathlib import Path
-
 import pytest
-from _daemon import LocalDaemon
-from _influx import free_port
 
-NATS_SERVER = shutil.which("nats-server") or "/usr/bin/nats-server"
+from nms.app.local_daemons import NatsServer, which
+
+__all__ = ["NatsServer", "have_nats_server"]
 SKIP_REASON = "nats-server not installed: apt-get install nats-server (CI installs it: scripts/test.sh)"
 
 
 def have_nats_server() -> bool:
-    return Path(NATS_SERVER).exists()
-
-
-class NatsServer(LocalDaemon):
-    name = "nats"
-
-    def __init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="nms-nats-"))
-        self.port = free_port()
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 30.0) -> None:
-        def ready(seen: int) -> bool:  # a restart appends to the log: only what this start logs counts
-            if "Server is ready" not in self.log_since(seen):
-                return False
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1.0):
-                    return True
-            except OSError:
-                return False
-        self.spawn([NATS_SERVER, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.dir / "js"),
-                    "-n", f"nms-test-{self.port}"], ready, timeout, "not ready")
+    return which("nats-server") is not None
 
 
 @pytest.fixture

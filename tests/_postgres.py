@@ -8,75 +8,31 @@ server per test session; each test gets its own databases, dropped after it.
 
 from __future__ import annotations
 
-import glob
 import itertools
 import os
 import pwd
-import shutil
-import signal
-import subprocess
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from _daemon import LocalDaemon
 
+from nms.app import local_daemons
+from nms.app.local_daemons import postgres_bin_dir
 from nms.state import StateStore
 
 SKIP_REASON = ("PostgreSQL server binaries (initdb, postgres) not installed: apt-get install postgresql "
                "(CI installs it: scripts/test.sh)")
 
 
-def postgres_bin_dir() -> Path | None:
-    for candidate in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True):
-        if Path(candidate, "initdb").exists() and Path(candidate, "postgres").exists():
-            return Path(candidate)
-    found = shutil.which("initdb")
-    return Path(found).parent if found and shutil.which("postgres") else None
-
-
-class PostgresServer(LocalDaemon):
-    name = "postgres"
-    stop_signal = signal.SIGINT  # "fast" shutdown: SIGTERM would wait for every client to leave
-    port = 5432  # names the socket file only: nothing listens on TCP
+class PostgresServer(local_daemons.PostgresServer):
+    """The product's throwaway PostgreSQL (nms/app/local_daemons.py) with a new database per call."""
 
     def __init__(self, bin_dir: Path) -> None:
-        self.bin_dir = bin_dir
-        self.dir = Path(tempfile.mkdtemp(prefix="nms-pg-"))
-        self._as_user: list[str] = []
-        if os.geteuid() == 0:
-            pg = pwd.getpwnam("postgres")
-            os.chown(self.dir, pg.pw_uid, pg.pw_gid)
-            self._as_user = ["setpriv", f"--reuid={pg.pw_uid}", f"--regid={pg.pw_gid}", "--init-groups", "--"]
-        subprocess.run([*self._as_user, str(bin_dir / "initdb"), "-D", str(self.dir / "data"), "-U", "nms",
-                        "-A", "trust", "-E", "UTF8", "--no-sync", "--locale=C.UTF-8"],
-                       check=True, capture_output=True, timeout=120)
+        super().__init__(bin_dir)
         self.ids = itertools.count(1)
 
-    def dsn(self, dbname: str = "postgres") -> str:
-        return f"host={self.dir} port={self.port} user=nms dbname={dbname}"
-
-    def start(self, timeout: float = 60.0) -> None:
-        def ready(seen: int) -> bool:
-            return "ready to accept connections" in self.log_since(seen)
-
-        self.spawn([*self._as_user, str(self.bin_dir / "postgres"), "-D", str(self.dir / "data"), "-k", str(self.dir),
-                    "-p", str(self.port), "-c", "listen_addresses=", "-c", "fsync=off",
-                    "-c", "synchronous_commit=off", "-c", "full_page_writes=off"], ready, timeout, "not ready")
-
-    def create_database(self) -> str:
-        """A new empty database; returns its DSN."""
-        name = f"t{next(self.ids)}"
-        with psycopg.connect(self.dsn(), autocommit=True) as admin:
-            admin.execute(f"CREATE DATABASE {name}")
-        return self.dsn(name)
-
-    def drop_database(self, dsn: str) -> None:
-        name = dsn.rsplit("dbname=", 1)[1]
-        with psycopg.connect(self.dsn(), autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    def create_database(self, name: str | None = None, exist_ok: bool = False) -> str:
+        return super().create_database(name or f"t{next(self.ids)}", exist_ok)
 
 
 @pytest.fixture(scope="session")

@@ -31,6 +31,9 @@ class ServiceMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         Gauge("nms_build_info", "build information", ["version"], registry=r).labels(__version__).set(1)
+        self._member = Gauge("nms_member_info", "what this process is: its member name (NMS_CLUSTER_MEMBER, "
+                             "set by `nms cluster up`; else the host name) and its roles", ["member", "roles"],
+                             registry=r)
         self.requests = Counter("nms_http_requests", "HTTP requests", ["method", "route", "status"], registry=r)
         self.latency = Histogram("nms_http_request_seconds", "HTTP request latency", ["route"], registry=r)
         self.auth_failures = Counter("nms_auth_failures", "rejected API calls", ["reason"], registry=r)
@@ -41,6 +44,9 @@ class ServiceMetrics:
         self.clock_hosts = Gauge("nms_clock_hosts", "hosts in the last clock solve", registry=r)
         self.clock_windows = Counter("nms_clock_windows", "ingested probe windows, clock-corrected or not",
                                      ["result"], registry=r)
+
+    def member_info(self, member: str, roles: frozenset[str]) -> None:
+        self._member.labels(member, ",".join(sorted(roles))).set(1)
 
     def watch_store(self, stats: Callable[[], dict[str, float]], backend: str) -> None:
         self.registry.register(_StoreCollector(stats, backend))

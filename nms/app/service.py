@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -48,6 +50,7 @@ class Service:
         self.state = StateStore.open(config.state, config.data_dir)  # SQLite (default) or PostgreSQL
         self.metrics = ServiceMetrics()
         self.metrics.watch_store(self.store.stats, self.store.name)
+        self.metrics.member_info(os.environ.get("NMS_CLUSTER_MEMBER") or socket.gethostname(), self.roles)
         self.scheduler: AsyncIOScheduler | None = None
         self._correlating: asyncio.Task | None = None
         self._state_outages: dict[str, float] = {}  # job -> when it first met StateUnavailable (monotonic)

@@ -21,6 +21,7 @@ from nms.app.cli.agents import agents_app
 from nms.app.cli.audits import audit_app
 from nms.app.cli.client import ApiClient, TokenOpt, UrlOpt, err_console, fmt_time
 from nms.app.cli.clock import clock as clock_cmd
+from nms.app.cli.cluster import app as cluster_app
 from nms.app.cli.dashboards import dashboards_app
 from nms.app.cli.fabric import collect_app
 from nms.app.cli.fabric import devices as devices_cmd
@@ -341,6 +342,7 @@ def demo(api_only: bool = typer.Option(False, "--api-only", help="the API walk-t
 
 
 app.add_typer(lab_app, name="lab")
+app.add_typer(cluster_app, name="cluster")
 
 
 def main() -> None:

@@ -1,0 +1,173 @@
+"""`nms cluster up|status|down` with real processes: nats-server (JetStream), PostgreSQL, influxd and
+`nms serve` members per role, all started by the launcher (nms/app/cluster_launcher.py) on loopback.
+
+A batch ingested through one API worker is read back through the other once the writer stored it
+(api -> NATS -> write -> InfluxDB -> api); `status --json` says which member is alive, also after one
+is killed with SIGKILL; `down` leaves no process of the cluster (checked by pid in /proc, not through
+the launcher); a second `up` in the same directory works; a missing binary is named with its
+Debian package."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from _nats import have_nats_server
+
+from nms.app.local_daemons import postgres_bin_dir
+from tests.helpers import wait_until
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(not (have_nats_server() and shutil.which("influxd") and postgres_bin_dir()),
+                                reason="needs nats-server, influxdb and postgresql (scripts/test.sh installs them)")
+
+
+def nms(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nms", "cluster", *args], capture_output=True, text=True,
+                          cwd=REPO, env=env, timeout=timeout)
+
+
+def running(pid: int) -> bool:
+    """The pid is a live process (not gone, not a zombie), read from /proc directly."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def status(cluster: Path) -> tuple[int, dict[str, dict]]:
+    r = nms("status", "--dir", str(cluster), "--json")
+    return r.returncode, {m["name"]: m for m in json.loads(r.stdout)["members"]}
+
+
+@pytest.fixture
+def cluster():
+    # short: PostgreSQL's socket path (<dir>/postgres/.s.PGSQL.5432) must fit 107 bytes
+    path = Path(tempfile.mkdtemp(prefix="nms-cl-"))
+    yield path
+    if (path / "state.json").exists():
+        nms("down", "--dir", str(path))
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_up_ingest_through_one_worker_read_through_another_kill_down_up_again(cluster):
+    started = time.monotonic()
+    r = nms("up", "--dir", str(cluster), "--api", "2", "--write", "1", "--correlate", "1", "--poll", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name in ("nats", "postgres", "influxd", "api-1", "api-2", "write-1", "correlate-1", "poll-1"):
+        assert name in r.stdout
+    rc, members = status(cluster)
+    assert rc == 0 and all(m["state"] == "alive" for m in members.values()), members
+    assert {m["role"] for m in members.values()} == {"nats", "postgres", "influxd", "api", "write", "correlate", "poll"}
+    a, b = members["api-1"]["url"], members["api-2"]["url"]
+    assert a != b and a.startswith("http://127.0.0.1:")
+    for url in (a, b):
+        assert httpx.get(f"{url}/health", timeout=5).json()["status"] == "ok"
+    assert members["api-1"]["health"] == "200 ok" and members["nats"]["health"] == "answers"
+
+    secrets = cluster / "secrets"
+    for secret in secrets.iterdir():
+        assert secret.stat().st_mode & 0o777 == 0o600, secret
+    ingest = {"Authorization": f"Bearer {(secrets / 'ingest-token').read_text().strip()}"}
+    admin = {"Authorization": f"Bearer {(secrets / 'api-token').read_text().strip()}"}
+    assert "nms_member_info{member=\"api-1\",roles=\"api\"} 1.0" in httpx.get(f"{a}/metrics", headers=admin).text
+
+    t0 = time.time_ns() - 60 * 10**9
+    points = [{"measurement": "launcher_test", "tags": {"host": "gpu-1"}, "fields": {"seq": i}, "ts": t0 + i * 1000}
+              for i in range(50)]
+    r2 = httpx.post(f"{a}/ingest/points", json={"items": points}, headers=ingest, timeout=30)
+    assert r2.status_code == 202 and r2.json()["accepted"] == 50, r2.text
+
+    def read_through_b() -> list:
+        q = {"measurement": "launcher_test", "start": t0, "end": t0 + 10**9}
+        r = httpx.post(f"{b}/telemetry/query", json=q, headers=admin, timeout=10)
+        assert r.status_code == 200, r.text
+        series = r.json()["series"]
+        return [row[1] for s in series for row in s["values"]]
+    seqs = wait_until(lambda: len(read_through_b()) == 50 and read_through_b(), 60,
+                      what="the batch ingested through api-1 readable through api-2",
+                      why=lambda: (cluster / "members" / "write-1" / "serve.log").read_text()[-2000:])
+    assert sorted(seqs) == list(range(50))
+
+    os.kill(members["api-2"]["pid"], signal.SIGKILL)
+    wait_until(lambda: not running(members["api-2"]["pid"]), 10, what="api-2 gone")
+    rc, after = status(cluster)
+    assert rc == 1 and after["api-2"]["state"] == "dead" and after["api-2"]["health"] == "dead"
+    assert all(m["state"] == "alive" for name, m in after.items() if name != "api-2")
+
+    r = nms("up", "--dir", str(cluster))
+    assert r.returncode == 1 and "holds a running cluster" in r.stderr and "nms cluster down" in r.stderr
+
+    r = nms("down", "--dir", str(cluster))
+    assert r.returncode == 0, r.stderr
+    assert not [name for name, m in members.items() if running(m["pid"])]
+    assert (cluster / "state.json").exists()  # down keeps the directory
+
+    r = nms("up", "--dir", str(cluster), "--api", "1", "--write", "1", "--correlate", "0", "--poll", "0")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rc, again = status(cluster)
+    assert rc == 0 and set(again) == {"nats", "postgres", "influxd", "api-1", "write-1"}
+    # the same data: what the first run stored is there
+    b = again["api-1"]["url"]
+    assert sorted(read_through_b()) == list(range(50))
+    r = nms("down", "--dir", str(cluster), "--purge")
+    assert r.returncode == 0 and not cluster.exists()
+    assert not [name for name, m in again.items() if running(m["pid"])]
+    print(f"launcher test took {time.monotonic() - started:.1f} s")
+
+
+def test_missing_binary_is_named_with_its_package(tmp_path):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    r = nms("up", "--dir", str(tmp_path / "c"), env={**os.environ, "PATH": str(empty)})
+    assert r.returncode == 1
+    assert "nats-server (apt-get install nats-server)" in r.stderr and "influxd (apt-get install influxdb)" in r.stderr
+    assert not (tmp_path / "c").exists()  # nothing made, nothing started
+
+
+def test_status_and_down_of_no_cluster_say_so(tmp_path):
+    for command in ("status", "down"):
+        r = nms(command, "--dir", str(tmp_path))
+        assert r.returncode == 1 and f"no cluster in {tmp_path}" in r.stderr
+
+
+def test_member_config_from_the_example_cluster_config_validates_and_keeps_the_base(tmp_path):
+    """What `up --config config/cluster.yaml` writes for a member: the launcher's servers, ports and
+    secrets (as ${file:...} references, no secret in the file) over the base's own settings."""
+    import yaml
+
+    from nms.app.cluster_launcher import ClusterDir, member_config
+    from nms.config import load_config
+
+    cdir = ClusterDir(tmp_path)
+    cdir.secrets.mkdir()
+    for name in ("api-token", "ingest-token", "nats-token"):
+        cdir.secret(name)
+    base = yaml.safe_load((REPO / "config" / "cluster.yaml").read_text())
+    doc = member_config(base, cdir, "write-1", 18080, "nats://127.0.0.1:14222", "http://127.0.0.1:18086",
+                        f"host={tmp_path / 'postgres'} port=5432 user=nms dbname=nms")
+    path = tmp_path / "nms.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    text = path.read_text()
+    assert all((cdir.secrets / s).read_text().strip() not in text for s in ("api-token", "nats-token"))
+    cfg = load_config(path)
+    assert cfg.cluster.bus.servers == ["nats://127.0.0.1:14222"] and cfg.cluster.bus.replicas == 1
+    assert cfg.cluster.bus.token.get_secret_value() == (cdir.secrets / "nats-token").read_text().strip()
+    assert cfg.cluster.bus.username is None
+    assert str(cfg.store.influxdb.url).startswith("http://127.0.0.1:18086") and cfg.store.influxdb.username is None
+    assert cfg.state.backend == "postgresql" and cfg.api.host == "127.0.0.1" and cfg.api.port == 18080
+    assert [t.name for t in cfg.api.tokens] == ["cluster-admin", "cluster-ingest"]
+    assert cfg.data_dir == tmp_path / "members" / "write-1" / "data"
+    # the base's own settings stay
+    assert (cfg.cluster.write.batch_messages, cfg.cluster.write.ack_wait, cfg.cluster.bus.prefix) == (64, 30.0, "nms")
+    assert cfg.site == "cluster-example"
