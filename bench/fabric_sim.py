@@ -8,9 +8,12 @@ driven by lab/flowsim/control.py; load-aware and avoid-only), the collective's t
 rate every subflow gets at once = the minimum max-min fair rate; S / it is the step time) and the
 aggregate, each as a ratio to the multipath max-min optimum's first level (lambda*, every host
 pair split over all its equal-cost paths: lab/flowsim/optimum.py; at this size its cut upper
-bound, so the ratios are lower bounds), controller / ECMP, and the run time.
+bound, so the ratios are lower bounds), controller / ECMP, and the run time. `whole` is the
+controller's collective throughput as a ratio to the whole-subflow bound (what any routing that keeps
+each subflow on one path can reach; lab/flowsim/optimum.py), `s/rnd` the controller's own time per
+round. `--no-limits` runs the controller without the blast-radius limits (every bad element avoided).
 
-    .venv/bin/python bench/fabric_sim.py [--k 36] [--qps 4] [--load 0.5,1.0] [--seed 1]
+    .venv/bin/python bench/fabric_sim.py [--k 36] [--qps 4] [--load 0.5,1.0] [--seed 1] [--no-limits]
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from correlator.actions.steering import Limits  # noqa: E402
 from lab.flowsim.control import PORT_BASE, PORT_SPAN, Controller, Job, evaluate  # noqa: E402
 from lab.flowsim.fabric import FatTree  # noqa: E402
-from lab.flowsim.optimum import concurrent_upper_bound  # noqa: E402
+from lab.flowsim.optimum import concurrent_upper_bound, whole_subflow_upper_bound  # noqa: E402
 
 
 def ring_job(ft: FatTree, load: float, qps: int, rng) -> Job:
@@ -49,7 +53,7 @@ def fault(ft: FatTree, kind: str, rng) -> np.ndarray:
     return background
 
 
-def scenario(k: int, qps: int, load: float, kind: str, seed: int) -> dict:
+def scenario(k: int, qps: int, load: float, kind: str, seed: int, limits: Limits | None = Limits()) -> dict:
     rng = np.random.default_rng(seed)
     ft = FatTree(k, seed=seed)
     job = ring_job(ft, load, qps, rng)
@@ -59,16 +63,18 @@ def scenario(k: int, qps: int, load: float, kind: str, seed: int) -> dict:
     ecmp = evaluate(ft, job, avail)
     t_ecmp = time.perf_counter() - t0
     bound = concurrent_upper_bound(ft, job.src, job.dst, avail)
-    row = {"kind": kind, "load": load, "subflows": job.size, "bound": bound,
+    whole = whole_subflow_upper_bound(ft, job.src, job.dst, avail)
+    row = {"kind": kind, "load": load, "subflows": job.size, "bound": bound, "whole": whole,
            "ecmp_min": ecmp.min_rate / bound, "ecmp_agg": ecmp.aggregate / (bound * job.size), "t_ecmp": t_ecmp}
     for label, aware in (("ctl", True), ("avoid", False)):
         t0 = time.perf_counter()
-        res = Controller(ft, job, avail, background=background, load_aware=aware).run(job)
+        res = Controller(ft, job, avail, background=background, load_aware=aware, limits=limits).run(job)
         row[f"{label}_min"] = res.outcome.min_rate / bound
         row[f"{label}_agg"] = res.outcome.aggregate / (bound * job.size)
         row[f"{label}_rounds"] = len(res.rounds)
         row[f"{label}_refused"] = len(res.refusals)
         row[f"t_{label}"] = time.perf_counter() - t0
+        row[f"{label}_whole"] = res.outcome.min_rate / whole
     return row
 
 
@@ -78,18 +84,23 @@ def main() -> None:
     ap.add_argument("--qps", type=int, default=4)
     ap.add_argument("--load", default="0.5,1.0")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--no-limits", action="store_true", help="no blast-radius limits: every bad element avoided")
     args = ap.parse_args()
+    limits = None if args.no_limits else Limits()
     ft = FatTree(args.k)
     print(f"fat tree k={args.k}: {ft.hosts:,} GPUs, {3 * ft.hosts:,} links; ring job, {args.qps} QPs per pair; "
-          f"ratios to the optimum's bound (min = collective throughput, agg = aggregate)")
+          f"ratios to the optimum's bound (min = collective throughput, agg = aggregate); "
+          f"limits {'off' if limits is None else limits}")
     print(f"{'fault':9} {'load':>4} {'subflows':>8} | {'ECMP min':>8} {'agg':>5} | {'ctl min':>7} {'agg':>5} "
-          f"{'x ECMP':>6} {'rnd':>3} | {'avoid-only min':>14} {'agg':>5} | {'t ECMP':>6} {'t ctl':>6}")
+          f"{'x ECMP':>6} {'rnd':>3} {'whole':>5} | {'avoid-only min':>14} {'agg':>5} | {'t ECMP':>6} {'t ctl':>6} "
+          f"{'s/rnd':>5}")
     for load in (float(x) for x in args.load.split(",")):
         for kind in ("none", "failures", "hotspots"):
-            r = scenario(args.k, args.qps, load, kind, args.seed)
+            r = scenario(args.k, args.qps, load, kind, args.seed, limits)
             print(f"{kind:9} {load:4.2f} {r['subflows']:8,} | {r['ecmp_min']:8.3f} {r['ecmp_agg']:5.3f} | "
-                  f"{r['ctl_min']:7.3f} {r['ctl_agg']:5.3f} {r['ctl_min'] / r['ecmp_min']:6.2f} {r['ctl_rounds']:3d} | "
-                  f"{r['avoid_min']:14.3f} {r['avoid_agg']:5.3f} | {r['t_ecmp']:5.2f}s {r['t_ctl']:5.1f}s", flush=True)
+                  f"{r['ctl_min']:7.3f} {r['ctl_agg']:5.3f} {r['ctl_min'] / r['ecmp_min']:6.2f} {r['ctl_rounds']:3d} "
+                  f"{r['ctl_whole']:5.3f} | {r['avoid_min']:14.3f} {r['avoid_agg']:5.3f} | {r['t_ecmp']:5.2f}s "
+                  f"{r['t_ctl']:5.1f}s {r['t_ctl'] / max(r['ctl_rounds'], 1):5.1f}", flush=True)
 
 
 if __name__ == "__main__":

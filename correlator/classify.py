@@ -243,8 +243,48 @@ def directed_findings(loss: list[Pick], inflation: list[Pick], index: FabricInde
     return list(out.values())
 
 
-def switch_findings(index: FabricIndex, view: SwitchView, covered: set[str]) -> list[Draft]:
-    """Findings from switch-side evidence alone, for elements the probes did not already explain."""
+def switch_status_down(index: FabricIndex, view: SwitchView) -> set[int]:
+    """Links whose switch-side status says down (a port's oper status, the topology's state)."""
+    ctx = view.ctx
+    ends = set(ctx.port_samples) | set(ctx.link_events) | set(ctx.nic_samples)
+    lids = {index.by_end[e] for e in ends if e in index.by_end} | set(index.topo)
+    return {lid for lid in lids if view.link_down(lid)}
+
+
+RECOVERY_S = 15  # a dead switch's links still down this long after some came back are its own
+
+
+def dead_switches(index: FabricIndex, down: set[int], covered: set[str], dead_at: dict[str, int],
+                  now_s: int) -> list[Draft]:
+    """A switch every one of whose links (two or more) the switch status says down is one failure,
+    the switch, not as many link failures: one device_down whose incident takes its links' as
+    children (correlator/incidents.py). The probes may not say so: with routing failing over, flows
+    whose traces still cross the dead switch answer through another one until they are traced again.
+    While it comes back (its links' ends are polled one switch at a time) the links still down stay
+    its own for RECOVERY_S: `dead_at` (device -> the last second all were down) is the caller's."""
+    out = []
+    for device, d in index.device_id.items():
+        lids = index.links_of(device)
+        if len(lids) < 2:
+            continue
+        n_down = sum(lid in down for lid in lids)
+        if n_down == len(lids):
+            dead_at[device] = now_s
+        elif not n_down or now_s - dead_at.get(device, -RECOVERY_S - 1) > RECOVERY_S:
+            continue
+        if device in covered:  # the probes found it down
+            continue
+        eid = len(index.links) + len(index.nics) + d
+        what = "" if n_down == len(lids) else f", coming back: {n_down} still down"
+        out.append(Draft("device_down", device, "device", 0.9,
+                         f"switch {device} is down: all {len(lids)} of its links are down (switch status){what}", eid,
+                         None, {"links_down": n_down, "links": len(lids), "switch_confirms": True}))
+    return out
+
+
+def switch_findings(index: FabricIndex, view: SwitchView, covered: set[str], down: set[int]) -> list[Draft]:
+    """Findings from switch-side evidence alone, for elements the probes did not already explain;
+    `down`: the links the switch status says are down (switch_status_down)."""
     ctx = view.ctx
     ends = set(ctx.port_samples) | set(ctx.link_events) | set(ctx.port_rates) | set(ctx.nic_samples)
     lids = {index.by_end[e] for e in ends if e in index.by_end} | set(index.topo)
@@ -256,7 +296,7 @@ def switch_findings(index: FabricIndex, view: SwitchView, covered: set[str]) -> 
         topo = index.topo.get(lid)
         if name in covered:
             pass
-        elif lid in nic_of and view.link_down(lid):
+        elif lid in nic_of and lid in down:
             # an access port down is the NIC gone from the fabric (dark NIC or cut cable: the same to
             # every path), named as the probes name it, so both kinds of evidence meet in one incident
             nic = "{}:{}".format(*nic_of[lid])
@@ -265,7 +305,7 @@ def switch_findings(index: FabricIndex, view: SwitchView, covered: set[str]) -> 
         elif view.flapping(lid):
             out.append(Draft("link_flapping", name, "link", 0.9, f"link {name} is flapping (switch counters)",
                              lid, None, {"switch_flaps": view.flaps(lid), "oper": view.link_oper(lid)}))
-        elif view.link_down(lid):
+        elif lid in down:
             out.append(Draft("link_down", name, "link", 0.8, f"link {name} is down (switch status)", lid, None,
                              {"oper": view.link_oper(lid), "topology_state": topo.state if topo else None}))
         else:

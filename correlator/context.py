@@ -166,6 +166,7 @@ class Context:
         grow("ev_ts", (cap,), np.int64, -1)
         grow("ev_state", (cap,), np.int8, 0)  # 0 none, 1 up, 2 down
         grow("last_bad", (cap,), np.int64, -1)  # second of the latest silent window or path event
+        grow("loss_explained", (cap,), np.int64, -1)  # newest second a loss finding that ended explained
         grow("src_nic", (cap,), np.int32, -1)  # NIC ids (nic_ids) of the path's two ends
         grow("dst_nic", (cap,), np.int32, -1)
         self.cap = max(cap, old)
@@ -338,10 +339,16 @@ class Context:
         return PathStats(sent_ok, lost_ok, sent_recent, lost_recent, episodes, down, up, inflation, last_recv,
                          sent_age[:, :C], lost_age[:, :C])
 
+    def explain_loss(self, paths: np.ndarray) -> None:
+        """The paths' losses up to the newest second are a loss finding's that just ended: they are
+        no evidence against any other link the paths cross (correlator/sequential.py)."""
+        self.loss_explained[paths] = self.newest
+
     def settled_after(self, P: int) -> np.ndarray:
         """Per path, the second of its latest trouble (silent window, path event, a NIC's own down
-        or back-up): loss counts only from two seconds after it."""
-        last_bad = self.last_bad[:P]
+        or back-up, the end of a loss finding on a link it crosses): loss counts only from two
+        seconds after it."""
+        last_bad = np.maximum(self.last_bad[:P], self.loss_explained[:P])
         if self.nic_changed:  # a NIC that went down or came back: every path through it
             changed = np.full(len(self.nic_ids), -1, np.int64)
             for nic, second in self.nic_changed.items():

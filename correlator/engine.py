@@ -22,7 +22,16 @@ from typing import Any
 
 import numpy as np
 
-from correlator.classify import SEVERITY, directed_findings, state_findings, state_priority, switch_findings
+from correlator.classify import (
+    RECOVERY_S,
+    SEVERITY,
+    dead_switches,
+    directed_findings,
+    state_findings,
+    state_priority,
+    switch_findings,
+    switch_status_down,
+)
 from correlator.context import Context, path_text
 from correlator.evidence import SwitchView
 from correlator.fabric import FabricIndex
@@ -37,6 +46,7 @@ from nms.config.models import CorrelatorConfig, FabricConfig, Thresholds
 from nms.records import FabricTopology, Finding, Job, NcclRdmaQp
 
 MAX_PATHS_LISTED = 1000
+FOCUS_MAX_PATHS = 512  # paths of one suspected link probed faster (a spine link of a big fabric carries thousands)
 
 
 class Correlator:
@@ -45,6 +55,8 @@ class Correlator:
         self.index = FabricIndex(fabric)
         self.ctx = Context(config, thresholds)
         self.sequential = SequentialLoss(config, self.ctx)
+        self._dead_switch_at: dict[str, int] = {}  # switch -> the last second the switch status had it dead
+        self._focused: dict[int, int] = {}  # directed link -> until when its paths are probed faster (ns)
         self.geo = Geometry()
         self.qp_paths = QpPaths()  # the NCCL QPs' traced paths: which QPs cross a faulty element
         self._lock = threading.Lock()
@@ -73,9 +85,31 @@ class Correlator:
             self.geo.update(self.ctx, self.index)
             return self._findings(now_ns, jobs)
 
+    def focus_requests(self, now_ns: int) -> tuple[list[str], dict[str, list[str]]]:
+        """After a step: the directed links the sequential test suspects of loss (not found yet) whose
+        paths are not being probed faster already, and those paths per probing host (at most
+        FOCUS_MAX_PATHS a link): the service asks the agents to probe them at `focus_rate` for
+        `focus_s` (hostprobe's `focus` command). Both legs count: a path crossing the link either way."""
+        if not self.config.focus_rate:
+            return [], {}
+        with self._step_lock:
+            seq, UT = self.sequential, self.geo.UT
+            self._focused = {d: t for d, t in self._focused.items() if t > now_ns}
+            links, paths = [], {}
+            for did in np.flatnonzero(seq.focus[:UT.shape[0]]).tolist():
+                if did in self._focused:
+                    continue
+                self._focused[did] = now_ns + int(self.config.focus_s * 1e9)
+                links.append(self.index.dname(did))
+                for i in UT.indices[UT.indptr[did]:UT.indptr[did + 1]][:FOCUS_MAX_PATHS].tolist():
+                    src_host, _, _, _, path_id = self.ctx.keys[i]
+                    paths.setdefault(src_host, set()).add(path_id)
+            return links, {host: sorted(ids) for host, ids in paths.items()}
+
     def _findings(self, now_ns: int, jobs: Sequence[Job]) -> list[Finding]:
         ctx, geo, index, t = self.ctx, self.geo, self.index, self.thresholds
         view = SwitchView(ctx, index, t)
+        switch_down = switch_status_down(index, view)
         drafts = []
         if ctx.P:
             stats = ctx.stats(now_ns)
@@ -83,6 +117,14 @@ class Correlator:
             explained = np.zeros(ctx.P, bool)
             for d in drafts:
                 explained[d.paths] = True
+            # a flow dead through a link its switches say is down is that link's, not a partial blackhole;
+            # so is one through a switch coming back from the dead (routes return, flows rehash onto it)
+            now_s = now_ns // 1_000_000_000
+            back = {lid for dev, at in self._dead_switch_at.items() if now_s - at <= RECOVERY_S
+                    for lid in index.links_of(dev)}
+            down_dids = [did for lid in switch_down | back if lid < geo.L for did in (2 * lid, 2 * lid + 1)]
+            if down_dids:
+                explained[geo.UT[down_dids].indices] = True
             partial = partial_findings(ctx, geo, index, stats, explained, now_ns)
             drafts += partial
             for d in partial:
@@ -93,6 +135,8 @@ class Correlator:
             infl = cover_inflation(geo.U, geo.UT, stats.inflation_us, quiet & np.isfinite(stats.inflation_us),
                                    threshold_us=t.owd_inflation_us, priority=prio)
             drafts += directed_findings(loss, infl, index, view, t, self.config)
+        drafts += dead_switches(index, switch_down, {d.element for d in drafts if d.kind == "device_down"},
+                                self._dead_switch_at, now_ns // 1_000_000_000)
         covered = {d.element for d in drafts if d.kind in ("link_down", "link_flapping")}
         for d in drafts:  # a down NIC or switch explains its links' state
             if d.kind == "nic_down":
@@ -102,7 +146,7 @@ class Correlator:
             elif d.kind == "device_down":
                 covered |= {index.name(lid) for lid in index.links_of(d.element)}
         seen = {(d.kind, d.element) for d in drafts}
-        drafts += [d for d in switch_findings(index, view, covered) if (d.kind, d.element) not in seen]
+        drafts += [d for d in switch_findings(index, view, covered, switch_down) if (d.kind, d.element) not in seen]
         job_ids = attach(drafts, jobs, now_ns, geo, index, ctx.keys)
         self._qps_crossing(drafts, job_ids, now_ns)
         return [self._finding(d, now_ns, job_ids.get(i, [])) for i, d in enumerate(drafts)]

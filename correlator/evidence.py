@@ -44,10 +44,14 @@ class SwitchView:
         return out
 
     def link_down(self, lid: int) -> bool:
-        """An end reports its port down (or the topology's link state is down)."""
+        """An end reports its port down, or the topology's link state is down while the ends do not
+        both say up (the topology follows LLDP, which sees a healed link seconds after its ports)."""
         topo = self.index.topo.get(lid)
-        return any(s not in ("up", "unknown", "testing", "dormant") for s in self.link_oper(lid).values()) or (
-            topo is not None and topo.state == "down")
+        oper = self.link_oper(lid)
+        if any(s not in ("up", "unknown", "testing", "dormant") for s in oper.values()):
+            return True
+        both_up = len(oper) == 2 and all(s == "up" for s in oper.values())
+        return topo is not None and topo.state == "down" and not both_up
 
     def link_up_after(self, lid: int, ts: int) -> bool:
         """Both ends known and up, seen after `ts`: switch evidence against a down link."""

@@ -252,6 +252,23 @@ class IncidentManager:
                 del now_open[child.dedup_key]
                 emit("resolved", child)
 
+    def hold(self, keep: Callable[[Incident], bool]) -> tuple[builtins.list[Incident], builtins.list[Incident]]:
+        """Sharded correlation (nms/app/correlate_feed.py): continue the open incidents `keep` accepts,
+        as the state store has them (opened by another correlator too), and forget the others (another
+        correlator continues and resolves them). Returns (taken, given)."""
+        with self._lock:
+            stored = {i.dedup_key: i for i in reversed(self.state.list_incidents(state="open", limit=None))}
+            held = {key: i for key, i in stored.items() if keep(i)}
+            taken = [i for key, i in held.items() if key not in self._open]
+            given = [i for key, i in self._open.items() if key not in held]
+            for incident in given:
+                self._announced.pop(incident.id, None)
+            for incident in taken:
+                last = self.state.last_incident_event(incident.id, ("opened", "updated"))
+                self._announced[incident.id] = last.incident if last is not None else incident
+            self._open = held
+        return taken, given
+
     def acknowledge(self, incident_id: int, by: str, comment: str | None = None,
                     now_ns: int | None = None) -> IncidentEvent:
         """Record who acknowledged an incident (open or resolved) and when. Only the first ack

@@ -29,6 +29,7 @@ from scipy import sparse
 from scipy.stats import binom
 
 MAX_PICKS = 200
+RIVAL_NATS = 4.6  # cover_loss: a rival link at least 1 % as likely as the pick (e^-4.6) makes it wait
 
 
 @dataclass
@@ -115,15 +116,44 @@ def cover_loss(U: sparse.csr_matrix, UT: sparse.csr_matrix, sent: np.ndarray, lo
         same = ids[(S[ids] == S[link]) & (X[ids] == X[link])]
         rowset = set(rows.tolist())
         alts = [int(c) for c in same if c != link and set(r for r in _row(UT, c) if alive[r]) == rowset]
+        rivals = _rivals(U, x, rows, ids[llr >= llr[j] - RIVAL_NATS], link, alts, X[link])
+        if len(rivals):  # as likely an explanation of the same losses: neither is named on this window,
+            # nor is any other link on their paths' losses (the next best would be a wrong one)
+            rows = np.unique(np.concatenate([rows, *(_row(UT, int(c)) for c in rivals)]))
+            rows = rows[alive[rows]]
+            _set_aside(U, rows, s, x, S, X, alive)
+            exonerated[[link, *alts, *rivals.tolist()]] = True
+            continue
         picks.append(Pick(link, rows, alts, {"sent": int(S[link]), "lost": int(X[link]),
                                              "loss_pct": round(100 * rate, 3),
                                              "p_value": float(np.exp(log_p)), "log10_p": round(log_p / np.log(10), 1)}))
-        alive[rows] = False
-        sub = U[rows]
-        S -= sub.T @ s[rows]
-        X -= sub.T @ x[rows]
+        _set_aside(U, rows, s, x, S, X, alive)
         exonerated[[link, *alts]] = True
     return picks
+
+
+def _set_aside(U: sparse.csr_matrix, rows: np.ndarray, s: np.ndarray, x: np.ndarray, S: np.ndarray, X: np.ndarray,
+               alive: np.ndarray) -> None:
+    """Take these paths out of the cover: their exchanges and losses no longer count for any link."""
+    alive[rows] = False
+    sub = U[rows]
+    S -= sub.T @ s[rows]
+    X -= sub.T @ x[rows]
+
+
+def _rivals(U: sparse.csr_matrix, x: np.ndarray, rows: np.ndarray, close: np.ndarray, link: int,
+            alts: list[int], lost: float) -> np.ndarray:
+    """The links of `close` (likelihood within RIVAL_NATS of the pick's), other than the pick and its
+    alternatives, crossed by the pick's paths that carry at least half of its losses. Losses that
+    pile up by chance on one host's paths make its access link nearly as likely as the fabric link
+    all of them cross (and then likelier, now and then); waiting a window or two for more evidence
+    tells them apart, while naming the wrong one opens an incident that holds."""
+    close = close[(close != link) & ~np.isin(close, alts)]
+    lossy = rows[x[rows] > 0]
+    if not len(close) or not len(lossy):
+        return close[:0]
+    shared = U[lossy][:, close].T @ x[lossy]
+    return close[shared >= 0.5 * lost]
 
 
 def cover_inflation(U: sparse.csr_matrix, UT: sparse.csr_matrix, inflation_us: np.ndarray, cand: np.ndarray,

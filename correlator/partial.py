@@ -13,9 +13,15 @@ nothing afterwards, so its paths are left to the down cover (also while some of 
 declared down), and no partial blackhole is claimed while a link dies. Then a greedy cover: the
 directed link crossed by the most such dead flows (at least MIN_DEAD), ties to the larger dead
 share, whose live flows lose little (< MAX_LIVE_LOSS: heavy uniform loss also silences a window now
-and then, but its live flows lose as much). Links crossed by exactly the same dead flows with the
-same share cannot be told apart: alternatives. Two or more picks that all touch one switch are that
-switch (a switch-wide hash fault).
+and then, but its live flows lose as much). Links crossed by exactly the same dead flows cannot be
+told apart by them: alternatives. Then the pick waits SETTLE_S after the last death, for more flows
+to die (a second remote leaf's flows usually separate the links) and for the live counts behind the
+share to settle: right after the deaths only the flows that already answered again count as live,
+so the share first favours whichever link has the fewest fresh answers (an access link, the link on
+the far side). A hash fault at the responder end shows why: every reply of one responder carries
+the same address and port, so they die together and cross its access link, the far leaf's uplink
+and the faulty one alike. Two or more picks that all touch one switch are that switch (a
+switch-wide hash fault).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ MIN_DEAD = 2  # dead flows through a link before it is blamed (one flow localize
 HOLD_S = 1  # a live flow's answered window must start this long after the deaths (clock offsets)
 FRESH_S = 3  # a dead flow's silent window must be this recent (no verdict from a path no longer probed)
 MAX_LIVE_LOSS = 0.25
+SETTLE_S = 4  # dead flows that other links carry too wait this long after their last death (see above)
 MAX_LISTED = 32  # flows listed per side in the evidence
 
 
@@ -118,7 +125,7 @@ def partial_findings(ctx: Context, geo: Geometry, index: FabricIndex, stats: Pat
     alive = set(partial)
     picks: list[tuple[int, np.ndarray, list[int]]] = []
     while True:
-        best = None
+        cands = []
         for e, flows in dead_on.items():
             d = np.array(sorted(i for i in flows if i in alive), np.int64)
             lv = live[e]
@@ -128,16 +135,15 @@ def partial_findings(ctx: Context, geo: Geometry, index: FabricIndex, stats: Pat
             if sent and stats.lost_recent[lv].sum() / sent >= MAX_LIVE_LOSS:
                 continue
             n_partial = sum(i in partial for i in flows)
-            key = (len(d), n_partial / (n_partial + len(lv)))
-            if best is None or key > best[0]:
-                best = (key, e, d, [])
-            elif key == best[0] and np.array_equal(d, best[2]):
-                best[3].append(e)
-        if best is None:
+            cands.append(((len(d), n_partial / (n_partial + len(lv))), e, d))
+        if not cands:
             break
-        _, e, d, alts = best
-        picks.append((e, d, alts))
+        _, e, d = max(cands, key=lambda c: c[0])
+        alts = [a for _, a, da in cands if a != e and np.array_equal(da, d)]
         alive -= set(d.tolist())
+        if any(a >> 1 != e >> 1 for a in alts) and now_s < dead_since[d].max() + SETTLE_S:
+            continue  # other links carry the same dead flows: wait for more deaths or settled live counts
+        picks.append((e, d, alts))
     drafts = [_link_draft(e, d, alts, live[e], ctx, geo, route, index, dead_since, now_s) for e, d, alts in picks]
     return _merged(drafts, picks, index, geo, ctx, route, live, dead_since, now_s)
 

@@ -7,6 +7,9 @@ the sequential form of the binomial test: Lai 1998): 1, 2, 3 and 5 s and the who
 the context's per-second rings, then the context plus the latest 1, 2, 3, 6, 12, all `BUCKET_S`
 buckets of settled counts per path, folded as seconds leave the context, up to `correlator.loss_horizon`. A
 new fault is judged on a short window (undiluted), a faint one on a long one (enough exchanges).
+A path's buckets folded at or before its latest trouble (`Context.settled_after`: a down episode,
+the end of a loss finding on a link it crosses) are left out, as the context leaves out its seconds:
+a healed fault's losses are no evidence against another link its paths cross.
 Each window runs the greedy binomial cover of localize.py, shortest first, over the paths no link
 explains yet, each directed link against its own baseline:
 
@@ -53,6 +56,7 @@ P_STOP = 1e-3
 STOP_FRACTION = 0.75  # "over" tests the baseline against this fraction of the found (lower-bound) rate
 PRIOR_EXCHANGES = 10_000.0
 SUSPECT_P = 0.01
+FOCUS_P = 1e-3  # a link this unlikely at its baseline (and not found yet) gets its paths probed faster
 LOWER_BOUND_P = 0.02275  # one-sided 2 sigma
 LEARN_S = 3600.0  # a link's loss baseline is learned over about this long (decay time constant)
 TYPICAL_FACTOR = 2.0  # a link's baseline is at most this times the fabric's median link baseline
@@ -77,6 +81,8 @@ class SequentialLoss:
         self.horizon_s = config.loss_horizon
         self.explained = np.zeros(0, bool)  # paths the latest step's loss findings explained
         self.suspect = np.zeros(0, bool)  # per directed link: losing more than its baseline (not learned from)
+        self.focus = np.zeros(0, bool)  # per directed link: p < FOCUS_P on some window, not found yet
+        self._settled: np.ndarray | None = None  # this step's Context.settled_after
 
     # -- state ----------------------------------------------------------------------------------
     def _grow(self, P: int, D: int) -> None:
@@ -89,6 +95,7 @@ class SequentialLoss:
             self.base_sent = np.concatenate([self.base_sent, np.zeros(D - len(self.base_sent))])
             self.base_lost = np.concatenate([self.base_lost, np.zeros(D - len(self.base_lost))])
             self.suspect = np.concatenate([self.suspect, np.zeros(D - len(self.suspect), bool)])
+            self.focus = np.concatenate([self.focus, np.zeros(D - len(self.focus), bool)])
 
     def baseline(self, D: int) -> np.ndarray:
         lost = self.base_lost[:D] + self.floor / 4 * PRIOR_EXCHANGES
@@ -106,7 +113,7 @@ class SequentialLoss:
         if last < first or P == 0:
             self.folded = max(self.folded, last)
             return
-        last_bad = ctx.settled_after(P)
+        last_bad = self._settled_after()
         clean = ~self.explained[:P]
         D = geo.UT.shape[0]
         learn = ~self.suspect[:D]
@@ -130,6 +137,12 @@ class SequentialLoss:
             self.base_lost[:D] = np.where(learn, keep * self.base_lost[:D] + add_lost, self.base_lost[:D])
         self.folded = last
 
+    def _settled_after(self) -> np.ndarray:
+        """Context.settled_after, once per step (and again after a held loss ended: explain_loss)."""
+        if self._settled is None:
+            self._settled = self.ctx.settled_after(self.ctx.P)
+        return self._settled
+
     def _columns(self) -> list[tuple[int, int]]:
         """(bucket column, seconds up to its oldest) of the folded buckets, newest first."""
         if self.folded < 0:
@@ -146,6 +159,9 @@ class SequentialLoss:
             out.append((k, stats.sent_age[:, :k].sum(axis=1), stats.lost_age[:, :k].sum(axis=1)))
         sent, lost = out[-1][1].copy(), out[-1][2].copy()
         columns = self._columns()
+        if not columns:
+            return out
+        stale, drop_sent, drop_lost = self._stale(np.arange(P), [c for c, _ in columns])
         done = 0
         for n in LONG_BUCKETS:
             n = min(n, len(columns))
@@ -154,9 +170,24 @@ class SequentialLoss:
             cols = [c for c, _ in columns[done:n]]
             sent = sent + self.bsent[:P, cols].sum(axis=1)
             lost = lost + self.blost[:P, cols].sum(axis=1)
+            sent[stale] -= drop_sent[:, done:n].sum(axis=1)
+            lost[stale] -= drop_lost[:, done:n].sum(axis=1)
             done = n
             out.append((columns[n - 1][1], sent, lost))
         return out
+
+    def _stale(self, rows: np.ndarray, cols: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The rows (of `rows`) with buckets folded before their path's latest trouble (a down
+        episode, the end of a loss finding: Context.settled_after), and those buckets' (sent, lost)
+        in `cols`, 0 elsewhere: the counts the windows leave out, as the context leaves out its
+        seconds before the trouble."""
+        start = self.bid[cols] * BUCKET_S  # each bucket's first second
+        since = self._settled_after()[rows] + 1
+        stale = np.flatnonzero(since >= start.min())
+        drop = start[None, :] <= since[stale, None]
+        at = rows[stale]
+        return (stale, np.where(drop, self.bsent[at][:, cols], 0).astype(np.int64),
+                np.where(drop, self.blost[at][:, cols], 0).astype(np.int64))
 
     def _over(self, rows: np.ndarray, stats: PathStats, rate: float, baseline: float, within_s: float) -> bool:
         """The loss stopped: some window ending now, shorter than `within_s` (the time the loss has
@@ -166,14 +197,20 @@ class SequentialLoss:
         r = max(rate * STOP_FRACTION, 2 * baseline)
         cols = [c for c, seconds in self._columns() if seconds < within_s]
         k = int(min(self.span, max(within_s - 1, 0)))
-        sent = np.concatenate([stats.sent_age[rows, :k].sum(axis=0), self.bsent[rows][:, cols].sum(axis=0)])
-        lost = np.concatenate([stats.lost_age[rows, :k].sum(axis=0), self.blost[rows][:, cols].sum(axis=0)])
+        bsent, blost = self.bsent[rows][:, cols], self.blost[rows][:, cols]
+        if cols:
+            stale, drop_sent, drop_lost = self._stale(rows, cols)
+            bsent[stale] -= drop_sent.astype(bsent.dtype)
+            blost[stale] -= drop_lost.astype(blost.dtype)
+        sent = np.concatenate([stats.sent_age[rows, :k].sum(axis=0), bsent.sum(axis=0)])
+        lost = np.concatenate([stats.lost_age[rows, :k].sum(axis=0), blost.sum(axis=0)])
         llr = np.cumsum(sent) * (r - baseline) - np.cumsum(lost) * math.log(r / baseline)  # Poisson
         return bool(len(llr)) and float(llr.max()) >= math.log(1 / P_STOP)
 
     # -- the test -------------------------------------------------------------------------------
     def find(self, now_ns: int, stats: PathStats, geo: Geometry, quiet: np.ndarray, prio: np.ndarray) -> list[Pick]:
         P, D = self.ctx.P, geo.UT.shape[0]
+        self._settled = None
         self._grow(P, D)
         self.fold(now_ns // 1_000_000_000, geo)
         base = self.baseline(D)
@@ -210,24 +247,30 @@ class SequentialLoss:
 
     def _suspect(self, geo: Geometry, base: np.ndarray, wins, cand: np.ndarray) -> None:
         """Links losing more than their baseline on some window (p < SUSPECT_P), or found: their
-        baselines stop learning, so a fault on its way to being proven is not learned as normal."""
+        baselines stop learning, so a fault on its way to being proven is not learned as normal.
+        Those at p < FOCUS_P, not found yet, are `focus`: the engine asks for their paths to be
+        probed faster (Correlator.focus_requests)."""
         D = geo.UT.shape[0]
         self.suspect[:D] = False
+        self.focus[:D] = False
         for _, sent, lost in wins:
             S = geo.UT @ np.where(cand, sent, 0).astype(np.float64)
             X = geo.UT @ np.where(cand, lost, 0).astype(np.float64)
-            some = np.flatnonzero((X >= 2) & (X > base * S) & ~self.suspect[:D])
+            some = np.flatnonzero((X >= 2) & (X > base * S) & ~self.focus[:D])
             if len(some):
-                self.suspect[some] = binom.logsf(X[some] - 1, S[some], base[some]) < math.log(SUSPECT_P)
+                log_p = binom.logsf(X[some] - 1, S[some], base[some])
+                self.suspect[some] |= log_p < math.log(SUSPECT_P)
+                self.focus[some] = log_p < math.log(FOCUS_P)
         self.suspect[list(self.held)] = True
+        self.focus[list(self.held)] = False
 
     def _hold(self, now_ns: int, stats: PathStats, geo: Geometry, quiet: np.ndarray, base: np.ndarray, wins,
               taken: np.ndarray) -> list[Pick]:
         """The links found before, kept while their loss lasts (strongest first); they take their paths."""
         picks = []
         for did, (rate, alts, since_ns) in sorted(self.held.items(), key=lambda h: -h[1][0]):
-            rows = geo.UT.indices[geo.UT.indptr[did]:geo.UT.indptr[did + 1]]
-            rows = rows[quiet[rows] & ~taken[rows]]
+            crossing = geo.UT.indices[geo.UT.indptr[did]:geo.UT.indptr[did + 1]]
+            rows = crossing[quiet[crossing] & ~taken[crossing]]
             best: tuple[float, int, int, int] | None = None
             for seconds, sent, lost in wins:
                 n, x = int(sent[rows].sum()), int(lost[rows].sum())
@@ -239,6 +282,11 @@ class SequentialLoss:
             if best is None or best[0] > math.log(ALPHA_HOLD) or self._over(rows, stats, rate, base[did], within):
                 del self.held[did]
                 self.ended[did] = (rate, now_ns)
+                # its losses so far were this fault's: kept in the long windows, they would become
+                # evidence against another link these paths cross once the cover no longer picks it
+                self.ctx.explain_loss(crossing)
+                self._settled = None
+                taken[crossing] = True  # from the next step on out of every window; this step's are built
                 continue
             log_p, seconds, n, x = best
             self.held[did] = (max(rate, _lower(x, n)), alts, since_ns)

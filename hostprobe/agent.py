@@ -44,6 +44,7 @@ from hostprobe.steer import Peer, SteerError, Steering
 from hostprobe.tstamp import StampedSocket
 from hostprobe.verify import CommandVerifier
 from nms import __version__
+from nms.agent_commands import focus_args_problem, rate_problem
 from nms.records import GenericPoint
 
 log = logging.getLogger("nms-agent")
@@ -309,18 +310,24 @@ class Agent:
                 return "done", "tracing every path again"
             if kind == "set_rate":
                 rate = args.get("rate")
-                if isinstance(rate, (int, float)) and not isinstance(rate, bool) and 0 < rate <= 10_000:
+                if not (problem := rate_problem(rate)):
                     log.info("command %s: probe rate %g exchanges/s per path", cid, rate)
                     self.prober.set_rate(float(rate))
                     return "done", f"probing at {rate:g} exchanges/s per path"
-                reason = f"bad rate {rate!r}: want 0 < rate <= 10000 exchanges/s per path"
+                reason = f"bad rate {rate!r}: want {problem}"
+            elif kind == "focus":
+                if not (reason := focus_args_problem(args)):
+                    rate, for_s, ids = float(args["rate"]), float(args["for_s"]), args["paths"]
+                    n = self.prober.focus(set(ids), rate, for_s)
+                    log.info("command %s: %d of %d paths probed at %g/s for %g s", cid, n, len(ids), rate, for_s)
+                    return "done", f"probing {n} of {len(ids)} paths at {rate:g}/s for {for_s:g} s"
             elif kind == "refresh_peers":
                 return "done", "fetching the peer list again"  # the control thread does, having seen the command
             elif kind in ("steer", "unsteer"):
                 return self._steer(kind, args, cid)
             else:
                 reason = (f"unknown command {kind!r} (this agent knows reprobe_paths, set_rate, refresh_peers, "
-                          "steer, unsteer)")
+                          "steer, unsteer, focus)")
         except SteerError as e:
             reason = f"{kind}: {e}"
         except Exception as e:  # a command must not take the probe loop down

@@ -80,7 +80,7 @@ class Target:
 
 class PathState:
     __slots__ = ("target", "sock", "path_id", "state", "last_reply", "last_reply_ns", "down_ns", "unanswered",
-                 "first_sent", "windows", "active", "turn", "answered_mono")
+                 "first_sent", "windows", "active", "turn", "answered_mono", "focus_rate", "focus_until")
 
     def __init__(self, target: Target, sock: tstamp.StampedSocket, path_id: str):
         self.target, self.sock, self.path_id = target, sock, path_id
@@ -94,6 +94,8 @@ class PathState:
         self.active = True
         self.turn = 0  # the schedule entry that counts; older ones (before a rate change) are skipped
         self.answered_mono = 0.0  # send time of the latest exchange that got a reply
+        self.focus_rate = 0.0  # exchanges/s while focused (the `focus` command), until focus_until (monotonic)
+        self.focus_until = 0.0
 
 
 class Prober:
@@ -229,6 +231,19 @@ class Prober:
             for path in target.paths.values():
                 self._schedule(path, now + random.random() * 2 / rate)
 
+    def focus(self, path_ids: set[str], rate: float, for_s: float) -> int:
+        """Probe these paths (of any target) at `rate` exchanges/s (never slower than the agent's rate)
+        for `for_s` seconds, then at the agent's rate again; returns how many of them this agent probes."""
+        now = time.monotonic()
+        found = 0
+        for target in self.targets.values():
+            for pid in path_ids & target.paths.keys():
+                path = target.paths[pid]
+                path.focus_rate, path.focus_until = rate, now + for_s
+                self._schedule(path, now + random.random() * 2 / rate)
+                found += 1
+        return found
+
     def _schedule(self, path: PathState, due: float) -> None:
         path.turn += 1
         heapq.heappush(self.schedule, (due, next(self._tie), path.turn, path))
@@ -243,6 +258,12 @@ class Prober:
             if turn != path.turn or not path.active or path.target.paths.get(path.path_id) is not path:
                 continue
             self._send_pair(path, now)
+            if path.focus_until:
+                if now < path.focus_until:
+                    nxt = due + 2.0 / max(path.focus_rate, self.rate) * (0.9 + 0.2 * random.random())
+                    self._schedule(path, nxt if nxt > now - CATCH_UP else now)
+                    continue
+                path.focus_until = 0.0
             nxt = due + interval * (0.9 + 0.2 * random.random())
             # behind by a pass or two (the loop batches): catch up; far behind (a stall): skip ahead
             self._schedule(path, nxt if nxt > now - CATCH_UP else now + interval * random.random())
@@ -472,7 +493,9 @@ class Prober:
 
     def snapshot(self) -> dict:
         paths = [p for t in self.targets.values() for p in t.paths.values()]
+        now = time.monotonic()
         return {"targets": len(self.targets), "paths": len(paths),
+                "paths_focused": sum(p.focus_until > now for p in paths),
                 "paths_up": sum(p.state == "up" for p in paths), "paths_down": sum(p.state == "down" for p in paths),
                 "inflight": len(self.inflight), "tracing": sum(t.tracing > 0 for t in self.targets.values()),
                 "rate": self.rate}

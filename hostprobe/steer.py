@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from correlator.actions.steering import choose
+from correlator.actions.steering import choose, rebalance
 from hostprobe.trace import Dest, TraceJob, Tracer, run_blocking
 from hostprobe.tstamp import StampedSocket
 
@@ -267,6 +267,8 @@ class Steering:
             keep = choose(
                 paths, parsed["avoid_hops"] | unknown, load=parsed["hop_loads"], n=self.settings.ports_per_dst
             )
+            if parsed["hop_loads"]:
+                keep = self.place_by_load(paths, keep, parsed["hop_loads"], parsed["avoid_hops"] | unknown)
             ports = sorted(found[i][0] for i in keep)
             entry = result.setdefault(host, {"ports": [], "candidates": 0, "kept": 0})
             entry["ports"] += ports
@@ -285,6 +287,28 @@ class Steering:
         log.info("steer %d off %s: %s (table version %d)", parsed["action_id"], parsed["element"],
                  {h: r["ports"] for h, r in result.items()}, table["version"])
         return {"dsts": result}
+
+    def place_by_load(self, paths: list[frozenset[str]], keep: list[int], hop_loads: dict[str, float],
+                      avoid: set[str]) -> list[int]:
+        """The kept candidates (indices in `paths`) after `rebalance`: each kept port is a subflow of
+        weight `port_load` on its path, counted into the hops' loads; the ones that put a hop over
+        capacity move to the avoiding path least loaded after the move. Ports stay distinct: a
+        subflow moved onto a path another kept port takes gets another port of that path, if traced."""
+        w = self.settings.port_load
+        if not keep or w <= 0:
+            return keep
+        load = dict(hop_loads)
+        for i in keep:
+            for hop in paths[i]:
+                load[hop] = load.get(hop, 0.0) + w
+        placed = rebalance(paths, keep, load, w, avoid)
+        out: list[int] = []
+        for j in placed:
+            same = [i for i, p in enumerate(paths) if p == paths[j] and i not in out]
+            pick = j if j not in out else (same[0] if same else None)
+            if pick is not None:
+                out.append(pick)
+        return out
 
     def trace(self, pairs: list[tuple[str, Peer]], dport: int) -> dict[tuple[str, str], list]:
         """Forward hops of every candidate source port to every (local, peer) address pair; the

@@ -117,9 +117,10 @@ def status(
                                for k, v in svc.items()))
     console.print(nodes)
     active = {}
-    for f in state["faults"]:
-        if f["active"] and "link" in f["params"]:
-            active.setdefault(f["params"]["link"], []).append(f"{f['id']}:{f['kind']}")
+    for f in (f for f in state["faults"] if f["active"]):
+        p = f["params"]  # a switch-down fault holds every link of its switch
+        for name in p.get("links", [p["link"]] if "link" in p else []):
+            active.setdefault(name, []).append(f"{f['id']}:{f['kind']}")
     links = Table("link", "a", "b", "oper a/b", "faults", title="links")
     for ln in state["links"]:
         oper = ln.get("oper", {})
@@ -129,7 +130,8 @@ def status(
     if state["faults"]:
         ft = Table("id", "kind", "target", "parameters", "start", "end", title="faults")
         for f in state["faults"]:
-            params = " ".join(f"{k}={v}" for k, v in f["params"].items() if k not in ("link", "a", "b", "host", "pid"))
+            params = " ".join(f"{k}={v}" for k, v in f["params"].items()
+                              if k not in ("link", "links", "a", "b", "host", "pid"))
             ft.add_row(f["id"], f["kind"], f["target"], params, f["start_iso"][11:23],
                        "[yellow]active[/yellow]" if f["active"] else f["end_iso"][11:23])
         console.print(ft)
@@ -154,7 +156,8 @@ def exec_(
 @handled
 def fault(
     kind: Annotated[str, typer.Argument(help=f"One of: {', '.join(faults_mod.KINDS)}.")],
-    target: Annotated[str, typer.Argument(help="A link (leaf1-spine2 or leaf1:swp3) or a host (host1).")],
+    target: Annotated[str, typer.Argument(help="A link (leaf1-spine2 or leaf1:swp3), a host (host1) or, for "
+                                                "switch-down, a switch (spine1).")],
     mode: Annotated[str | None, typer.Option(help="link-down/flap: blackhole (default) or failover.")] = None,
     period: Annotated[float | None, typer.Option(help="flap: seconds per down+up cycle (4).")] = None,
     down_for: Annotated[float | None, typer.Option(help="flap: seconds down per cycle (period/2).")] = None,

@@ -20,6 +20,9 @@
                 are dropped on receipt (counted as its rx dropped).
     nic-down    a host's fabric NIC set administratively down, and its leaf port loses carrier
                 (a dark NIC; the host's own route through it is deleted, as on a real host).
+    switch-down a whole switch dies: every link of it loses carrier at once (one `ip -batch` in the
+                wire namespace, as link-down's blackhole mode: no port is admin-down, routes stay);
+                its management plane (snmpd, gNMI, sshd) keeps answering. Claims every link's carrier.
     clock       recorded only: namespaces share the kernel clock, so the host agent applies
                 offset + drift to its own timestamps (see clock_error_ns).
 """
@@ -35,10 +38,10 @@ from lab import builder, cleanup, netns, routing, services, sh
 from lab.state import LabDir, now, topology_of
 from lab.topology import Link, Topology, format_rate, parse_rate
 
-KINDS = ("link-down", "flap", "congestion", "loss", "blackhole", "mtu", "nic-down", "clock")
+KINDS = ("link-down", "flap", "congestion", "loss", "blackhole", "mtu", "nic-down", "switch-down", "clock")
 OPTIONS = {"link-down": {"mode"}, "flap": {"mode", "period", "down_for", "count"}, "congestion": {"rate", "from_node"},
            "loss": {"percent", "from_node"}, "blackhole": {"fraction", "from_node", "by", "seed"},
-           "mtu": {"mtu", "end"}, "nic-down": set(), "clock": {"offset_us", "drift_ppm"}}
+           "mtu": {"mtu", "end"}, "nic-down": set(), "switch-down": set(), "clock": {"offset_us", "drift_ppm"}}
 MODES = ("blackhole", "failover")
 BLACKHOLE_KEYS = {"flow": "ip saddr . udp sport", "dst": "ip daddr"}  # --by -> what the hash reads
 HASH_MOD = 10000
@@ -47,8 +50,13 @@ HASH_MOD = 10000
 # --- mechanisms (shared with flap.py) -------------------------------------------------------
 
 def set_carrier(topo: Topology, link: Link, up: bool) -> None:
+    set_carriers(topo, [link], up)
+
+
+def set_carriers(topo: Topology, links: list[Link], up: bool) -> None:
+    """Carrier of every given link, both ends, in one `ip -batch` (a dead switch's links go at once)."""
     state = "up" if up else "down"
-    sh.ip_batch(topo.wire_ns, [f"link set {link.wire_a} {state}", f"link set {link.wire_b} {state}"])
+    sh.ip_batch(topo.wire_ns, [f"link set {wire} {state}" for link in links for wire in (link.wire_a, link.wire_b)])
 
 
 def set_withdrawn(topo: Topology, state: dict, link: Link, withdrawn: bool) -> None:
@@ -110,6 +118,12 @@ def make_params(topo: Topology, kind: str, target: str, opts: dict) -> tuple[dic
         if p["offset_us"] == 0 and p["drift_ppm"] == 0:
             raise sh.LabError("clock needs --offset-us and/or --drift-ppm")
         return p, [f"clock:{host}"]
+    if kind == "switch-down":
+        if target not in topo.nodes or topo.nodes[target].role not in ("spine", "leaf"):
+            switches = ", ".join(n.name for n in topo.switches[:3])
+            raise sh.LabError(f"switch-down needs a switch (e.g. {switches}), got {target!r}")
+        links = [link.name for link in topo.links if target in (link.a.node, link.b.node)]
+        return {"switch": target, "links": links}, [f"carrier:{name}" for name in links]
     try:
         link = topo.find_link(target)
     except ValueError as e:
@@ -227,6 +241,8 @@ def _apply(topo: Topology, lab: LabDir, state: dict, f: dict) -> None:
     elif kind == "nic-down":  # the NIC goes dark: admin down here, and the leaf port loses carrier
         sh.ip_batch(topo.netns(p["host"]), ["link set eth0 down"])
         set_carrier(topo, topo.link(p["link"]), up=False)
+    elif kind == "switch-down":
+        set_carriers(topo, [topo.link(name) for name in p["links"]], up=False)
     elif kind == "clock":
         state.setdefault("clocks", {})[p["host"]] = {
             "offset_ns": round(p["offset_us"] * 1000), "drift_ppm": p["drift_ppm"],
@@ -262,6 +278,8 @@ def _heal(topo: Topology, lab: LabDir, state: dict, f: dict) -> None:
         routing.apply(
             topo, state["withdrawn"], nodes=[p["host"]], weights=state.get("ecmp_weights")
         )  # admin-down deleted its route
+    elif kind == "switch-down":
+        set_carriers(topo, [topo.link(name) for name in p["links"]], up=True)
     elif kind == "clock":
         state.get("clocks", {}).pop(p["host"], None)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,16 +20,31 @@ import time
 import httpx
 import yaml
 
+from hostprobe.config import ProbeSettings
 from lab import agent_procs, cleanup
 from lab import lab as lab_mod
 from lab.state import LabDir, topology_of
 from lab.topology import Spec
+from nms.app.local_daemons import free_port
+from nms.config.models import AgentsConfig
+
+PEERS_RANDOM = AgentsConfig.model_fields["peers_random"].default
+SPORTS = ProbeSettings.model_fields["sports"].default
+MISS_CHANCE = 1e-3  # above this chance that some agent's source ports miss a spine, no count is expected
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def expected_paths(spec: Spec, peers_random: int = PEERS_RANDOM, sports: int = SPORTS) -> int | None:
+    """Probe paths per agent when every host is its peer (the service adds `peers_random` random
+    peers under other leaves to those under its own): one to each host under its leaf, one per spine
+    to each other host (symmetric ECMP hashing). None when chance decides the count: the random
+    peers, or `sports` source ports per peer too few to hash onto every spine for every pair."""
+    others = (spec.leaves - 1) * spec.hosts_per_leaf
+    if others > peers_random:
+        return None
+    pairs = spec.leaves * spec.hosts_per_leaf * others
+    if pairs * spec.spines * (1 - 1 / spec.spines) ** sports > MISS_CHANCE:
+        return None
+    return spec.hosts_per_leaf - 1 + spec.spines * others
 
 
 class LabStack:
@@ -45,6 +59,8 @@ class LabStack:
         self.gnmi_interval = gnmi_interval
         self.service_config = service_config or {}
         self.service: subprocess.Popen | None = None
+        self.service_started_ns = 0  # when the running service was started (wait_service_ready's `since`)
+        self.probe_options: dict = {}  # the agents' extra probe settings (up(probe_options=))
 
     def up(self, rate: float | None = None, start_agents: bool = True, probe_options: dict | None = None) -> LabStack:
         cleanup.remove(self.prefix, self.dir)
@@ -71,6 +87,7 @@ class LabStack:
         self.config.write_text(yaml.safe_dump(config))
         self.config.chmod(0o600)
         self.start_service()
+        self.probe_options = probe_options or {}
         if start_agents:
             self.start_agents(rate=rate, probe_options=probe_options)
         return self
@@ -85,6 +102,7 @@ class LabStack:
 
     def start_service(self) -> None:
         log = open(self.dir.root / "service.log", "ab")
+        self.service_started_ns = time.time_ns()
         self.service = subprocess.Popen([sys.executable, "-m", "nms", "serve", "--config", str(self.config)],
                                         stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
@@ -126,12 +144,11 @@ class LabStack:
         return agent_procs.status(self.dir)
 
     def wait_traced(self, timeout: float = 30.0) -> dict:
-        """Until every agent probes its full set of paths (2 spines with symmetric ECMP hashing, every
-        host a peer: one path to each host under the same leaf, one per spine to each other host) and
+        """Until every agent probes its full set of paths (expected_paths, where it can be known) and
         all are up."""
         hosts = [n.name for n in self.topo.by_role("host")]
-        hpl = self.spec.hosts_per_leaf
-        want = hpl - 1 + 2 * (len(hosts) - hpl) if self.spec.spines == 2 and len(hosts) <= 13 else None
+        peers_random = self.service_config.get("agents", {}).get("peers_random", PEERS_RANDOM)
+        want = expected_paths(self.spec, peers_random, self.probe_options.get("sports", SPORTS))
         deadline = time.monotonic() + timeout
         while True:
             status = self.agent_status()

@@ -79,6 +79,7 @@ class Synth:
     mtu: dict = field(default_factory=dict)
     nic_down: set = field(default_factory=set)
     blackhole: dict = field(default_factory=dict)  # directed name -> fraction of flows dropped entirely
+    sent_of: dict = field(default_factory=dict)  # path index -> exchanges a second (focused probing), else 10
 
     def __post_init__(self):
         self.rng = np.random.default_rng(self.seed)
@@ -233,6 +234,8 @@ class Synth:
         if self.blackhole:
             down |= self.blackholed()
         sent = np.full(P, 10)
+        for i, n in self.sent_of.items():
+            sent[i] = n
         recv = rng.binomial(sent, surv)
         onset, heal = down & ~self.prev_down, ~down & self.prev_down
         recv[down & self.prev_down] = 0

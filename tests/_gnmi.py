@@ -9,13 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+from nms.app.local_daemons import free_port
+
 USER, PASSWORD = "nms", "gnmi-test-password-7Qx"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Target:

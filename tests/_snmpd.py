@@ -10,13 +10,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
+
+from nms.app.local_daemons import free_port
 
 SNMPD = shutil.which("snmpd") or "/usr/sbin/snmpd"
 SKIP_REASON = "net-snmp snmpd not installed: apt-get install snmpd snmp"
@@ -41,9 +42,7 @@ V3_USERS = {
 
 
 def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port(udp=True)
 
 
 def available() -> bool:

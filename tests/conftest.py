@@ -16,39 +16,44 @@ settings.register_profile("repeatable", derandomize=True, database=None)
 settings.register_profile("explore")
 settings.load_profile(os.environ.get("NMS_HYPOTHESIS", "repeatable"))
 
-# With `-n 2` (pytest-xdist; README: not what CI runs, the labs' timers miss deadlines beside the rest
-# on 2 cores) every module is a unit of work of its own (its
-# module-scoped fixtures set up once) on whichever worker is free, except the labs (tests/lab/:
-# namespaces, real-time faults, one lab at a time), which are one unit, run in order on one worker
-# and handed out first; the rest runs beside them at a lower CPU priority.
+# With `-n 2` (pytest-xdist) every module is a unit of work of its own (its module-scoped fixtures set
+# up once) on whichever worker is free, except the labs (tests/lab/: namespaces, real-time faults, one
+# lab at a time): one unit, run in order on one worker and handed out first. Every other test in a
+# worker runs at nice 19, so the labs' real-time work gets the CPU whenever it wants it;
+# scripts/test.sh puts only the `beside_labs` modules beside the labs.
 LABS = "tests/lab/"
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # xdist's workers start with COLUMNS=80 and LINES=24, and rich fixes a Console's width from COLUMNS
     # when the console is made (at import): the CLI tables would be cut at 80 columns in every test
     for name in ("COLUMNS", "LINES"):
         os.environ.pop(name, None)
-BESIDE_THE_LABS_NICE = 5
+BESIDE_THE_LABS_NICE = 19
+# Modules with no real-time deadline or timer in them (CPU-bound checks: property tests, the API
+# fuzz, synthetic correlator runs, replayed cases): marked `beside_labs`, scripts/test.sh runs them
+# next to the labs at the lowest CPU priority, on the core the labs leave idle most of the time.
+BESIDE_THE_LABS = {
+    "test_api_fuzz", "test_store_types", "test_correlator_lowloss", "test_correlator_faults",
+    "test_correlator_data", "test_correlator_partial", "test_correlator_queues", "test_fabric_sim",
+    "test_counters", "test_hostprobe_config", "test_incident_parents", "test_store_contract",
+    "test_collector_cases", "test_cli_napalm_cases", "test_queue_counters", "test_hostprobe_clock_edges",
+    "test_hostprobe_report", "test_api", "test_action_manager", "test_incident_parents_api",
+    "test_actions_api", "test_cli_widths", "test_steering", "test_audits_service", "test_correlator_trials",
+    "test_lab_switch_down",
+}
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    if config.getvalue("dist") == "each":
-        return None
-    config.option.loadscopereorder = False  # collection order: the labs first
-    from xdist.scheduler import LoadFileScheduling
-
-    class LabsTogether(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return LABS if nodeid.startswith(LABS) else super()._split_scope(nodeid)
-
-    return LabsTogether(config, log)
-
-
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these marks
 def pytest_collection_modifyitems(items):
-    """pytest 9 builds an item's id from its callspec, and schemathesis's items (tests/test_api_fuzz.py,
+    """Every test under tests/lab/ is marked `lab`, every one of BESIDE_THE_LABS `beside_labs`.
+
+    pytest 9 builds an item's id from its callspec, and schemathesis's items (tests/test_api_fuzz.py,
     one per API operation) have none: all would share one id, and xdist, which schedules by id, would
     run one of them. Each gets the id pytest 8 gave it: its name, the operation in brackets."""
     for item in items:
+        if item.nodeid.startswith(LABS):
+            item.add_marker(pytest.mark.lab)
+        elif item.nodeid.split("::")[0].removeprefix("tests/").removesuffix(".py") in BESIDE_THE_LABS:
+            item.add_marker(pytest.mark.beside_labs)
         if item.name.endswith("]") and not item.nodeid.endswith("]"):
             item._id = item.parent.id.child(item.name)
     shared = sorted(nodeid for nodeid, n in collections.Counter(i.nodeid for i in items).items() if n > 1)

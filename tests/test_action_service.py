@@ -16,10 +16,10 @@ import yaml
 from _act_fabric import addresses, topology, uplink
 
 from nms.app.api import create_app
+from nms.app.local_daemons import free_port
 from nms.app.service import Service
 from nms.signing import CommandSigner
 from tests.helpers import TOKENS, auth, make_config, serve_in_thread
-from tests.test_cli_service import _free_port
 
 HOSTS = {"h1": "127.0.0.2", "h2": "127.0.0.3", "h3": "127.0.0.4", "h4": "127.0.0.5"}
 KEY = "action-test-probe-key-0123456789"
@@ -36,7 +36,7 @@ def bed(tmp_path_factory):
     service.actions.context = lambda: (topology(4), addresses(4))
     app = create_app(service)
     url, server, thread = serve_in_thread(app)
-    probe_port = _free_port()
+    probe_port = free_port()
     agents = {}
 
     def start(host: str, signing: dict | None = None) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 from fastapi.testclient import TestClient
 
 from nms.app.api import create_app
@@ -46,6 +47,37 @@ def test_publish_acknowledged_deduplicated_and_redelivered_until_acked(nats_serv
         await bus.close()
 
     asyncio.run(scenario())
+
+
+def test_ensure_streams_asks_for_an_update_only_when_a_stream_differs(nats_server, caplog):
+    """Every member ensures the streams at its start: one that finds them as wanted sends JetStream no
+    update (seen by a plain subscriber of the update API's subject), one that wants other settings
+    updates the stream and says which."""
+    import nats
+
+    async def scenario():
+        watcher = await nats.connect(nats_server.url)
+        updates = await watcher.subscribe("$JS.API.STREAM.UPDATE.T_TEL_Y")
+        bus = NatsBus(BusConfig(servers=[nats_server.url]))
+        await bus.connect()
+        spec = StreamSpec("T_TEL_Y", ("t.tel.y.>",), max_age_s=3600)
+        await bus.ensure_streams([spec])
+        await bus.ensure_streams([spec])  # a second member: as wanted
+        await watcher.flush()
+        with pytest.raises(nats.errors.TimeoutError):
+            await updates.next_msg(timeout=0.5)
+        await bus.ensure_streams([StreamSpec("T_TEL_Y", ("t.tel.y.>",), max_age_s=7200.0)])
+        request = await updates.next_msg(timeout=5)
+        assert json.loads(request.data)["max_age"] == 7200 * 10**9
+        info = await watcher.jetstream().stream_info("T_TEL_Y")
+        await bus.close()
+        await watcher.close()
+        return info.config.max_age
+
+    with caplog.at_level("INFO", logger="nms.bus.nats"):
+        assert asyncio.run(scenario()) == 7200
+    logged = [r.getMessage() for r in caplog.records if r.name == "nms.bus.nats"]
+    assert [m for m in logged if "updated" in m] == ["bus: stream T_TEL_Y updated (max_age: 3600.0 -> 7200.0)"]
 
 
 def test_connect_to_no_server_is_a_clear_error():

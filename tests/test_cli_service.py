@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import httpx
 import pytest
 import yaml
 
+from nms.app.local_daemons import free_port
 from nms.store import Query
 from nms.store.embedded import EmbeddedStore
 
@@ -22,14 +22,8 @@ TOKEN = "cli-test-token-0123456789abcdef"
 READ_TOKEN = "cli-read-only-token-0123456789"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(tmp_path, tls: dict | None = None) -> dict:
-    port = _free_port()
+    port = free_port()
     config = tmp_path / "nms.yaml"
     api = {"port": port, "tokens": [{"name": "admin", "scopes": ["admin"], "token": "${TEST_ADMIN_TOKEN}"},
                                     {"name": "viewer", "scopes": ["read"], "token": READ_TOKEN}]}
@@ -115,7 +109,7 @@ def test_cli_errors_are_clear_and_nonzero(server):
     assert no_token.returncode == 1 and "401" in no_token.stderr and "NMS_TOKEN" in no_token.stderr
     read_only = nms("jobs", "delete", "x", token=READ_TOKEN, url=url)
     assert read_only.returncode == 1 and "403" in read_only.stderr
-    unreachable = nms("jobs", "list", url=f"http://127.0.0.1:{_free_port()}")
+    unreachable = nms("jobs", "list", url=f"http://127.0.0.1:{free_port()}")
     assert unreachable.returncode == 2 and "cannot reach the service" in unreachable.stderr
     bad_tag = nms("query", "port_rates", "--tag", "nonsense", url=url)
     assert bad_tag.returncode == 2 and "key=value" in bad_tag.stderr

@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import yaml
 from fastapi.testclient import TestClient
 
 from nms.app.api import create_app
+from nms.app.local_daemons import free_port
 from nms.app.service import Service
 from nms.clock_solve import clock_offset, correct_window, slot_of, solve, solve_window
 from nms.records import ClockSolution, ProbeWindow
@@ -320,7 +320,7 @@ def test_clock_disabled_leaves_everything_alone(tmp_path, rng):
 
 def test_serve_runs_the_clock_job_and_the_cli_shows_it(tmp_path, rng):
     """The real process: the scheduled job solves ingested edges; `nms clock` prints the table."""
-    port = _free_port()
+    port = free_port()
     token = "clock-cli-token-0123456789abcdef"
     config = tmp_path / "nms.yaml"
     config.write_text(yaml.safe_dump({"data_dir": str(tmp_path / "data"), "clock": {"solve_lag": "100ms"},
@@ -354,12 +354,6 @@ def test_serve_runs_the_clock_job_and_the_cli_shows_it(tmp_path, rng):
     finally:
         proc.terminate()
         proc.wait(timeout=20)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait(check, tmp_path, timeout=15.0):

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import httpx
+import nats.errors
 import pytest
 from _nats import have_nats_server
 
@@ -168,6 +169,83 @@ def test_member_config_from_the_example_cluster_config_validates_and_keeps_the_b
     assert cfg.state.backend == "postgresql" and cfg.api.host == "127.0.0.1" and cfg.api.port == 18080
     assert [t.name for t in cfg.api.tokens] == ["cluster-admin", "cluster-ingest"]
     assert cfg.data_dir == tmp_path / "members" / "write-1" / "data"
+    assert cfg.cluster.poll.member == cfg.cluster.correlate.member == "write-1"  # stable across restarts
     # the base's own settings stay
     assert (cfg.cluster.write.batch_messages, cfg.cluster.write.ack_wait, cfg.cluster.bus.prefix) == (64, 30.0, "nms")
     assert cfg.site == "cluster-example"
+
+
+def _jetstream_replicas(url: str, token: str, stream: str) -> tuple[int, int, int]:
+    """(configured replicas, followers current, messages) of a stream, asked of JetStream directly."""
+    import asyncio
+
+    async def ask():
+        nc = await nats.connect(url, token=token)
+        try:
+            info = await nc.jetstream(timeout=10).stream_info(stream)
+            current = [p for p in info.cluster.replicas or [] if p.current and not p.offline]
+            return info.config.num_replicas, len(current), info.state.messages
+        finally:
+            await nc.close()
+
+    return asyncio.run(ask())
+
+
+def test_up_with_three_nats_nodes_replicates_the_bus_and_down_stops_every_node(cluster):
+    from nms.config import load_config
+
+    r = nms("up", "--dir", str(cluster), "--nats-nodes", "2")
+    assert r.returncode == 1 and "--nats-nodes 2: one of 1, 3" in r.stderr and not (cluster / "state.json").exists()
+
+    started = time.monotonic()
+    r = nms("up", "--dir", str(cluster), "--nats-nodes", "3", "--api", "1", "--write", "1", "--poll", "1",
+            "--correlate", "0")
+    took = time.monotonic() - started
+    assert r.returncode == 0, r.stdout + r.stderr
+    rc, members = status(cluster)
+    assert rc == 0 and "nats" not in members, members
+    nodes = [members[f"nats-{i}"] for i in (1, 2, 3)]
+    assert all(n["role"] == "nats" and n["state"] == "alive" and n["health"] == "answers" for n in nodes), nodes
+    urls = [n["url"] for n in nodes]
+    assert len(set(urls)) == 3 and all((cluster / f"nats-{i}" / f"nats-{i}.log").exists() for i in (1, 2, 3))
+
+    # every member lists the three nodes and replicas 3; the launcher made the streams and the poll
+    # members' bucket with 3 replicas before the members started, so none of them changed a stream
+    for name in ("api-1", "write-1", "poll-1"):
+        bus = load_config(cluster / "members" / name / "nms.yaml").cluster.bus
+        assert bus is not None and bus.servers == urls and bus.replicas == 3
+        assert "bus: stream" not in (cluster / "members" / name / "serve.log").read_text()
+    token = (cluster / "secrets" / "nats-token").read_text().strip()
+    for stream in ("NMS_TEL_SWITCH", "KV_nms_members_poll"):
+        wait_until(lambda s=stream: _jetstream_replicas(urls[2], token, s)[:2] == (3, 2), 30,
+                   what=f"{stream}: 3 replicas, the 2 followers current", ignore=(nats.errors.Error,))
+    ingest = {"Authorization": f"Bearer {(cluster / 'secrets' / 'ingest-token').read_text().strip()}"}
+    point = {"measurement": "nodes_test", "tags": {"host": "gpu-1"}, "fields": {"v": 1}, "ts": time.time_ns()}
+    r2 = httpx.post(f"{members['api-1']['url']}/ingest/points", json={"items": [point]}, headers=ingest, timeout=30)
+    assert r2.status_code == 202, r2.text
+
+    os.kill(nodes[1]["pid"], signal.SIGKILL)
+    wait_until(lambda: not running(nodes[1]["pid"]), 10, what="nats-2 gone")
+    rc, after = status(cluster)
+    assert rc == 1 and after["nats-2"]["state"] == "dead"
+    assert all(m["state"] == "alive" for name, m in after.items() if name != "nats-2")
+
+    r = nms("down", "--dir", str(cluster))
+    assert r.returncode == 0, r.stderr
+    assert "nats-1: stopped" in r.stdout and "nats-2: not running" in r.stdout and "nats-3: stopped" in r.stdout
+    assert not [name for name, m in members.items() if running(m["pid"])]
+
+    # up again on the same stores with new ports: the nodes keep their names, so JetStream finds its
+    # peers and the stream its message
+    r = nms("up", "--dir", str(cluster), "--nats-nodes", "3", "--api", "1", "--write", "0", "--poll", "0",
+            "--correlate", "0")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rc, again = status(cluster)
+    assert rc == 0 and {n for n, m in again.items() if m["role"] == "nats"} == {"nats-1", "nats-2", "nats-3"}
+    url = again["nats-1"]["url"]
+    wait_until(lambda: _jetstream_replicas(url, token, "NMS_TEL_HOST") == (3, 2, 1), 30,
+               what="the stream's message on 3 current replicas after the second up",
+               ignore=(nats.errors.Error,))  # a stream info may go unanswered while the nodes catch up
+    r = nms("down", "--dir", str(cluster))
+    assert r.returncode == 0 and not [name for name, m in again.items() if running(m["pid"])]
+    print(f"up with 3 NATS nodes took {took:.1f} s")

@@ -34,8 +34,8 @@ PREFIX = "tw"
 class Member:
     """One `nms serve --role ...` process with its own data directory and log."""
 
-    def __init__(self, tmp: Path, name: str, role: str, influx_url: str, database: str, nats_url: str,
-                 **write: object) -> None:
+    def __init__(self, tmp: Path, name: str, role: str, influx_url: str, database: str, nats_url: str | list[str],
+                 bus: dict | None = None, **write: object) -> None:
         self.dir = tmp / name
         self.dir.mkdir()
         self.role = role
@@ -47,7 +47,8 @@ class Member:
                "store": {"backend": "influxdb", "influxdb": {"url": influx_url, "database": database,
                                                              "flush_interval": 0.05, "timeout": 2}},
                "correlator": {"enabled": False}, "polling": {"enabled": False},
-               "cluster": {"bus": {"servers": [nats_url], "prefix": PREFIX, "publish_timeout": "5s"},
+               "cluster": {"bus": {"servers": [nats_url] if isinstance(nats_url, str) else nats_url, "prefix": PREFIX,
+                                   "publish_timeout": "5s", **(bus or {})},
                            "write": {"batch_messages": 4, "fetch_timeout": 0.5, "ack_wait": 2, **write}}}
         self.config = self.dir / "nms.yaml"
         self.config.write_text(yaml.safe_dump(doc))

@@ -25,7 +25,7 @@ class LostAck:
 
     def __init__(self, msg) -> None:
         self.msg, self.subject, self.data = msg, msg.subject, msg.data
-        self.deliveries, self.seq = msg.deliveries, msg.seq
+        self.deliveries, self.seq, self.pending = msg.deliveries, msg.seq, msg.pending
 
     async def ack(self) -> None:
         pass
@@ -46,6 +46,8 @@ def test_feed_hands_each_message_once_and_acks_after(nats_server):
         feed = CorrelateFeed(bus, cfg, CorrelateFeedConfig(ack_wait=1.0), FabricConfig(),
                              lambda k, r: handed.append((k, r)) or r,
                              CollectorRegistry())
+        await feed.join()  # the only member of its group: it owns the one partition (`fabric`)
+        assert feed.owned == {"fabric"}
         await TelemetryPublisher(bus, cfg, CollectorRegistry()).publish("probe_windows", [_window(1), _window(2)])
         consumer = await bus.consumer(stream_name("cf", "probe"), "correlate", "cf.tel.probe.>", 1.0, 16)
         [msg] = await consumer.fetch(10, 2.0)
@@ -63,6 +65,7 @@ def test_feed_hands_each_message_once_and_acks_after(nats_server):
         await feed.handle("probe", bad)
         assert len(handed) == 1 and feed.messages.labels("probe", "undecodable")._value.get() == 1
         assert await consumer.fetch(10, 1.5) == []  # terminated: not delivered again
+        await feed.leave()
         await bus.close()
 
     asyncio.run(scenario())

@@ -106,3 +106,41 @@ def test_each_new_second_of_windows_triggers_one_step(tmp_path):
             time.sleep(0.6)
             assert len(steps) == before + 1
         assert service.correlation.last.findings == 0
+
+
+def test_the_paths_of_a_link_suspected_of_loss_are_probed_faster_by_their_agents(tmp_path):
+    """Focused probing end to end: the correlator suspects a link of 0.5 % loss (p < 1e-4) seconds
+    before it can prove it (p < 1e-7), and the service issues `focus` commands (correlator.focus_rate,
+    focus_s) to the agents whose paths cross it, each naming that agent's paths."""
+    synth = Synth(spines=3, leaves=4, hosts_per_leaf=2, background_loss=1e-4)  # ~240 exchanges/s cross a link
+    directed = synth.up_link(2, 1)
+    config = make_config(tmp_path, fabric=synth.fabric.model_dump(mode="json", exclude_none=True),
+                         polling={"enabled": False}, correlator={"focus_rate": 50, "focus_s": "30s"})
+    service = Service(config)
+
+    def focus_commands() -> list[dict]:
+        r = client.get("/agents/commands", params={"limit": 1000}, headers=auth("read"))
+        assert r.status_code == 200, r.text
+        return [c for c in r.json() if c["kind"] == "focus"]
+
+    with TestClient(create_app(service)) as client:
+        now = time.time_ns() // SECOND
+        service.correlation.add(synth.inventory_records(now - 20, with_paths=False), "test")  # the poller's part
+        _post(client, synth.inventory_records(now - 20))
+        for t in range(now - 15, now):  # a clean past
+            _post(client, synth.windows(t))
+        synth.loss[directed] = 0.005
+        crossing = {(synth.keys[i][0], synth.keys[i][4]) for i in synth.paths_through(directed)}
+        t = now
+        while not crossing <= (asked := {(c["host"], p) for c in focus_commands() for p in c["args"]["paths"]}):
+            time.sleep(max(0.0, t + 1.05 - time.time_ns() / SECOND))  # as agents do: a window once it ended
+            _post(client, synth.windows(t))
+            t += 1
+            assert t - now < 30, (f"the paths crossing {directed} were not focused within 30 s: {asked}",
+                                  client.get("/incidents", headers=auth("read")).json())
+        assert client.get("/incidents", headers=auth("read")).json() == []  # not proven yet
+        commands = focus_commands()
+        assert all(c["by"] == "correlator" and c["args"]["rate"] == 50 and c["args"]["for_s"] == 30
+                   for c in commands), commands
+        # a link the lossy paths also cross may be focused too (its own evidence clears it), not more
+        assert len(asked) < len(synth.keys) / 2, asked

@@ -14,8 +14,8 @@ import httpx
 import pytest
 import yaml
 
+from nms.app.local_daemons import free_port
 from tests.helpers import wait_until
-from tests.test_cli_service import _free_port
 
 ADMIN = "agent-test-admin-token-0123456789"
 AGENT = "agent-test-agent-token-0123456789"
@@ -27,7 +27,7 @@ OFFSET_NS = 5_000_000  # h3's emulated clock is 5 ms ahead
 
 class Bed:
     def __init__(self, tmp):
-        self.tmp, self.port, self.probe_port = tmp, _free_port(), _free_port()
+        self.tmp, self.port, self.probe_port = tmp, free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         hosts = [{"name": n, "nics": [{"name": "lo", "address": a}]} for n, a in [*HOSTS.items(), SILENT]]
         (tmp / "nms.yaml").write_text(yaml.safe_dump({
@@ -131,8 +131,10 @@ def test_every_pair_reports_windows_and_paths(bed):
 
 
 def test_a_peer_without_agent_is_reported_down_with_the_reason(bed):
-    events = bed.rows("path_event", bed.t0, dst_host="h4")
-    assert {e["src_host"] for e in events if e["state"] == "down"} == set(HOSTS)
+    # waited for, not assumed: this test may run first on a fresh bed (pytest-xdist splits a module)
+    events = wait_until(lambda: (found := bed.rows("path_event", bed.t0, dst_host="h4"))
+                        and {e["src_host"] for e in found if e["state"] == "down"} == set(HOSTS) and found, 20,
+                        what="h4's paths reported down by every agent")
     assert all("port unreachable" in e["reason"] for e in events)
     assert bed.status("h1")["stats"]["port_unreachable"] > 0
 
@@ -144,11 +146,16 @@ def test_a_peer_whose_agent_starts_late_is_traced_again_when_it_answers(bed):
     try:
         started = time.time_ns()
         bed.start_agent("h4")
+        # timed from h4's agent running (its first status), not from its start: on a loaded machine a
+        # Python process takes seconds to start, which is not what is measured here
+        wait_until(lambda: (bed.tmp / "h4" / "status.json").exists(), 30, what="h4's agent to run",
+                   why=lambda: (bed.tmp / "h4.log").read_text()[-2000:])
 
         def h4_traced_whole():
             rows = bed.rows("probe_path", started, src_host="h1", dst_host="h4")
             return rows and rows[-1]["fwd_complete"] and rows[-1]["rev_complete"]
-        assert wait_until(h4_traced_whole, 8, what="h1's path to h4 traced whole")
+        assert wait_until(h4_traced_whole, 8, what="h1's path to h4 traced whole",
+                          why=lambda: (bed.tmp / "h1.log").read_text()[-2000:])
     finally:
         del HOSTS[SILENT[0]]
         bed.agents.pop("h4").kill()
@@ -177,7 +184,10 @@ def test_no_window_is_lost_across_a_service_restart(bed):
     # every agent registers again: at its next try, up to ~5 s away (its backoff doubled from 1 s
     # while the service was down), then windows keep coming
     registered = wait_until(lambda: {a["host"] for a in bed.api("GET", "/agents").json()} == set(HOSTS), 20)
-    time.sleep(2.5)
+    # the spool is replayed first, then the windows since: waited for (a loaded machine takes longer)
+    wait_until(lambda: any(w["time"] > restarted for w in bed.rows("probe_window", restarted - 10**9,
+                                                                   src_host="h2", dst_host="h1")), 30,
+               what="h2's windows after the restart")
     rows = bed.rows("probe_window", stopped - 3 * 10**9, src_host="h2", dst_host="h1")
     starts = sorted(w["time"] for w in rows)
     assert starts == list(range(starts[0], starts[-1] + 1, 10**9))  # every second, no gap

@@ -16,11 +16,11 @@ from pydantic import SecretStr
 from hostprobe.client import ServiceClient
 from hostprobe.config import ServiceSettings
 from hostprobe.report import Reporter
-from tests.test_cli_service import _free_port
+from nms.app.local_daemons import free_port
 
 
 def _reporter(tmp_path, max_bytes: int, stats) -> Reporter:
-    settings = ServiceSettings(url=f"http://127.0.0.1:{_free_port()}", token=SecretStr("t" * 20), timeout=1.0)
+    settings = ServiceSettings(url=f"http://127.0.0.1:{free_port()}", token=SecretStr("t" * 20), timeout=1.0)
     return Reporter(ServiceClient(settings, "h1"), tmp_path, max_bytes, 1.0, stats)
 
 

@@ -21,7 +21,7 @@ import pytest
 from hostprobe import verbs, wire
 from hostprobe.prober import LocalNic, Target
 from hostprobe.trace import STEP_TIMEOUT, STEP_TRIES, TraceJob, Tracer
-from tests.test_cli_service import _free_port
+from nms.app.local_daemons import free_port
 from tests.test_hostprobe_agent import HOSTS, Bed
 
 FAKE = Path(__file__).parent / "fakeverbs"
@@ -45,9 +45,9 @@ def pyverbs_fake(tmp_path, monkeypatch):
     for name in [m for m in sys.modules if m == "pyverbs" or m.startswith("pyverbs.")]:
         monkeypatch.delitem(sys.modules, name)
     conf = tmp_path / "fabric.json"
-    devices = {"fake_a": {"ipv4": "127.0.0.2", "wire_port": _free_port(), "offset_ns": 123_456_789_000,
+    devices = {"fake_a": {"ipv4": "127.0.0.2", "wire_port": free_port(), "offset_ns": 123_456_789_000,
                           "drift_ppm": 40.0},
-               "fake_b": {"ipv4": "127.0.0.3", "wire_port": _free_port(), "offset_ns": -7_000_000_000,
+               "fake_b": {"ipv4": "127.0.0.3", "wire_port": free_port(), "offset_ns": -7_000_000_000,
                           "drift_ppm": -25.0}}
     fake_fabric(conf, devices)
     monkeypatch.setenv("NMS_FAKE_VERBS", str(conf))
@@ -167,9 +167,9 @@ class VerbsBed(Bed):
 @pytest.fixture(scope="module")
 def vbed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("verbs")
-    devices = {"fake_h1": {"ipv4": HOSTS["h1"], "wire_port": _free_port(), "offset_ns": 50_000_000_000,
+    devices = {"fake_h1": {"ipv4": HOSTS["h1"], "wire_port": free_port(), "offset_ns": 50_000_000_000,
                            "drift_ppm": 30.0},
-               "fake_h2": {"ipv4": HOSTS["h2"], "wire_port": _free_port(), "offset_ns": -3_000_000_000,
+               "fake_h2": {"ipv4": HOSTS["h2"], "wire_port": free_port(), "offset_ns": -3_000_000_000,
                            "drift_ppm": -45.0}}
     b = VerbsBed(tmp, devices)
     b.start_all(wait=25)

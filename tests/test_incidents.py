@@ -360,3 +360,26 @@ async def test_a_slow_subscriber_is_dropped_without_blocking_apply(state, caplog
     assert len(fast_got) == 6
     fast.close()
     await asyncio.wait_for(reader, 5)
+
+
+def test_hold_continues_only_the_incidents_of_owned_elements(open_state):
+    """Sharded correlation: two managers on one state store, each holding the elements of its partition
+    (nms/app/correlate_feed.py). What one opened, the other takes over by hold() and resolves; what it
+    gave away, it neither resolves nor refreshes."""
+    a, b = IncidentManager(open_state(), resolve_after=2), IncidentManager(open_state(), resolve_after=2)
+    leaf2 = "leaf2:swp3--spine1:swp2"
+    [opened] = a.apply([finding()], T0)  # LINK, leaf1's
+    [other] = b.apply([finding(element=leaf2)], T0)
+    taken, given = a.hold(lambda i: i.element == LINK)
+    assert (taken, given) == ([], [])  # it held LINK already and never knew leaf2's
+    b.hold(lambda i: i.element == leaf2)
+    assert a.apply([], T0 + W) == [] and [i.id for i in a.open_incidents()] == [opened.incident.id]
+    # b takes LINK (a died): it continues a's incident, does not open another, and resolves it when clean
+    taken, given = b.hold(lambda i: True)
+    assert [i.id for i in taken] == [opened.incident.id] and given == []
+    [e] = b.apply([finding(element=leaf2)], T0 + 2 * W)  # LINK: 2 windows since last seen: resolved
+    assert (e.event, e.incident.id) == ("resolved", opened.incident.id)
+    # a gives LINK away: it forgets it and emits nothing for it
+    a.hold(lambda i: False)
+    assert a.open_incidents() == [] and a.apply([], T0 + 9 * W) == []
+    assert [i.id for i in b.open_incidents()] == [other.incident.id]

@@ -13,9 +13,9 @@ import httpx
 import pytest
 import yaml
 
+from nms.app.local_daemons import free_port
 from tests.helpers import wait_until
 from tests.nccl.harness import build_driver, run_driver
-from tests.test_cli_service import _free_port
 
 ADMIN = "nccl-test-admin-token-0123456789"
 AGENT = "nccl-test-agent-token-0123456789"
@@ -26,7 +26,7 @@ STEPS = 2 * 40 * 4  # 2 ranks x 40 groups: a collective and a p2p each, an op pe
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("nccl-agent")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     (tmp / "nms.yaml").write_text(yaml.safe_dump({
         "data_dir": str(tmp / "data"),
@@ -36,7 +36,7 @@ def bed(tmp_path_factory):
                                          {"name": "agent-h1", "scopes": ["ingest"], "token": AGENT, "host": "h1"}]}}))
     (tmp / "h1.yaml").write_text(yaml.safe_dump({
         "host": "h1", "service": {"url": url, "token": AGENT}, "nics": [{"name": "lo", "address": "127.0.0.2"}],
-        "probe": {"key": "nccl-test-probe-key-0123456789", "port": _free_port(), "sports": 1},
+        "probe": {"key": "nccl-test-probe-key-0123456789", "port": free_port(), "sports": 1},
         "report": {"buffer_dir": str(tmp / "h1"), "interval": "0.2s", "stats_interval": "0.5s"}}))
     procs = []
     try:

@@ -151,3 +151,44 @@ def test_a_steer_keeps_the_least_loaded_of_the_ports_that_avoid(tmp_path):
         parse_steer({**args, "hop_loads": {"10.2.0.1": -1}})
     without = parse_steer({**GOOD, "expires_ns": time.time_ns() + 10**10})
     assert without["hop_loads"] == {}  # older services send none: avoid-only, as before
+
+
+def _steer_with_loads(s: Steering, hop_loads: dict) -> list[int]:
+    from hostprobe.steer import Peer
+    done = []
+    args = {**GOOD, "avoid_hops": ["10.1.0.1"], "expires_ns": time.time_ns() + 10**10, "hop_loads": hop_loads}
+    s.start_steer(args, {"host3": [Peer("198.19.1.1", "198.19.2.1", routers=3)]}, lambda *a: done.append(a))
+    deadline = time.monotonic() + 5
+    while not done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert done and done[0][0] == "done", done
+    return done[0][2]["dsts"]["host3"]["ports"]
+
+
+def test_kept_ports_spread_by_load_instead_of_herding_onto_one_spine(tmp_path):
+    # spines 10.1-10.4 (port p via 10.<(p - 1) % 4 + 1>); 10.1 avoided. By the busiest hop alone
+    # (`choose`) both kept ports take 10.3 (0.6), which their 2 x 0.25 puts at 1.1; `rebalance`
+    # moves one to 10.4 (0.65 + 0.25 = 0.9): one port per spine
+    s = MappedSteering(tmp_path, spines=4)
+    loads = {"10.2.0.1": 0.9, "10.3.0.1": 0.6, "10.4.0.1": 0.65}
+    ports = _steer_with_loads(s, loads)
+    spines = sorted(f"10.{(p - 1) % 4 + 1}.0.1" for p in ports)
+    assert spines == ["10.3.0.1", "10.4.0.1"]
+    from correlator.actions.steering import choose
+    paths = [frozenset({"10.0.0.1", f"10.{(p - 1) % 4 + 1}.0.1", "10.9.0.1"}) for p in range(49152, 49160)]
+    assert {sorted(paths[i])[1] for i in choose(paths, {"10.1.0.1"}, loads, n=2)} == {"10.3.0.1"}  # the herd
+
+
+def test_kept_ports_stay_put_when_the_least_loaded_spine_has_room(tmp_path):
+    s = MappedSteering(tmp_path, spines=4)
+    assert _steer_with_loads(s, {"10.2.0.1": 0.9, "10.3.0.1": 0.2, "10.4.0.1": 0.5}) == [49155, 49159]
+    off = MappedSteering(tmp_path, spines=4, port_load=0.0)  # no weight: `choose` alone, as before
+    assert _steer_with_loads(off, {"10.2.0.1": 0.9, "10.3.0.1": 0.6, "10.4.0.1": 0.65}) == [49155, 49159]
+
+
+def test_kept_ports_never_take_the_avoided_spine_even_when_all_others_are_full(tmp_path):
+    s = MappedSteering(tmp_path, spines=4)
+    ports = _steer_with_loads(s, {"10.1.0.1": 0.0, "10.2.0.1": 1.0, "10.3.0.1": 1.0, "10.4.0.1": 1.0})
+    assert ports and all((p - 1) % 4 + 1 != 1 for p in ports)
+    with pytest.raises(ValueError, match="port_load"):
+        SteeringSettings(port_load=-0.1)

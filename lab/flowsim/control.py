@@ -89,7 +89,7 @@ def evaluate(ft: FatTree, job: Job, avail: np.ndarray) -> Outcome:
 
 class Controller:
     def __init__(self, ft: FatTree, job: Job, avail: np.ndarray, background: np.ndarray | None = None,
-                 limits: Limits = Limits(), candidates: int = 32, congestion_utilization: float = 0.9,
+                 limits: Limits | None = Limits(), candidates: int = 32, congestion_utilization: float = 0.9,
                  load_aware: bool = True, max_rounds: int = 16, min_gain: float = 1e-3):
         self.ft, self.avail, self.limits = ft, avail, limits
         self.background = background if background is not None else np.zeros(ft.n_links)
@@ -165,7 +165,10 @@ class Controller:
             bad = self.detect(out)
             if not bad:
                 break
-            accepted, refused = allowed_avoid(bad, self._groups_touching(bad), self.limits)
+            if self.limits is None:  # no blast-radius limits: every bad element may be avoided
+                accepted, refused = list(bad), {}
+            else:
+                accepted, refused = allowed_avoid(bad, self._groups_touching(bad), self.limits)
             result.refusals.update(refused)
             ports, moved = self._steer(job, out, set(accepted))
             step = Round(len(bad), len(accepted), len(refused), moved, out.min_rate, out.aggregate)
@@ -189,18 +192,22 @@ class Controller:
         return result
 
     def _steer(self, job: Job, out: Outcome, avoid: set[str]) -> tuple[np.ndarray, int]:
-        """New ports for the subflows whose path crosses an avoided link; returns (ports, moved)."""
+        """New ports for the subflows that may move; returns (ports, moved). Avoid-only: those whose
+        path crosses an avoided link. Load-aware: those on a directed link over capacity, avoided
+        or not (relieving a link takes no path away from any pair: the blast-radius limits bound
+        what is drained, the avoided elements, onto which no move goes)."""
         ft = self.ft
         ports = job.port.copy()
-        if not avoid:
-            return ports, 0
         mask = np.zeros(3 * ft.hosts, bool)
         mask[[self.ids[e] for e in avoid]] = True
         hops = out.paths[:, 2:]
-        crossing = np.where(hops == PAD, False, mask[ft.undirected(np.maximum(hops, 0))]).any(axis=1)
         util = self._pressure(out)
-        if self.load_aware:  # only a subflow on a link over capacity may move
-            crossing &= np.where(hops == PAD, 0.0, util[np.maximum(hops, 0)]).max(axis=1) > 1.0 + 1e-9
+        if self.load_aware:
+            crossing = np.where(hops == PAD, 0.0, util[np.maximum(hops, 0)]).max(axis=1) > 1.0 + 1e-9
+        elif not avoid:
+            return ports, 0
+        else:
+            crossing = np.where(hops == PAD, False, mask[ft.undirected(np.maximum(hops, 0))]).any(axis=1)
         by_group: dict[int, list[int]] = {}
         for f in np.flatnonzero(crossing).tolist():
             by_group.setdefault(int(self.group_of[f]), []).append(f)
@@ -224,9 +231,13 @@ class Controller:
         weight = self.potential / ft.capacity[2 * ft.hosts]  # fabric links all one speed
         up, down = ft.directions(avoided)
         avoid = frozenset(up.tolist()) | frozenset(down.tolist())
+        banned = np.zeros(ft.n_links + 1, bool)  # directed ids of avoided links; the last entry: PAD
+        banned[up], banned[down] = True, True
         moved = 0
         for g, subflows in by_group.items():
             ours = out.paths[subflows, 2:]
+            if not self._may_move(self.cand_links[g, :, 2:], ours, util, weight[subflows], banned):
+                continue  # `rebalance` would move nothing (most pairs at full load): skip the call
             cand = self._cand_paths.get(g)
             if cand is None:
                 cand = self._cand_paths[g] = [tuple(x for x in row if x != PAD)
@@ -246,3 +257,20 @@ class Controller:
                 ports[f] = self.cand_port[g, j] if j < first else job.port[subflows[j - first]]
                 moved += 1
         return ports, moved
+
+    @staticmethod
+    def _may_move(cand: np.ndarray, ours: np.ndarray, util: np.ndarray, weight: np.ndarray,
+                  banned: np.ndarray) -> bool:
+        """Whether `rebalance` would move any of these subflows (hops `ours`, PAD-padded) among the
+        pair's candidate paths and their own: its first move is a subflow over capacity onto a path,
+        crossing no avoided link, whose busiest link after the move is below the one it leaves."""
+        paths = np.concatenate([cand, ours])                                  # [P, hops]
+        pad = paths == PAD
+        ids = np.where(pad, banned.size - 1, paths)
+        allowed = ~banned[ids].any(axis=1)
+        load = np.where(pad, -np.inf, util[np.maximum(paths, 0)])             # [P, hops]
+        own_peak = np.where(ours == PAD, -np.inf, util[np.maximum(ours, 0)]).max(axis=1)  # [S]
+        on_own = (paths[None, :, :, None] == ours[:, None, None, :]).any(axis=3) & ~pad[None]  # [S, P, hops]
+        after = load[None] + np.where(on_own, 0.0, weight[:, None, None])
+        better = (after.max(axis=2) < own_peak[:, None] - 1e-9) & allowed[None]
+        return bool((better & (own_peak[:, None] > 1.0 + 1e-9)).any())

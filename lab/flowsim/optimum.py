@@ -167,3 +167,37 @@ def concurrent_upper_bound(ft: FatTree, src: np.ndarray, dst: np.ndarray, avail:
     cut(avail[ft.link(2, 0, np.arange(H))].reshape(ft.k, -1).sum(axis=1), ps[inter])
     cut(avail[ft.link(2, 1, np.arange(H))].reshape(ft.k, -1).sum(axis=1), pd[inter])
     return min(bounds)
+
+
+def whole_subflow_upper_bound(ft: FatTree, src: np.ndarray, dst: np.ndarray, avail: np.ndarray) -> float:
+    """An upper bound on the rate every subflow can get at once when each subflow keeps to one path
+    (what source-port steering does: a QP's packets all hash alike), from the same cuts as
+    `concurrent_upper_bound`: if every subflow gets r, a link of capacity c carries at most
+    floor(c / r) of them, so the n subflows that must cross a cut of links c_1..c_m need
+    sum floor(c_i / r) >= n. The largest such r is one of c_i / q for whole q. Below the fluid bound
+    where a cut's subflows do not divide into its links (a leaf that lost an uplink: 72 subflows
+    over 17 links of 4 need some link to carry 5)."""
+    H, h = ft.hosts, ft.half
+    best = concurrent_upper_bound(ft, src, dst, avail)  # host links: one path each, the fluid bound holds
+
+    def cut(caps: np.ndarray, users: np.ndarray) -> None:
+        nonlocal best
+        n = np.bincount(users, minlength=caps.shape[0])
+        for g in np.flatnonzero(n):
+            c = caps[g][caps[g] > 0]
+            # the largest r = c_i / q with sum floor(c / r) >= n[g]; r only falls with q, so walk
+            # the candidate rates from the top
+            rates = np.unique(np.concatenate([c / q for q in range(1, int(n[g]) + 1)]))[::-1]
+            fits = np.floor(c[None, :] / rates[:, None] + 1e-9).sum(axis=1) >= n[g]
+            r = float(rates[np.argmax(fits)]) if fits.any() else 0.0
+            best = min(best, r)
+
+    es, ed = ft.edge(src), ft.edge(dst)
+    fab = es != ed
+    cut(avail[ft.link(1, 0, np.arange(H))].reshape(-1, h), es[fab])
+    cut(avail[ft.link(1, 1, np.arange(H))].reshape(-1, h), ed[fab])
+    ps, pd = ft.pod(src), ft.pod(dst)
+    inter = ps != pd
+    cut(avail[ft.link(2, 0, np.arange(H))].reshape(ft.k, -1), ps[inter])
+    cut(avail[ft.link(2, 1, np.arange(H))].reshape(ft.k, -1), pd[inter])
+    return best

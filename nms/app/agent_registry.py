@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 
 COMMANDS = {"reprobe_paths": "trace every path again now", "set_rate": "args.rate: exchanges/s per path",
             "refresh_peers": "fetch the peer list again now",
-            "steer": "move job flows off an element (docs/steering.md)", "unsteer": "args.action_id: undo a steer"}
+            "steer": "move job flows off an element (docs/steering.md)", "unsteer": "args.action_id: undo a steer",
+            "focus": "args.paths, rate, for_s: probe these paths at rate exchanges/s for a while"}
 
 
 def plan_peers(hosts: dict[str, set[str]], k: int, seed: str) -> dict[str, list[str]]:

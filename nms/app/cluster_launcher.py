@@ -1,11 +1,13 @@
 """`nms cluster up|down|status`: a whole cluster on this machine, on loopback only, for trying it and
-for tests (docs/cluster.md). nats-server with JetStream, a throwaway PostgreSQL (Unix socket),
-influxd, and N `nms serve --role R` members per role, each with its own config derived from a base
-config. Everything lives in one directory:
+for tests (docs/cluster.md). nats-server with JetStream (one node, or a 3-node JetStream cluster with
+replicas 3), a throwaway PostgreSQL (Unix socket), influxd, and N `nms serve --role R` members per
+role, each with its own config derived from a base config. The launcher makes the bus's streams and
+membership buckets once, before any member starts (a member then finds them as wanted and asks
+JetStream nothing more). Everything lives in one directory:
 
     state.json            what runs: every member's name, role, pid (+ start time), url, log
     secrets/              0600: API tokens (admin, ingest), the NATS token, the command signing key
-    nats/ influxd/ postgres/   the servers' data and logs
+    nats/ (or nats-1/ nats-2/ nats-3/) influxd/ postgres/   the servers' data and logs
     members/<name>/       nms.yaml (secrets referenced as ${file:...}), data/, serve.log
 
 `up` in a directory holding a stopped cluster starts it again on its data (new ports); one holding a
@@ -15,12 +17,12 @@ directory unless asked to purge it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,13 +42,20 @@ from nms.app.local_daemons import (
     PostgresServer,
     alive,
     free_port,
+    influx_answers,
+    nats_answers,
+    nats_cluster,
+    postgres_answers,
     postgres_bin_dir,
+    start_nats_cluster,
     start_time,
     stop_pid,
     which,
 )
 
 ROLES = ("api", "poll", "correlate", "write")
+NATS_NODES = (1, 3)  # one nats-server, or a JetStream cluster of three (streams with replicas 3)
+MAKE_BUS_TRY_S = 5.0  # how long one JetStream request of make_bus waits before it is sent again
 DEFAULT_DIR = "/tmp/nms-cluster"
 STOP_TIMEOUT = 15.0
 # what the built-in base config holds: no switches, nothing to poll; every member's own settings
@@ -120,20 +129,29 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def member_config(base: dict[str, Any], cdir: ClusterDir, name: str, port: int, nats_url: str, influx_url: str,
-                  pg_dsn: str) -> dict[str, Any]:
+def bus_settings(base: dict[str, Any], nats_urls: list[str], token: str | None) -> dict[str, Any]:
+    """`cluster.bus` of every member: the base's, with the launcher's servers, token and replicas (one
+    per node: 1 or 3)."""
+    bus = _merge((base.get("cluster") or {}).get("bus") or {},
+                 {"servers": list(nats_urls), "token": token, "replicas": len(nats_urls)})
+    for key in ("username", "password"):
+        bus.pop(key, None)
+    return bus
+
+
+def member_config(base: dict[str, Any], cdir: ClusterDir, name: str, port: int, nats_urls: str | list[str],
+                  influx_url: str, pg_dsn: str) -> dict[str, Any]:
     """The base config with this member's own settings; secrets stay in secrets/ (${file:...})."""
     tokens = [{"name": "cluster-admin", "scopes": ["admin"], "token": f"${{file:{cdir.secrets / 'api-token'}}}"},
               {"name": "cluster-ingest", "scopes": ["ingest"], "token": f"${{file:{cdir.secrets / 'ingest-token'}}}"}]
-    bus = _merge((base.get("cluster") or {}).get("bus") or {},
-                 {"servers": [nats_url], "token": f"${{file:{cdir.secrets / 'nats-token'}}}", "replicas": 1})
-    for key in ("username", "password"):
-        bus.pop(key, None)
+    urls = [nats_urls] if isinstance(nats_urls, str) else nats_urls
+    bus = bus_settings(base, urls, f"${{file:{cdir.secrets / 'nats-token'}}}")
     own = {"data_dir": str(cdir.member_dir(name) / "data"),
            "api": {"host": "127.0.0.1", "port": port, "tokens": tokens},
            "store": {"backend": "influxdb", "influxdb": {"url": influx_url, "database": "nms", "flush_interval": 0.2}},
            "state": {"backend": "postgresql", "dsn": pg_dsn},
-           "cluster": {"bus": bus}}
+           # a stable name in the bus: a restarted member takes its own share back, under its own consumer
+           "cluster": {"bus": bus, "poll": {"member": name}, "correlate": {"member": name}}}
     doc = _merge(base, own)
     doc["store"] = own["store"]  # not merged: the base's store (another backend's keys) is replaced
     doc["state"] = own["state"]
@@ -177,12 +195,14 @@ def _api_healthy(url: str) -> bool:
 
 
 def up(path: str | os.PathLike, counts: dict[str, int], base_config: Path | None = None,
-       timeout: float = 90.0, step: Callable[[str], None] = lambda _: None) -> list[Member]:
+       timeout: float = 90.0, step: Callable[[str], None] = lambda _: None, nats_nodes: int = 1) -> list[Member]:
     """Start the cluster in `path`; returns its members once each answers. On a failure what was
     started is stopped again."""
     unknown = set(counts) - set(ROLES)
     if unknown or any(n < 0 for n in counts.values()):
         raise ClusterError(f"member counts: roles are {', '.join(ROLES)}, each 0 or more")
+    if nats_nodes not in NATS_NODES:
+        raise ClusterError(f"--nats-nodes {nats_nodes}: one of {', '.join(map(str, NATS_NODES))}")
     if counts.get("api", 0) < 1:
         raise ClusterError("--api: a cluster needs at least one API member")
     missing = missing_binaries()
@@ -209,11 +229,22 @@ def up(path: str | os.PathLike, counts: dict[str, int], base_config: Path | None
         cdir.secret(name)
 
     members: list[Member] = []
+    nats_token = (cdir.secrets / "nats-token").read_text().strip()
     try:
-        step("nats-server")
-        nats = NatsServer(cdir.root / "nats", token=(cdir.secrets / "nats-token").read_text().strip())
-        nats.start(timeout)
-        members.append(_daemon_member("nats", nats, nats.url))
+        if nats_nodes == 1:
+            step("nats-server")
+            nats = NatsServer(cdir.root / "nats", token=nats_token)
+            nats.start(timeout)
+            nodes = [nats]
+        else:
+            step(f"{nats_nodes} nats-server nodes")
+            nodes = nats_cluster(cdir.root, nats_nodes, nats_token)
+            took = start_nats_cluster(nodes, timeout)
+            step(f"NATS cluster ready in {took:.1f} s")
+        members.extend(_daemon_member(node.name, node, node.url, "nats") for node in nodes)
+        nats_urls = [node.url for node in nodes]
+        step("streams and buckets")
+        make_bus(base, nats_urls, nats_token, counts, timeout)
         step("PostgreSQL")
         pg = PostgresServer(dir=cdir.root / "postgres")
         pg.start(timeout)
@@ -230,7 +261,7 @@ def up(path: str | os.PathLike, counts: dict[str, int], base_config: Path | None
         for role in ROLES:
             for i in range(1, counts.get(role, 0) + 1):
                 started.append(_start_member(cdir, base, role, f"{role}-{i}", signing_key,
-                                             {"nats_url": nats.url, "influx_url": influx.url, "pg_dsn": dsn}))
+                                             {"nats_urls": nats_urls, "influx_url": influx.url, "pg_dsn": dsn}))
                 members.append(started[-1][0])
                 cdir.save(members, base_config=str(base_config) if base_config else None)
         for member, proc, offset in started:
@@ -249,6 +280,53 @@ def up(path: str | os.PathLike, counts: dict[str, int], base_config: Path | None
             raise
         raise ClusterError(str(e)) from None
     return members
+
+
+def make_bus(base: dict[str, Any], nats_urls: list[str], token: str | None, counts: dict[str, int],
+             timeout: float) -> None:
+    """The telemetry streams and the membership buckets of the roles started, made once here with the
+    members' own settings, asked again until `timeout`: with replicas 3, making them is a JetStream
+    cluster's proposal, which took longer than a member's `publish_timeout` on a loaded machine when
+    every member made them at its start; and after a restart of the nodes a stream answers nothing
+    until its replicas elected a leader (a request sent before is never answered: asked again)."""
+    from nms.app.membership import bucket_spec
+    from nms.app.telemetry_bus import stream_specs
+    from nms.bus import BusError, BusUnavailable
+    from nms.bus.nats import NatsBus
+    from nms.config.models import ClusterConfig
+
+    try:
+        cfg = ClusterConfig.model_validate({**(base.get("cluster") or {}),
+                                            "bus": {**bus_settings(base, nats_urls, token),
+                                                    "publish_timeout": MAKE_BUS_TRY_S, "connect_timeout": timeout}})
+    except ValueError as e:
+        raise ClusterError(f"the base config's cluster section: {e}") from None
+    assert cfg.bus is not None
+    heartbeats = {"poll": cfg.poll.heartbeat, "correlate": cfg.correlate.heartbeat}
+    buckets = [bucket_spec(cfg.bus, role, heartbeats[role]) for role in heartbeats if counts.get(role, 0)]
+
+    async def make() -> None:
+        bus = NatsBus(cfg.bus)  # type: ignore[arg-type]
+        await bus.connect()
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    await bus.ensure_streams(stream_specs(cfg.bus))  # type: ignore[arg-type]
+                    for spec in buckets:
+                        await bus.key_value(spec)
+                    return
+                except BusUnavailable:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.5)
+        finally:
+            await bus.close()
+
+    try:
+        asyncio.run(make())
+    except BusError as e:
+        raise ClusterError(f"NATS at {', '.join(nats_urls)}: {e}") from None
 
 
 def _start_member(cdir: ClusterDir, base: dict[str, Any], role: str, name: str, signing_key: Path,
@@ -277,9 +355,9 @@ def _logged_since(log: Path, offset: int, text: str) -> bool:
         return text in f.read().decode(errors="replace")
 
 
-def _daemon_member(name: str, daemon: Any, url: str) -> Member:
+def _daemon_member(name: str, daemon: Any, url: str, role: str | None = None) -> Member:
     pid = daemon.pid
-    return Member(name, name, pid, start_time(pid), url, str(daemon.log_path))
+    return Member(name, role or name, pid, start_time(pid), url, str(daemon.log_path))
 
 
 def _signing_key(cdir: ClusterDir) -> Path:
@@ -314,37 +392,10 @@ def down(path: str | os.PathLike, purge: bool = False) -> dict[str, str]:
     return results
 
 
-def _nats_answers(url: str) -> bool:
-    host, port = url.removeprefix("nats://").rsplit(":", 1)
-    try:
-        with socket.create_connection((host, int(port)), timeout=2.0) as s:
-            return s.recv(4096).startswith(b"INFO ")  # the server greets every client first
-    except OSError:
-        return False
-
-
-def _postgres_answers(socket_dir: str) -> bool:
-    import psycopg
-
-    try:
-        with psycopg.connect(f"host={socket_dir} port={PostgresServer.port} user=nms dbname=postgres",
-                             connect_timeout=2) as conn:
-            conn.execute("SELECT 1")
-        return True
-    except psycopg.Error:
-        return False
-
-
-def _influx_answers(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/ping", timeout=2.0).status_code == 204
-    except httpx.HTTPError:
-        return False
-
-
 # how status asks each server whether it answers, given its url
-SERVERS: dict[str, Callable[[str], bool]] = {"nats": _nats_answers, "postgres": _postgres_answers,
-                                              "influxd": _influx_answers}
+SERVERS: dict[str, Callable[[str], bool]] = {
+    "nats": nats_answers, "influxd": influx_answers,
+    "postgres": lambda socket_dir: postgres_answers(PostgresServer.socket_dsn(socket_dir))}
 
 
 def status(path: str | os.PathLike) -> list[dict[str, Any]]:

@@ -1,24 +1,29 @@
-"""How a fabric is split for sharded correlation, and which partitions a `correlate` member owns
-(docs/cluster.md). Today one member owns every partition; routing windows to partition owners is a
-later slice.
+"""How a fabric is split for sharded correlation, which partitions a `correlate` member owns, which
+partitions a record concerns and which one owns a finding's element (docs/cluster.md). Pure.
 
 cluster.correlate.partitions:
-- `fabric`: one partition, the whole fabric (the default: a correlator sees every path);
+- `fabric`: one partition, the whole fabric (the default: one member correlates everything);
 - `leaf`: one partition per leaf switch (`leaf:<name>`: the leaf and the hosts with a NIC on it; a host
   on several leaves, e.g. one NIC per rail, is in each), and `core`: the spines, superspines and
-  other switches. A path between two leaves crosses three partitions (both leaves' and `core`).
+  other switches. In a 2-tier fabric a path between two leaves crosses exactly its two leaves and a
+  spine, so a probe window concerns its ends' leaves, and `core` when they differ: no trace needed.
 Ownership is rendezvous hashing (nms/rendezvous.py) over the live members, as for switches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from nms.config.models import FabricConfig
 from nms.rendezvous import assign
 
 CORE = "core"
 WHOLE = "fabric"
+# kinds every member takes: the clock solve is one least-squares over the whole probe graph (the network
+# effect), and a job's NCCL records and slowdowns span partitions
+EVERY_MEMBER = frozenset({"clock_edges", "clock_solutions", "nccl_comms", "nccl_collectives", "nccl_proxy_ops",
+                          "nccl_proxy_steps", "nccl_step_stats", "nccl_rdma_qps"})
 
 
 def partitions(fabric: FabricConfig, by: str) -> dict[str, set[str]]:
@@ -45,3 +50,87 @@ def partitions_of(parts: dict[str, set[str]], devices: Iterable[str]) -> set[str
     """The partitions holding any of the devices (those a window whose path crosses them concerns)."""
     wanted = set(devices)
     return {name for name, members in parts.items() if members & wanted}
+
+
+class Split:
+    """A fabric's partitions, with the two questions a sharded member asks: which partitions does a
+    record concern (routing), and which one partition owns a finding's element (incidents)."""
+
+    def __init__(self, fabric: FabricConfig, by: str) -> None:
+        self.by = by
+        self.parts = partitions(fabric, by)
+        self.of_device: dict[str, set[str]] = {}
+        for name, devices in self.parts.items():
+            for device in devices:
+                self.of_device.setdefault(device, set()).add(name)
+        self.of_nic = {(h.name, n.name): f"leaf:{n.switch}" for h in fabric.hosts for n in h.nics
+                       if f"leaf:{n.switch}" in self.parts}
+
+    def _end(self, host: str, nic: str | None) -> set[str]:
+        if nic is not None and (host, nic) in self.of_nic:
+            return {self.of_nic[(host, nic)]}
+        return self.of_device.get(host, set())
+
+    def of_record(self, kind: str, record: Any) -> set[str] | None:
+        """The partitions a record concerns; None: every member takes it (EVERY_MEMBER, or a record
+        naming nothing this split knows: better correlated twice than by no one)."""
+        if self.by == WHOLE:
+            return {WHOLE}
+        if kind in EVERY_MEMBER:
+            return None
+        src, dst = getattr(record, "src_host", None), getattr(record, "dst_host", None)
+        if src is not None and dst is not None:  # probe windows, path events, probe paths
+            ends = [self._end(src, getattr(record, "src_nic", None)), self._end(dst, getattr(record, "dst_nic", None))]
+            if not ends[0] or not ends[1]:
+                return None
+            return ends[0] | ends[1] | ({CORE} if ends[0] != ends[1] else set())
+        tags = getattr(record, "tags", None)  # a generic point
+        host = tags.get("host") if isinstance(tags, dict) else getattr(record, "host", None)
+        if host is not None:
+            return self._end(host, getattr(record, "nic", None)) or None
+        device = tags.get("device") if isinstance(tags, dict) else getattr(record, "device", None)
+        return (self.of_device.get(device) or None) if device is not None else None
+
+    def _device_in(self, side: str) -> str | None:
+        """The known device or host a link end `dev:port` names (names may hold ':': the longest wins)."""
+        cuts = [i for i, c in enumerate(side) if c == ":"]
+        for i in reversed(cuts):
+            if side[:i] in self.of_device:
+                return side[:i]
+        return side if side in self.of_device else None
+
+    def owner(self, element_kind: str, element: str) -> str:
+        """The one partition whose owner opens incidents of this element: a link with a leaf end (a
+        leaf-spine link, a host's access link) the leaf's; a NIC its leaf's; a leaf its own; a host
+        its first leaf's (in name order); a spine and anything else (core-only links, jobs, host
+        pairs, roles, what the inventory does not name) `core`."""
+        if self.by == WHOLE:
+            return WHOLE
+        if element_kind == "link":
+            ends = [(d, side[len(d) + 1:]) for side in element.split("--") if (d := self._device_in(side)) is not None]
+            leaves = sorted(f"leaf:{d}" for d, _ in ends if f"leaf:{d}" in self.parts)
+            hosts = sorted(p for d, port in ends for p in self._end(d, port) if p != CORE)  # a host's NIC end
+            return (leaves or hosts or [CORE])[0]
+        if element_kind == "nic":
+            host, _, nic = element.partition(":")
+            ends = sorted(self._end(host, nic) - {CORE})
+            return ends[0] if ends else CORE
+        if element_kind in ("device", "host"):
+            if f"leaf:{element}" in self.parts:
+                return f"leaf:{element}"
+            ends = sorted(self.of_device.get(element, set()) - {CORE})
+            return ends[0] if ends else CORE
+        return CORE
+
+
+def owned_findings(findings: Sequence[Any], owner: Callable[[str, str], str], owned_parts: set[str]) -> list[Any]:
+    """The findings whose incidents this member opens: those whose element's partition it owns. A finding
+    explained by another (a dead switch's links: `explains`) goes with the explaining one's owner, so
+    parent and children stay in one member."""
+    parent_of = {key: f for f in findings for key in f.explains if key != f.dedup_key}
+    kept = []
+    for f in findings:
+        decides = parent_of.get(f.dedup_key, f)
+        if owner(decides.element_kind, decides.element) in owned_parts:
+            kept.append(f)
+    return kept

@@ -67,6 +67,8 @@ class CorrelationService:
                                    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5), registry=registry)
         self._findings = Gauge("nms_correlator_findings", "findings in the last step", registry=registry)
         self._events = Counter("nms_incident_events", "incident events", ["event"], registry=registry)
+        self._focus: tuple[list[str], dict[str, list[str]]] = ([], {})
+        self._focus_lock = threading.Lock()  # not the step's: taking them must not wait for a step
 
     def add(self, records: Iterable, source: str) -> None:
         """Hand records to the correlator (any thread); agents' windows and path events trigger a step."""
@@ -109,6 +111,13 @@ class CorrelationService:
             self._topology_ns = now_ns
             self.correlator.set_topology(build())
 
+    def take_focus(self) -> tuple[list[str], dict[str, list[str]]]:
+        """The suspected links and the paths per host to probe faster that the steps since the last
+        call asked for (Correlator.focus_requests); the service sends them to the agents."""
+        with self._focus_lock:
+            out, self._focus = self._focus, ([], {})
+        return out
+
     def step(self, now_ns: int | None = None) -> list[IncidentEvent]:
         """One window: findings -> incident events (opened, updated, resolved)."""
         now_ns = time.time_ns() if now_ns is None else now_ns
@@ -120,6 +129,12 @@ class CorrelationService:
                 findings = self._join_slowdowns(findings, self.job_slowdowns(), now_ns,
                                                 self.incidents.open_incidents())
             events = self.incidents.apply(findings, now_ns)
+            links, paths = self.correlator.focus_requests(now_ns)
+            if paths:  # kept until the service takes them (take_focus), merged with any not taken yet
+                with self._focus_lock:
+                    waiting = self._focus[1]
+                    self._focus = (self._focus[0] + links, {h: sorted({*waiting.get(h, ()), *paths.get(h, ())})
+                                                            for h in {*waiting, *paths}})
             duration = time.perf_counter() - started
         self._duration.observe(duration)
         self._findings.set(len(findings))

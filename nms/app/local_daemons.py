@@ -13,6 +13,7 @@ from __future__ import annotations
 import glob
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -33,10 +34,29 @@ class MissingBinary(RuntimeError):
     """A program a daemon needs is not installed; the message names its Debian package."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Ports handed to daemons come from below the kernel's ephemeral range (32768-60999 by default):
+# a port the kernel picks for "port 0" stays free only until any outgoing connection takes it as its
+# source port, which happened in CI between free_port() and influxd's bind ("address already in use").
+_LISTEN_PORTS = range(20000, 32768)
+_handed_out: set[int] = set()
+_pick = random.SystemRandom()  # not the module's generator: code that seeds it would make processes pick alike
+
+
+def free_port(udp: bool = False) -> int:
+    """A loopback TCP (or UDP) port nobody listens on, outside the ephemeral range, not handed out
+    before by this process (a daemon binds it later; two callers must not get the same one)."""
+    for _ in range(200):
+        port = _pick.choice(_LISTEN_PORTS)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM if udp else socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port in {_LISTEN_PORTS.start}-{_LISTEN_PORTS.stop - 1}")
 
 
 def which(name: str) -> str | None:
@@ -163,36 +183,132 @@ def _own_dir(dir: Path | None, prefix: str) -> Path:
     return dir
 
 
+def nats_answers(url: str) -> bool:
+    """nats-server at nats://host:port greets every client first: it answers when it says INFO."""
+    host, port = url.removeprefix("nats://").rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=2.0) as s:
+            return s.recv(4096).startswith(b"INFO ")
+    except OSError:
+        return False
+
+
+def influx_answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/ping", timeout=2.0).status_code == 204
+    except httpx.HTTPError:
+        return False
+
+
+def postgres_answers(dsn: str) -> bool:
+    import psycopg
+
+    try:
+        with psycopg.connect(dsn, connect_timeout=2) as conn:
+            conn.execute("SELECT 1")
+        return True
+    except psycopg.Error:
+        return False
+
+
 class NatsServer(LocalDaemon):
     """nats-server with JetStream on a loopback port, its store in `dir` (a temporary one if None);
-    restart keeps the port and the streams. `token`: clients must present it."""
+    restart keeps the port and the streams. `token`: clients must present it.
+
+    As one node of a cluster (`nats_cluster` makes them): `server_name` (JetStream knows its peers by
+    it, so it stays the same across restarts while ports change), a `cluster_port` the other nodes'
+    routes reach, and `routes` to theirs."""
 
     name = "nats"
 
-    def __init__(self, dir: Path | None = None, port: int | None = None, token: str | None = None) -> None:
+    def __init__(self, dir: Path | None = None, port: int | None = None, token: str | None = None,
+                 server_name: str | None = None, cluster_port: int | None = None,
+                 cluster_name: str = "nms") -> None:
         self.binary = require("nats-server")
         self.dir = _own_dir(dir, "nms-nats-")
         self.port = port or free_port()
         self.token = token
+        self.server_name = server_name
+        self.cluster_port = cluster_port
+        self.cluster_name = cluster_name
+        self.routes: list[str] = []
+        if server_name is not None:
+            self.name = server_name  # its log: <dir>/<server_name>.log
         self.proc = None
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
+    @property
+    def route_url(self) -> str:
+        return f"nats://127.0.0.1:{self.cluster_port}"
+
     def answers(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as s:
-                return s.recv(4096).startswith(b"INFO ")  # the server greets every client first
-        except OSError:
-            return False
+        return nats_answers(self.url)
 
     def start(self, timeout: float = 30.0) -> None:
         def ready(seen: int) -> bool:  # a restart appends to the log: only what this start logs counts
             return "Server is ready" in self.log_since(seen) and self.answers()
         auth = ["--auth", self.token] if self.token else []
+        cluster: list[str] = []
+        if self.cluster_port is not None:
+            cluster = ["--cluster_name", self.cluster_name, "--cluster", self.route_url]
+            if self.routes:
+                cluster += ["--routes", ",".join(self.routes)]
         self.spawn([self.binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.dir / "js"),
-                    "-n", f"nms-{self.port}", *auth], ready, timeout, "not ready")
+                    "-n", self.server_name or f"nms-{self.port}", *auth, *cluster], ready, timeout, "not ready")
+
+
+def nats_cluster(root: Path, nodes: int, token: str | None = None) -> list[NatsServer]:
+    """`nodes` nats-server nodes of one JetStream cluster on loopback, not started: node i is
+    `nats-i`, its store in `root/nats-i`, routes to every other node."""
+    servers = [NatsServer(root / f"nats-{i}", token=token, server_name=f"nats-{i}", cluster_port=free_port())
+               for i in range(1, nodes + 1)]
+    for server in servers:
+        server.routes = [other.route_url for other in servers if other is not server]
+    return servers
+
+
+def jetstream_ready(url: str, token: str | None = None, timeout: float = 2.0) -> bool:
+    """JetStream at `url` answers its account info (in a cluster: a metadata leader was elected)."""
+    import asyncio
+
+    import nats
+
+    async def ask() -> None:
+        nc = await nats.connect(url, token=token, connect_timeout=timeout, allow_reconnect=False,
+                                max_reconnect_attempts=0)
+        try:
+            await nc.jetstream(timeout=timeout).account_info()
+        finally:
+            await nc.close()
+
+    try:
+        asyncio.run(ask())
+    except Exception:  # not up, no leader yet, no answer in time: not ready
+        return False
+    return True
+
+
+def start_nats_cluster(servers: list[NatsServer], timeout: float = 60.0) -> float:
+    """Start every node, then wait until JetStream answers through each (a metadata leader was
+    elected); returns the seconds it took. On a failure the nodes started are stopped."""
+    started = time.monotonic()
+    deadline = started + timeout
+    try:
+        for server in servers:
+            server.start(max(1.0, deadline - time.monotonic()))
+        while not all(jetstream_ready(s.url, s.token) for s in servers):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"NATS cluster: JetStream elected no metadata leader within {timeout:g}s; "
+                                   f"log of {servers[0].name}:\n{servers[0].log_tail()}")
+            time.sleep(0.2)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return time.monotonic() - started
 
 
 class InfluxServer(LocalDaemon):
@@ -248,10 +364,7 @@ bind-address = "127.0.0.1:{self.rpc_port}"
 """
 
     def answers(self) -> bool:
-        try:
-            return httpx.get(f"{self.url}/ping", timeout=1.0).status_code == 204
-        except httpx.HTTPError:
-            return False
+        return influx_answers(self.url)
 
     def start(self, timeout: float = 30.0) -> None:
         self.spawn([self.binary, "-config", str(self.config)], lambda _: self.answers(), timeout,
@@ -302,18 +415,15 @@ class PostgresServer(LocalDaemon):
                             "-A", "trust", "-E", "UTF8", "--no-sync", "--locale=C.UTF-8"],
                            check=True, capture_output=True, timeout=120)
 
+    @classmethod
+    def socket_dsn(cls, socket_dir: str | Path, dbname: str = "postgres") -> str:
+        return f"host={socket_dir} port={cls.port} user=nms dbname={dbname}"
+
     def dsn(self, dbname: str = "postgres") -> str:
-        return f"host={self.dir} port={self.port} user=nms dbname={dbname}"
+        return self.socket_dsn(self.dir, dbname)
 
     def answers(self) -> bool:
-        import psycopg
-
-        try:
-            with psycopg.connect(self.dsn(), connect_timeout=2) as conn:
-                conn.execute("SELECT 1")
-            return True
-        except psycopg.Error:
-            return False
+        return postgres_answers(self.dsn())
 
     def start(self, timeout: float = 60.0) -> None:
         def ready(seen: int) -> bool:

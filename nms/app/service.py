@@ -22,6 +22,7 @@ from nms.app.audits.runner import AuditRunner
 from nms.app.audits.snapshot import SnapshotSource
 from nms.app.clock_service import ClockService
 from nms.app.correlate_feed import CorrelateFeed
+from nms.app.correlate_partitions import owned_findings
 from nms.app.correlation import MIN_GAP_S, CorrelationService
 from nms.app.dashboards.incident_points import IncidentPoints
 from nms.app.metrics import ServiceMetrics
@@ -99,13 +100,26 @@ class Service:
                        if self.bus is not None and bus_cfg is not None and "write" in self.roles else None)
         # a `correlate` member without `api` takes the telemetry from the bus (with `api`, on_ingest has it)
         self.correlate_feed = (CorrelateFeed(self.bus, bus_cfg, config.cluster.correlate, config.fabric, self.on_ingest,
-                                             self.metrics.registry)
+                                             self.metrics.registry, config.correlator.context)
                                if self.bus is not None and bus_cfg is not None and "correlate" in self.roles
                                and "api" not in self.roles else None)
+        if self.correlate_feed is not None:
+            self.correlate_feed.on_owned = self._own_partitions
         # `poll` members share the switches (nms/app/poll_shard.py); without a bus, this process polls all
         self.poll_shard = (PollShard(self.bus, bus_cfg, config.cluster.poll, self.poller, self.metrics.registry)
                            if self.bus is not None and bus_cfg is not None and "poll" in self.roles
                            and config.polling.enabled else None)
+
+    def _own_partitions(self, parts: set[str]) -> None:
+        """A sharded correlate member's partitions changed: open incidents only for elements they own,
+        and continue (and resolve) only those elements' open incidents (the others' owners do)."""
+        owner = self.correlate_feed.split.owner  # type: ignore[union-attr]
+        self.incident_feed.owned = lambda findings: owned_findings(findings, owner, parts)
+        taken, given = self.incidents.hold(lambda i: owner(i.element_kind, i.element) in parts)
+        for what, incidents in (("continues", taken), ("hands over", given)):
+            if incidents:
+                log.info("correlate member %s %s %d open incident(s): %s", self.correlate_feed.member,  # type: ignore[union-attr]
+                         what, len(incidents), ", ".join(str(i.id) for i in incidents[:20]))
 
     def _action_context(self):
         """The planner's view: the topology and the switches' interface addresses (for avoid_hops)."""
@@ -258,10 +272,27 @@ class Service:
         except Exception:
             log.exception("topology for the correlator failed; stepping on the previous one")
         await self._threaded("correlate", self.correlation.step)
+        links, paths = self.correlation.take_focus()
+        if paths:
+            await self._focus(links, paths)
         if self.config.actions.enabled and self.actions.pending:  # act on this window's incidents now
             task = asyncio.create_task(self._act(), name="actions")
             self._acting.add(task)
             task.add_done_callback(self._acting.discard)
+
+    async def _focus(self, links: list[str], paths: dict[str, list[str]]) -> None:
+        """Ask the agents whose paths cross a link suspected of loss to probe those paths faster for a
+        while (correlator.focus_rate, focus_s): the agents' `focus` command."""
+        cfg = self.config.correlator
+        args = {"rate": cfg.focus_rate, "for_s": cfg.focus_s}
+        try:
+            for host, ids in paths.items():
+                await self.agents.issue([host], "focus", {**args, "paths": ids}, "correlator")
+        except Exception as e:  # the state store may be away: focusing only speeds the test up
+            log.warning("focus commands not sent: %s", e)
+            return
+        log.info("focus: %d paths of %d hosts probed at %g/s for %g s: loss suspected on %s",
+                 sum(map(len, paths.values())), len(paths), cfg.focus_rate, cfg.focus_s, ", ".join(links))
 
     async def _act(self) -> None:
         try:

@@ -10,7 +10,7 @@ proven engine; the project never implements a broker. Vocabulary:
 - a *durable consumer* remembers what was acknowledged: its members share its messages, and what one
   took but never acknowledged (it died) is delivered again after `ack_wait`;
 - a *key-value bucket* keeps the latest value of each key for `ttl_s` after it was last put: what
-  is not put again in time is gone (the live members of a role: nms/app/poll_shard.py).
+  is not put again in time is gone (the live members of a role: nms/app/membership.py).
 """
 
 from __future__ import annotations
@@ -75,6 +75,10 @@ class Message(Protocol):
     def seq(self) -> int:
         """The message's position in its stream (the same on every delivery)."""
 
+    @property
+    def pending(self) -> int:
+        """How many messages of its consumer were left after this one when it was delivered."""
+
     async def ack(self) -> None:
         """Handled: never deliver again."""
 
@@ -88,6 +92,9 @@ class Message(Protocol):
 class Consumer(Protocol):
     async def fetch(self, max_messages: int, timeout_s: float) -> list[Message]:
         """Up to max_messages, waiting at most timeout_s for the first; [] when none came."""
+
+    async def close(self) -> None:
+        """Stop taking messages here (a replay's consumer is deleted; a durable one stays)."""
 
 
 class Bus(Protocol):
@@ -105,8 +112,17 @@ class Bus(Protocol):
         """Store a message durably; returns once the engine acknowledged it. Raises BusUnavailable."""
 
     async def consumer(self, stream: str, durable: str, filter_subject: str, ack_wait_s: float,
-                       max_pending: int) -> Consumer:
-        """A durable pull consumer (created if missing) that this process joins."""
+                       max_pending: int, start_s: float | None = None, idle_s: float | None = None) -> Consumer:
+        """A durable pull consumer (created if missing) that this process joins. A new one starts at
+        the stream's first message, or at the first one stored at or after `start_s` (epoch seconds);
+        with `idle_s`, the engine deletes it once no one fetched from it for that long."""
+
+    async def delete_consumer(self, stream: str, durable: str) -> bool:
+        """Delete a durable consumer; False when there was none."""
+
+    async def replay(self, stream: str, filter_subject: str, start_s: float) -> Consumer:
+        """A consumer of this process alone, not acknowledged, from the first message of filter_subject
+        stored at or after `start_s` (epoch seconds): to re-read what a stream retains."""
 
     async def key_value(self, spec: KvSpec) -> KeyValue:
         """A key-value bucket (created if missing, its ttl brought to spec's) whose entries expire."""

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,12 +23,29 @@ if TYPE_CHECKING:
     from nms.config.models import BusConfig
 
 log = logging.getLogger(__name__)
+REPLAY_IDLE_S = 30.0  # a replay's consumer left behind (its process died) goes by itself after this
 
 # a NATS connection that is down or a JetStream request that got no answer: retry later
 _UNAVAILABLE = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError,
                 nats.errors.OutboundBufferLimitError, nats.errors.StaleConnectionError,
                 nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError,
                 asyncio.TimeoutError, OSError)
+
+
+_STREAM_FIELDS = ("subjects", "retention", "storage", "max_age", "max_bytes", "num_replicas", "duplicate_window",
+                  "discard")
+
+
+def _differs(have: api.StreamConfig, want: api.StreamConfig) -> list[str]:
+    """The settings of `want` that the existing stream does not have, as `name: old -> new`."""
+    out = []
+    for name in _STREAM_FIELDS:
+        old, new = getattr(have, name), getattr(want, name)
+        same = (math.isclose(old or 0.0, new or 0.0, abs_tol=1e-6) if name in ("max_age", "duplicate_window")
+                else old == new)
+        if not same:
+            out.append(f"{name}: {old} -> {new}")
+    return out
 
 
 class NatsMessage:
@@ -45,6 +64,10 @@ class NatsMessage:
     def seq(self) -> int:
         return int(self._msg.metadata.sequence.stream)
 
+    @property
+    def pending(self) -> int:
+        return int(self._msg.metadata.num_pending or 0)
+
     async def ack(self) -> None:
         await self._msg.ack()
 
@@ -56,8 +79,15 @@ class NatsMessage:
 
 
 class NatsConsumer:
-    def __init__(self, sub: Any) -> None:
+    def __init__(self, sub: Any, delete: Any = None) -> None:
         self._sub = sub
+        self._delete = delete  # a replay's: deleted on close
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):  # an ephemeral consumer also goes by itself once idle
+            await self._sub.unsubscribe()
+            if self._delete is not None:
+                await self._delete()
 
     async def fetch(self, max_messages: int, timeout_s: float) -> list[NatsMessage]:
         try:
@@ -172,12 +202,18 @@ class NatsBus:
                 discard=api.DiscardPolicy.OLD)
             try:
                 try:
-                    await self._js.stream_info(spec.name)
+                    have = (await self._js.stream_info(spec.name)).config
                 except nats.js.errors.NotFoundError:
                     await self._js.add_stream(config)
-                    log.info("bus: stream %s created (%s)", spec.name, ", ".join(spec.subjects))
+                    log.info("bus: stream %s created (%s, %d replica(s))", spec.name, ", ".join(spec.subjects),
+                             spec.replicas)
                 else:
-                    await self._js.update_stream(config)
+                    # every member ensures the streams at its start: one that finds them as wanted asks
+                    # nothing more (an update is a proposal to the JetStream cluster's metadata group)
+                    changed = _differs(have, config)
+                    if changed:
+                        await self._js.update_stream(config)
+                        log.info("bus: stream %s updated (%s)", spec.name, ", ".join(changed))
             except nats.js.errors.APIError as e:
                 raise BusError(f"stream {spec.name}: JetStream refused its configuration: {e}") from None
             except _UNAVAILABLE as e:
@@ -198,10 +234,14 @@ class NatsBus:
         return PublishAck(ack.stream, ack.seq, bool(ack.duplicate))
 
     async def consumer(self, stream: str, durable: str, filter_subject: str, ack_wait_s: float,
-                       max_pending: int) -> NatsConsumer:
+                       max_pending: int, start_s: float | None = None, idle_s: float | None = None) -> NatsConsumer:
         config = api.ConsumerConfig(durable_name=durable, ack_policy=api.AckPolicy.EXPLICIT,
                                     deliver_policy=api.DeliverPolicy.ALL, ack_wait=ack_wait_s,
-                                    max_ack_pending=max_pending, filter_subject=filter_subject, max_deliver=-1)
+                                    max_ack_pending=max_pending, filter_subject=filter_subject, max_deliver=-1,
+                                    inactive_threshold=idle_s)
+        if start_s is not None:
+            config.deliver_policy = api.DeliverPolicy.BY_START_TIME
+            config.opt_start_time = datetime.datetime.fromtimestamp(start_s, datetime.UTC)
         try:
             try:
                 await self._js.add_consumer(stream, config)
@@ -214,6 +254,32 @@ class NatsBus:
         except _UNAVAILABLE as e:
             raise BusUnavailable(f"consumer {durable} of {stream}: no answer from JetStream: {e}") from None
         return NatsConsumer(sub)
+
+    async def delete_consumer(self, stream: str, durable: str) -> bool:
+        try:
+            return bool(await self._js.delete_consumer(stream, durable))
+        except nats.js.errors.NotFoundError:
+            return False
+        except nats.js.errors.APIError as e:
+            raise BusError(f"consumer {durable} of {stream}: {e}") from None
+        except _UNAVAILABLE as e:
+            raise BusUnavailable(f"consumer {durable} of {stream}: no answer from JetStream: {e}") from None
+
+    async def replay(self, stream: str, filter_subject: str, start_s: float) -> NatsConsumer:
+        config = api.ConsumerConfig(ack_policy=api.AckPolicy.NONE, deliver_policy=api.DeliverPolicy.BY_START_TIME,
+                                    opt_start_time=datetime.datetime.fromtimestamp(start_s, datetime.UTC),
+                                    inactive_threshold=REPLAY_IDLE_S)
+        try:
+            sub = await self._js.pull_subscribe(filter_subject, stream=stream, config=config)
+        except nats.js.errors.APIError as e:
+            raise BusError(f"replay of {stream} ({filter_subject}): {e}") from None
+        except _UNAVAILABLE as e:
+            raise BusUnavailable(f"replay of {stream}: no answer from JetStream: {e}") from None
+        name = config.name
+
+        async def delete() -> None:
+            await self._js.delete_consumer(stream, name)
+        return NatsConsumer(sub, delete)
 
     async def key_value(self, spec: KvSpec) -> NatsKeyValue:
         config = api.KeyValueConfig(bucket=spec.name, history=1, ttl=spec.ttl_s, replicas=spec.replicas,

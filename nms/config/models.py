@@ -282,6 +282,11 @@ class CorrelatorConfig(Strict):
     loss_floor_pct: float = Field(0.1, gt=0, le=100)
     loss_baseline_pct: float = Field(0.01, gt=0, le=100)
     loss_horizon: Seconds = Field(300.0, ge=30, le=3600)  # the longest window loss evidence is pooled over
+    # focused probing: the paths crossing a link that loses more than its baseline (p < 1e-4, not yet
+    # an incident) are probed at `focus_rate` exchanges/s per path for `focus_s` (an agent command), so
+    # a faint loss is proven, or cleared, on more evidence sooner; 0 turns it off
+    focus_rate: float = Field(40.0, ge=0, le=1000)
+    focus_s: Seconds = Field(20.0, gt=0, le=300)
     imbalance_ratio: float = Field(2.0, gt=1)  # parallel uplinks: hot / cold utilization that counts
     imbalance_min_utilization: float = Field(0.5, gt=0, le=1)  # ... and the hot one carries at least this
     # resolved incidents (with their events) older than this are deleted, checked every
@@ -651,16 +656,23 @@ class PollShardConfig(Strict):
 class CorrelateFeedConfig(Strict):
     """A `correlate` member without `api` takes the telemetry from the bus (nms/app/correlate_feed.py)."""
 
-    # the durable consumer's name: members of one group share the messages, and a restarted member
-    # goes on from what the group acknowledged
+    # each member's durable consumer is `<group>-<member>` (every member reads every message and hands
+    # its correlator those of its partitions); a restarted member re-reads `replay` of the streams
     group: SubjectToken = "correlate"
-    # how the fabric is split into partitions that members own (nms/app/correlate_partitions.py): the
-    # whole fabric, or one per leaf plus `core`; today one member owns them all
+    # how the fabric is split into partitions that the live members own (nms/app/correlate_partitions.py):
+    # the whole fabric (one member correlates, the others stand by), or one per leaf plus `core`
     partitions: Literal["fabric", "leaf"] = "fabric"
     member: SubjectToken | None = None  # this member's name in the bus; default: <hostname>-<pid>
+    # membership in `<prefix>_members_correlate`, as for poll members: a dead member's partitions are
+    # taken within 1.375 heartbeats
+    heartbeat: Seconds = Field(2.0, ge=0.2, le=60.0)
+    # a member that takes partitions (or starts) re-reads this much of the streams for them, to rebuild
+    # the correlator's context (at least correlator.context is re-read, whatever this says); the
+    # default covers the agents' path traces (probe.trace_interval, 120 s)
+    replay: Seconds = Field(150.0, le=86_400)
     batch_messages: int = Field(256, ge=1, le=10_000)
     fetch_timeout: Seconds = 0.5
-    ack_wait: Seconds = 10.0  # taken and not acknowledged within it (the member died): delivered again
+    ack_wait: Seconds = 10.0  # taken and not acknowledged within it (a stall): delivered again
 
 
 class StateConfig(Strict):

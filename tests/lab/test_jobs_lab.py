@@ -23,18 +23,16 @@ import time
 from pathlib import Path
 
 import pytest
-from lab_helpers import skip_reason
 
 from lab import agent_procs as agents
 from lab import faults, paths
-from lab.correlator_trials import SERVICE, incidents, link_element, wait_quiet
+from lab.correlator_trials import incidents, link_element, wait_quiet
 from lab.mesh import MeshLab
 from tests.helpers import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.root
-PREFIX, MGMT = "nmsj-", "198.18.242.0/24"
 JOB = "lab-allreduce-1"
 PORT, SPORT = 47000, 47100
 NBYTES = 512 << 10
@@ -42,21 +40,10 @@ RATE_MBPS = 30  # paced: two ring flows hashed onto one 100 Mbit/s link must not
 
 
 @pytest.fixture(scope="module")
-def mesh():
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    # three leaves: with two, every probe path over spine->leaf2 also crosses leaf1->spine, and the
-    # probes alone could not tell which of the two the cut is on
-    m = MeshLab(PREFIX, MGMT, snmp_interval="1s", service_config=SERVICE, leaves=3, hosts_per_leaf=2)
-    try:
-        m.up()
-        m.wait_traced(60)
-        m.wait_service_ready(0)  # paths, windows and polls reached the service: it sees what the test does
-        assert wait_quiet(m, 60), "incidents still open on the fresh lab"
-        yield m
-    finally:
-        m.down()
+def mesh(shared_mesh):
+    # three leaves (the shared mesh): with two, every probe path over spine->leaf2 also crosses
+    # leaf1->spine, and the probes alone could not tell which of the two the cut is on
+    return shared_mesh
 
 
 class Ring:

@@ -237,14 +237,20 @@ def test_a_link_down_turns_red_within_2s_its_incident_shows_and_it_heals(mesh, b
 
 
 def test_the_jobs_overlay_highlights_the_jobs_hosts(mesh, browser):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import Select
 
     job = {"id": "train-42", "hosts": ["host1", "host3"], "start": time.time_ns() - 10**9}
     mesh.api("POST", "/jobs", json=job).raise_for_status()
     try:
-        menu = browser.find_element("id", "job")
-        assert wait_until(lambda: "train-42" in [o.get_attribute("value") for o in Select(menu).options], 10)
-        Select(menu).select_by_value("train-42")
+        def select_the_job() -> bool:  # the view redraws the menu as jobs change: found afresh each try
+            menu = Select(browser.find_element("id", "job"))
+            if "train-42" not in [o.get_attribute("value") for o in menu.options]:
+                return False
+            menu.select_by_value("train-42")
+            return True
+
+        assert wait_until(select_the_job, 10, ignore=(StaleElementReferenceException,))
         classes = js(browser, "return Object.fromEntries([...document.querySelectorAll('[data-node]')].map("
                               "g => [g.dataset.node, g.getAttribute('class')]))")
         hosts = {n.name for n in mesh.topo.by_role("host")}

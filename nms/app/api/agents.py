@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from nms.agent_commands import MAX_FOCUS_S, MAX_RATE, PATH_ID, focus_args_problem, rate_problem
 from nms.app.agent_registry import COMMANDS, AgentInfo, AgentRegistry, NicInfo
 from nms.app.api.deps import AgentsDep
 from nms.app.auth import AUTH_RESPONSES, BAD_BODY_RESPONSE, ErrorDetail, Principal, require
@@ -91,17 +92,24 @@ class Commands(BaseModel):
     commands: list[AgentCommand]
 
 
-_KINDS = ("reprobe_paths", "set_rate", "refresh_peers", "steer", "unsteer")
+_KINDS = ("reprobe_paths", "set_rate", "refresh_peers", "steer", "unsteer", "focus")
+_RATE = {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_RATE}
+API_FOCUS_PATHS = 50  # so that a focus command's args always fit DETAILS_MAX
 
 
 class CommandIn(Strict):
-    # set_rate's args.rate, stated in the schema; args' size as JSON (DETAILS_MAX) is not expressible there
+    # set_rate's and focus's args, stated in the schema; args' size as JSON (DETAILS_MAX) is not expressible there
     model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
-        {"properties": {"kind": {"enum": [k for k in _KINDS if k != "set_rate"]}}},
-        {"required": ["args"], "properties": {"args": {"required": ["rate"], "properties": {
-            "rate": {"type": "number", "exclusiveMinimum": 0, "maximum": 10_000}}}}}]})
+        {"properties": {"kind": {"enum": [k for k in _KINDS if k not in ("set_rate", "focus")]}}},
+        {"required": ["args"], "properties": {"kind": {"const": "set_rate"}, "args": {
+            "required": ["rate"], "properties": {"rate": _RATE}}}},
+        {"required": ["args"], "properties": {"kind": {"const": "focus"}, "args": {
+            "required": ["paths", "rate", "for_s"], "properties": {
+                "paths": {"type": "array", "minItems": 1, "maxItems": API_FOCUS_PATHS,
+                          "items": {"type": "string", "pattern": PATH_ID}},
+                "rate": _RATE, "for_s": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_FOCUS_S}}}}}]})
 
-    kind: Literal["reprobe_paths", "set_rate", "refresh_peers", "steer", "unsteer"] = Field(
+    kind: Literal["reprobe_paths", "set_rate", "refresh_peers", "steer", "unsteer", "focus"] = Field(
         description="; ".join(f"{k}: {v}" for k, v in COMMANDS.items()))
     args: dict = Field(default_factory=dict, max_length=16)
     hosts: list[str] | None = Field(None, max_length=100_000,
@@ -112,9 +120,10 @@ class CommandIn(Strict):
         if _json_size(self.args) is None:
             return self  # refused by plain_json in the route (see there)
         if self.kind == "set_rate":
-            rate = self.args.get("rate")
-            if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 < rate <= 10_000:
-                raise ValueError("set_rate needs args.rate: exchanges per second per path, 0 < rate <= 10000")
+            if reason := rate_problem(self.args.get("rate")):
+                raise ValueError(f"set_rate needs args.rate: {reason}")
+        if self.kind == "focus" and (reason := focus_args_problem(self.args, API_FOCUS_PATHS)):
+            raise ValueError(f"focus: {reason}")
         return self
 
 

@@ -45,13 +45,18 @@ class IncidentFeed:
         self.incidents = incidents
         self.standing = standing
         self.correlator_findings: list[Finding] = []  # the correlator's latest window (the errors audit reads it)
+        # a sharded correlate member: the findings whose element it owns (correlate_partitions.owned_findings)
+        self.owned: Callable[[list[Finding]], list[Finding]] | None = None
 
     def apply(self, findings: list[Finding], window_ns: int):
         self.correlator_findings = list(findings)
-        return self.incidents.apply([*findings, *self.standing(window_ns)], window_ns)
+        return self.incidents.apply(self._mine([*findings, *self.standing(window_ns)]), window_ns)
 
     def apply_standing(self, window_ns: int):
-        return self.incidents.apply(self.standing(window_ns), window_ns)
+        return self.incidents.apply(self._mine(self.standing(window_ns)), window_ns)
+
+    def _mine(self, findings: list[Finding]) -> list[Finding]:
+        return findings if self.owned is None else self.owned(findings)
 
     def __getattr__(self, name: str):
         return getattr(self.incidents, name)

@@ -14,7 +14,8 @@ from rich.table import Table
 from nms.app import cluster_launcher as launcher
 
 app = typer.Typer(help="A cluster on this machine, loopback only, for trying it and for tests: nats-server "
-                       "(JetStream), PostgreSQL, influxd and `nms serve` members per role (docs/cluster.md).",
+                       "(JetStream; 1 node or 3), PostgreSQL, influxd and `nms serve` members per role "
+                       "(docs/cluster.md).",
                   no_args_is_help=True)
 console = Console()
 err = Console(stderr=True)
@@ -49,13 +50,15 @@ def up(api: Annotated[int, typer.Option("--api", help="API members (each on its 
        write: Annotated[int, typer.Option("--write", help="write members (bus -> InfluxDB).")] = 1,
        config: Annotated[Path | None, typer.Option("--config", help="Base config each member's is derived from "
                                                                      "(default: a built-in one, no switches).")] = None,
+       nats_nodes: Annotated[int, typer.Option("--nats-nodes", help="nats-server nodes: 1, or a 3-node JetStream "
+                                                                    "cluster (streams with replicas 3).")] = 1,
        dir: DirOpt = launcher.DEFAULT_DIR,
        timeout: Annotated[float, typer.Option(help="Seconds to wait for each member to answer.")] = 90.0) -> None:
     """Start the cluster and wait until every member answers."""
     try:
         with console.status("starting the cluster") as progress:
             launcher.up(dir, {"api": api, "poll": poll, "correlate": correlate, "write": write}, config, timeout,
-                        step=lambda msg: progress.update(msg))
+                        step=lambda msg: progress.update(msg), nats_nodes=nats_nodes)
         rows = launcher.status(dir)
     except launcher.ClusterError as e:
         raise _fail(e) from None

@@ -9,7 +9,6 @@ service cleanly (or leaves it running with --keep-running).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from rich.table import Table
 from nms.app.auth import new_token
 from nms.app.cli.client import ApiClient, err_console
 from nms.app.cli.interrupt import signals_as_ctrl_c
+from nms.app.local_daemons import free_port
 
 console = Console()
 
@@ -32,12 +32,6 @@ SWITCHES = ["spine1", "spine2", "leaf1", "leaf2"]
 PORTS = ["swp1", "swp2", "swp3", "swp4"]
 SPEED_BPS = 100 * 10**9
 HOT = ("spine1", "swp2")  # the demo's congested port
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _write_config(workdir: Path, port: int) -> Path:
@@ -92,7 +86,7 @@ def _rates(samples: list[dict]) -> list[dict]:
 
 def run_demo(minutes: int = 5, keep_running: bool = False) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="nms-demo-"))
-    port = _free_port()
+    port = free_port()
     token = new_token()
     config = _write_config(workdir, port)
     url = f"http://127.0.0.1:{port}"

@@ -1,0 +1,199 @@
+"""The cluster's write path over a 3-node NATS JetStream cluster (replicas 3), with real processes:
+three nats-server nodes on loopback (nms/app/local_daemons.py: nats_cluster), influxd, an
+`nms serve --role api` and an `nms serve --role write` member listing all three nodes.
+
+While agents' batches are POSTed, a node is killed with SIGKILL, twice: first the node the API is
+connected to, then (once that one is back) the leader of the stream the batches go to. Every batch
+answered 202 is in InfluxDB exactly once; the batches answered 503 meanwhile are sent again (as an
+agent's spool does) and end there too; JetStream keeps one message per batch (its de-duplication
+survives the failover); the members reconnect to the surviving nodes by themselves; the killed
+node, started again, catches up (every stream's replicas current).
+
+The streams are made once before the members start, as `nms cluster up` does (cluster_launcher.make_bus).
+Members and counting come from tests/test_cluster_write.py; counts are asked of InfluxDB and
+JetStream directly, not through the service."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import threading
+import time
+import uuid
+from datetime import datetime
+
+import httpx
+import nats.errors
+import pytest
+from _nats import have_nats_server
+from test_cluster_write import PREFIX, Member, _count, _points, members  # noqa: F401  (the members fixture)
+
+from nms.app.cluster_launcher import make_bus
+from nms.app.local_daemons import nats_cluster, start_nats_cluster
+from nms.app.telemetry_bus import FAMILIES, stream_name
+from tests.helpers import auth, wait_until
+
+pytestmark = pytest.mark.skipif(not have_nats_server(), reason="nats-server not installed: apt-get install nats-server")
+
+ROUND = 40  # batches of 100 points from 4 hosts per killed node
+POINTS = 100
+KILL_AFTER = 10  # batches of a round acknowledged before the node dies
+
+
+@pytest.fixture
+def nats3(tmp_path):
+    nodes = nats_cluster(tmp_path / "nats", 3)
+    took = start_nats_cluster(nodes)
+    print(f"3-node NATS cluster ready (JetStream metadata leader) in {took:.2f} s")
+    yield nodes
+    for node in nodes:
+        node.cleanup()
+
+
+def _stream_info(url: str, stream: str) -> tuple[int, str, list[tuple[str, bool]], int]:
+    """(configured replicas, leader, [(follower, current)], messages) of a stream, from JetStream."""
+    async def ask():
+        nc = await nats.connect(url)
+        try:
+            info = await nc.jetstream(timeout=5).stream_info(stream)
+            peers = [(p.name, bool(p.current) and not p.offline) for p in (info.cluster.replicas or [])]
+            return info.config.num_replicas, info.cluster.leader, peers, info.state.messages
+        finally:
+            await nc.close()
+
+    return asyncio.run(ask())
+
+
+def _connected_url(member: Member) -> str:
+    """The NATS node the member is connected to now: its log's last `connected`/`reconnected` line."""
+    return re.findall(r"(?:re)?connected to NATS (nats://\S+)", member.text())[-1]
+
+
+def _reconnects(member: Member) -> list[float]:
+    """The epoch times of the member's `reconnected` log lines (its log's timestamps are local)."""
+    return [datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            for line in member.text().splitlines() if "reconnected to NATS" in line]
+
+
+class Agent:
+    """Sends batches to the API in a thread, each until it is answered 202; a 503 is sent again 0.2 s
+    later (what the agent's spool does). Keeps every answer's time and status."""
+
+    def __init__(self, api: Member, batches: list[tuple[str, int]]) -> None:
+        self.api, self.batches = api, batches
+        self.answers: list[tuple[float, int]] = []
+        self.acked: list[int] = []
+        self.errors: list[BaseException] = []
+        self._pause = threading.Event()  # never set: the pause between tries
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            with httpx.Client(timeout=30) as client:
+                for host, b in self.batches:
+                    while True:
+                        r = client.post(f"{self.api.url}/ingest/points", json={"items": _points(host, b, POINTS)},
+                                        headers=auth("ingest"))
+                        self.answers.append((time.time(), r.status_code))
+                        if r.status_code == 202:
+                            self.acked.append(r.json()["accepted"])
+                            break
+                        assert r.status_code == 503 and "telemetry bus" in r.text, r.text
+                        self._pause.wait(0.2)  # the agent's retry pace, not a clock for a condition
+        except BaseException as e:  # reported by the test
+            self.errors.append(e)
+
+    def finish(self) -> None:
+        self.thread.join(120)
+        assert not self.thread.is_alive() and not self.errors, self.errors
+        assert self.acked == [POINTS] * len(self.batches)
+
+    def gap(self, kill_at: float) -> tuple[float, int]:
+        """(the longest wait between two 202s from the last one before kill_at on, 503s answered)."""
+        acks = [t for t, status in self.answers if status == 202]
+        since = [t for t in acks if t >= max(t for t in acks if t < kill_at)]
+        return max(b - a for a, b in zip(since, since[1:], strict=False)), \
+            sum(1 for _, status in self.answers if status == 503)
+
+
+def _kill_round(nats3: list, api: Member, writer: Member, round_: int, victim, why: str) -> list[str]:
+    """Agents send a round of batches; `victim` is killed after KILL_AFTER of them were acknowledged,
+    then started again once the round is through. Returns what was measured."""
+    host_stream = stream_name(PREFIX, "host")
+    streams = [stream_name(PREFIX, family) for family in FAMILIES]
+    survivors = [node.url for node in nats3 if node is not victim]
+    was_leader = victim.server_name == _stream_info(survivors[0], host_stream)[1]
+    agent = Agent(api, [(f"h{b % 4}", b) for b in range(round_ * ROUND, (round_ + 1) * ROUND)])
+    wait_until(lambda: len(agent.acked) >= KILL_AFTER, 60, what=f"{KILL_AFTER} batches acknowledged", why=api.tail)
+    assert victim.proc is not None
+    kill_at = time.time()
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait(10)
+    victim.proc = None
+    agent.finish()
+    # the members found a surviving node by themselves
+    for member in (api, writer):
+        if _connected_url(member) == victim.url:
+            wait_until(lambda m=member: _connected_url(m) in survivors, 30, what=f"{member.role} reconnected",
+                       why=member.tail)
+    assert httpx.get(f"{api.url}/health", timeout=5).json()["bus_ok"] is True
+    gap, refused = agent.gap(kill_at)
+    reconnected = [t - kill_at for t in _reconnects(api) if t >= kill_at - 0.01]
+    measured = [f"{victim.name} killed ({why}{', the stream leader' if was_leader else ''}): 503 answered "
+                f"{refused} times, ack gap {gap:.2f} s, "
+                f"{f'API reconnected {reconnected[0]:.2f} s after' if reconnected else 'the API was on another node'}"]
+
+    # the killed node, started again on its port and store, catches up: every stream's peers current
+    restarted = time.monotonic()
+    victim.start()
+
+    def current() -> bool:
+        return all(len(peers) == 2 and all(ok for _, ok in peers)
+                   for _, _, peers, _ in (_stream_info(survivors[0], s) for s in streams))
+    wait_until(current, 60, what="every stream's 3 replicas current after the node's restart",
+               ignore=(nats.errors.Error,),  # while the node catches up, a stream info may go unanswered
+               why=lambda: [_stream_info(survivors[0], s)[2] for s in streams])
+    measured.append(f"{victim.name} restarted: its replicas current within {time.monotonic() - restarted:.2f} s")
+    return measured
+
+
+def test_kill_9_of_a_nats_node_loses_and_doubles_nothing(nats3, influxd, tmp_path, members):  # noqa: F811
+    urls = [node.url for node in nats3]
+    started = time.monotonic()
+    make_bus({"cluster": {"bus": {"prefix": PREFIX}}}, urls, None, {"write": 1}, 60.0)
+    made = time.monotonic() - started
+    database = f"t_{uuid.uuid4().hex[:12]}"
+    replicated = {"replicas": 3}
+    api = Member(tmp_path, "api", "api", influxd.url, database, urls, bus=replicated)
+    writer = Member(tmp_path, "writer", "write", influxd.url, database, urls, bus=replicated)
+    members.extend([api, writer])
+    api.start()
+    writer.start()
+    api.wait_ready()
+    writer.wait_ready("writer: consuming")
+    host_stream = stream_name(PREFIX, "host")
+    assert _stream_info(urls[0], host_stream)[0] == 3
+    assert "updated" not in api.text() + writer.text()  # the streams were as wanted: no member changed them
+
+    report = [f"streams made in {made:.2f} s"]
+    first = next(node for node in nats3 if node.url == _connected_url(api))
+    report += _kill_round(nats3, api, writer, 0, first, "the API's node")
+    leader = _stream_info(urls[0], host_stream)[1]
+    report += _kill_round(nats3, api, writer, 1, next(node for node in nats3 if node.server_name == leader),
+                          f"the leader of {host_stream}")
+
+    total = 2 * ROUND * POINTS
+    wait_until(lambda: _count(influxd, database, "bus_test", "seq") == total, 90,
+               what=f"all {total} acknowledged points in InfluxDB",
+               why=lambda: f"{_count(influxd, database, 'bus_test', 'seq')} there; writer log:\n{writer.tail()}")
+    per_host = influxd.query('SELECT count("seq") FROM "bus_test" GROUP BY "host"', db=database)["results"][0]
+    assert {s["tags"]["host"]: s["values"][0][1] for s in per_host["series"]} == {f"h{h}": total // 4 for h in range(4)}
+    distinct = influxd.query('SELECT count(distinct("seq")) FROM "bus_test"', db=database)["results"][0]
+    assert distinct["series"][0]["values"][0][1] == total
+    # JetStream stored each batch once: a batch answered 503 and sent again was de-duplicated by its id
+    assert _stream_info(urls[0], host_stream)[3] == 2 * ROUND
+    assert "Traceback" not in api.text() + writer.text()
+    report.append(f"{total} points acknowledged, {_count(influxd, database, 'bus_test', 'seq')} in InfluxDB")
+    print("; ".join(report))

@@ -1,0 +1,144 @@
+"""Correlation sharded by fabric partition, at the feed (nms/app/correlate_feed.py): two `correlate`
+members (each its own NATS connection, membership and durable consumer) on a real nats-server with
+JetStream (tests/_nats.py), `partitions: leaf` on the synthetic fabric (tests/_fabric_synth.py: 3
+leaves, 2 spines, 6 hosts; its windows are the record models the agents send), published by the API's
+own publisher. Each member must get every window of the partitions it owns and no window twice (the
+correlator adds a window's counts to its slot), across a join, a kill -9 (no leave: the survivor takes
+the partitions within 2 heartbeats and re-reads them from the stream) and a rejoin.
+tests/test_cluster_correlate.py runs the same with real processes up to the incident."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+from prometheus_client import CollectorRegistry
+from test_cluster_poll import bounded, until
+
+from nms.app.correlate_feed import CorrelateFeed
+from nms.app.correlate_partitions import owned
+from nms.app.telemetry_bus import FAMILIES, TelemetryPublisher, stream_name, stream_specs
+from nms.bus.nats import NatsBus
+from nms.config.models import BusConfig, CorrelateFeedConfig
+from tests._fabric_synth import Synth
+
+HEARTBEAT = 1.0
+T0 = 1_700_000_000
+
+
+def _key(w) -> tuple:
+    return w.src_host, w.src_nic, w.dst_host, w.dst_nic, w.path_id, w.window_start
+
+
+class Member:
+    def __init__(self, nats_url: str, name: str, synth: Synth) -> None:
+        self.bus_cfg = BusConfig(servers=[nats_url], prefix="cs")
+        self.cfg = CorrelateFeedConfig(member=name, partitions="leaf", heartbeat=HEARTBEAT, replay=60,
+                                       fetch_timeout=0.2, batch_messages=64)
+        self.synth, self.name = synth, name
+        self.handed: Counter[tuple] = Counter()
+        self.down = False
+
+    def on_ingest(self, kind: str, records: list) -> list:
+        if kind == "probe_windows":
+            self.handed.update(_key(w) for w in records)
+        return records
+
+    async def start(self) -> Member:
+        self.bus = NatsBus(self.bus_cfg)
+        await self.bus.connect()
+        await self.bus.ensure_streams(stream_specs(self.bus_cfg))
+        self.feed = CorrelateFeed(self.bus, self.bus_cfg, self.cfg, self.synth.fabric, self.on_ingest,
+                                  CollectorRegistry())
+        await self.feed.start()
+        return self
+
+    def missing(self, windows: list) -> list:
+        """Windows of this member's partitions it was not handed."""
+        return [w for w in windows if self.feed.split.of_record("probe_windows", w) & self.feed.owned
+                and _key(w) not in self.handed]
+
+    def twice(self) -> list:
+        return [k for k, n in self.handed.items() if n > 1]
+
+    async def kill(self) -> None:
+        """Stop at once without leaving (kill -9): no more heartbeats, the connection closed."""
+        self.down = True
+        self.feed._stopping.set()
+        for task in [*self.feed._tasks, self.feed._task]:
+            task.cancel()
+        await self.bus._nc.close()
+
+    async def stop(self) -> None:
+        if self.down:
+            return
+        self.down = True
+        await self.feed.stop()
+        await self.bus.close()
+
+
+def test_two_members_split_the_windows_by_partition_across_a_kill_and_a_rejoin(nats_server):
+    synth = Synth()
+
+    async def run():
+        bus_cfg = BusConfig(servers=[nats_server.url], prefix="cs")
+        pub_bus = NatsBus(bus_cfg)
+        await pub_bus.connect()
+        await pub_bus.ensure_streams(stream_specs(bus_cfg))
+        publisher = TelemetryPublisher(pub_bus, bus_cfg, CollectorRegistry())
+        sent: list = []
+
+        async def publish(seconds: range) -> None:
+            for t in seconds:
+                windows = synth.windows(T0 + t)
+                await publisher.publish("probe_windows", windows)
+                sent.extend(windows)
+
+        await publish(range(0, 5))  # before any member: the first one reads them from the stream
+        a = await Member(nats_server.url, "corr-a", synth).start()
+        b = await Member(nats_server.url, "corr-b", synth).start()
+        members = [a, b]
+        try:
+            split = a.feed.partitions
+            expected = {m.name: owned(split, ("corr-a", "corr-b"), m.name) for m in members}
+            assert all(expected.values())
+            await until(lambda: all(m.feed.owned == expected[m.name] for m in members), 10, "the split")
+            await publish(range(5, 10))
+            await until(lambda: not a.missing(sent) and not b.missing(sent), 15, "every window to its owners")
+            assert a.twice() == [] and b.twice() == []
+            # a window between two of b's leaves never reaches a (b's partitions only: no core, no leaf3)
+            only_b = [w for w in sent if a.feed.split.of_record("probe_windows", w) <= expected["corr-b"]]
+            assert only_b and not any(_key(w) in a.handed for w in only_b if w.window_start >= (T0 + 5) * 10**9)
+            assert a.feed.owned_gauge._value.get() == len(expected["corr-a"])
+
+            await b.kill()
+            killed = time.monotonic()
+            feeding = asyncio.create_task(publish(range(10, 14)))
+            await until(lambda: a.feed.owned == set(split), 10, "corr-a to take every partition")
+            took = time.monotonic() - killed
+            assert took <= 2 * HEARTBEAT, f"took {took:.2f} s, more than 2 heartbeats"
+            await feeding
+            await until(lambda: not a.missing(sent), 15, "corr-a to have every window, b's re-read from the stream")
+            assert a.twice() == [], f"{len(a.twice())} windows handed twice to corr-a"
+            assert a.feed.replayed._value.get() > 0
+
+            b2 = await Member(nats_server.url, "corr-b", synth).start()  # rejoins under its name
+            members = [a, b2]
+            await until(lambda: all(m.feed.owned == expected[m.name] for m in members), 10, "the split back")
+            await publish(range(14, 16))
+            await until(lambda: not b2.missing(sent), 15, "corr-b to have its windows again")
+            assert b2.twice() == [] and a.twice() == []
+            await a.stop()
+            await b2.stop()
+            # a clean stop deletes the member's consumers; the killed one's were deleted by its rejoin
+            left = [c.name for f in FAMILIES for c in await pub_bus._js.consumers_info(stream_name("cs", f))]
+            assert left == [], left
+            return took
+        finally:
+            for m in members:
+                await m.stop()
+            await pub_bus.close()
+
+    took = bounded(run())
+    print(f"corr-b's partitions taken by corr-a {took:.2f} s after the kill")
