@@ -194,9 +194,12 @@ def test_no_window_is_lost_across_a_service_restart(bed):
     assert starts[0] < stopped - 10**9 and starts[-1] > restarted
     assert bed.status("h2")["stats"]["batches_replayed"] > 0
     assert registered, bed.api("GET", "/agents").json()
-    # ... and told the new service its paths again (its correlator needs their hops)
-    again = bed.rows("probe_path", restarted - 10**9, src_host="h2")
-    assert {p["dst_host"] for p in again} >= {"h1", "h3"}, again
+    # ... and told the new service its paths again (its correlator needs their hops): after its
+    # registration went through, shipped with its next batch, so waited for like the windows
+    def told_again():
+        return {p["dst_host"] for p in bed.rows("probe_path", restarted - 10**9, src_host="h2")} >= {"h1", "h3"}
+    assert wait_until(told_again, 15, what="h2's paths announced again",
+                      why=lambda: (bed.tmp / "h2.log").read_text()[-2000:])
 
 
 def test_sigterm_flushes_and_exits(bed):
