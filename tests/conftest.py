@@ -16,11 +16,12 @@ settings.register_profile("repeatable", derandomize=True, database=None)
 settings.register_profile("explore")
 settings.load_profile(os.environ.get("NMS_HYPOTHESIS", "repeatable"))
 
-# With `-n 2` (pytest-xdist) every module is a unit of work of its own (its module-scoped fixtures set
-# up once) on whichever worker is free, except the labs (tests/lab/: namespaces, real-time faults, one
-# lab at a time): one unit, run in order on one worker and handed out first. Every other test in a
-# worker runs at nice 19, so the labs' real-time work gets the CPU whenever it wants it;
-# scripts/test.sh puts only the `beside_labs` modules beside the labs.
+# With `-n 2` (pytest-xdist) every module is a unit of work of its own (its tests in their order, its
+# module-scoped fixtures set up once, as in a serial run) on whichever worker is free, except the labs
+# (tests/lab/: namespaces, real-time faults, one lab at a time): one unit, run in order on one worker
+# and handed out first (pytest_xdist_make_scheduler). Every other test in a worker runs at nice 19, so
+# the labs' real-time work gets the CPU whenever it wants it; scripts/test.sh puts only the
+# `beside_labs` modules beside the labs.
 LABS = "tests/lab/"
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # xdist's workers start with COLUMNS=80 and LINES=24, and rich fixes a Console's width from COLUMNS
@@ -40,6 +41,23 @@ BESIDE_THE_LABS = {
     "test_actions_api", "test_cli_widths", "test_steering", "test_audits_service", "test_correlator_trials",
     "test_lab_switch_down",
 }
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's default (`load`) hands out tests in chunks: a module's tests split over both workers
+    (each sets its fixtures up, and a test written after another may run first), and the labs would
+    run two at a time once they outgrow a chunk. An explicit other `--dist` is kept."""
+    if config.getvalue("dist") not in ("load", "loadfile"):
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LabsTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return LABS if nodeid.startswith(LABS) else super()._split_scope(nodeid)
+
+    config.option.loadscopereorder = False  # collection order: the labs (tests/lab/ sorts first) first
+    return LabsTogether(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these marks
