@@ -112,6 +112,8 @@ def main() -> None:
                 resolved = f", resolved {r['resolved_s']:.1f} s after heal" if r["resolved_s"] is not None else ""
                 print(f"  {kind} {n + 1}/{args.trials} {r['target']} {r['opts']}: {latency}{resolved}"
                       f"{', false: ' + '; '.join(r['wrong']) if r['wrong'] else ''}", flush=True)
+                for why in r["wrong_why"]:  # when and why each false incident opened, with its evidence
+                    print(f"      {why}", flush=True)
     finally:
         mesh.down()
     print()

@@ -169,7 +169,7 @@ def trial(mesh: MeshLab, kind: str, rng: random.Random) -> dict:
             "latency_s": (flagged_ns - start) / 1e9 if flagged_ns is not None else None,
             "resolved_s": resolved_s, "ambiguous": found is not None and found["element"] != element,
             "wrong": [f"{i['kind']} {i['element']}" for i in others],
-            "wrong_why": [f"{(i['opened_ns'] - start) / 1e9:.1f} s: {i['summary']} {json.dumps(i['evidence'])[:600]}"
+            "wrong_why": [f"{(i['opened_ns'] - start) / 1e9:.1f} s: {i['summary']} {json.dumps(i['evidence'])[:1500]}"
                           for i in others]}
 
 
