@@ -74,6 +74,7 @@ class Membership:
         self._next_beat = 0.0
         self._started = time.time()
         self._bus_ok = True
+        self._back_until = 0.0  # monotonic: till then, a member missing from the bucket is not gone
         self._stopping = asyncio.Event()
 
     # --- what a subclass provides ----------------------------------------------------------------
@@ -158,7 +159,12 @@ class Membership:
         if not self._bus_ok:
             log.info("%s: the bus answers again", self.log_name)
             self._bus_ok = True
+            self._back_until = time.monotonic() + self.heartbeat_s
         live.add(self.member)  # alive by definition, even while its renewal is late
+        if time.monotonic() < self._back_until:
+            # the entries may have expired while the bus was away (or its bucket was made again): the
+            # others renew within half a heartbeat of its return, so nobody is gone before a heartbeat
+            live |= set(self.members)
         members = tuple(sorted(live))
         if members == self.members:
             return

@@ -9,7 +9,7 @@ import contextlib
 import datetime
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import nats
@@ -101,30 +101,50 @@ class NatsConsumer:
 
 class NatsKeyValue:
     """A JetStream KV bucket: history 1, entries expire `ttl_s` after their last put (the stream's
-    max_age, so the server forgets a member that stopped putting; no clock of ours decides)."""
+    max_age, so the server forgets a member that stopped putting; no clock of ours decides).
 
-    def __init__(self, kv: Any, name: str, js: Any) -> None:
-        self._kv, self._js = kv, js
-        self.name = name
+    The bucket is kept in memory: when every server holding it restarted, it is gone, and the next
+    operation finds no stream. It is made again then (adding a stream with the same config is
+    idempotent, so a member that races another to it does no harm); its entries come back with the
+    members' next puts."""
+
+    def __init__(self, kv: Any, config: Any, js: Any) -> None:
+        self._kv, self._config, self._js = kv, config, js
+        self.name = config.bucket
+
+    async def _do(self, what: str, op: Callable[[], Awaitable[Any]]) -> Any:
+        for again in (False, True):
+            try:
+                return await op()
+            except (nats.js.errors.NotFoundError, nats.errors.NoRespondersError) as e:  # the bucket is gone
+                if again:
+                    raise BusUnavailable(f"bucket {self.name}: {what}: {type(e).__name__}: {e}") from None
+                await self._remake(e)
+            except _UNAVAILABLE as e:
+                raise BusUnavailable(f"bucket {self.name}: {what}: {type(e).__name__}: {e}") from None
+
+    async def _remake(self, why: Exception) -> None:
+        try:
+            self._kv = await self._js.create_key_value(self._config)
+        except nats.js.errors.APIError as e:
+            raise BusError(f"bucket {self.name}: gone, and JetStream refused to make it again: {e}") from None
+        except _UNAVAILABLE as e:
+            raise BusUnavailable(f"bucket {self.name}: gone, and not made again: {type(e).__name__}: {e}") from None
+        log.warning("bus: bucket %s was gone (%s: its servers restarted?); made again", self.name, type(why).__name__)
 
     async def put(self, key: str, value: bytes) -> None:
-        try:
-            await self._kv.put(key, value)
-        except _UNAVAILABLE as e:
-            raise BusUnavailable(f"bucket {self.name}: put {key}: {type(e).__name__}: {e}") from None
+        await self._do(f"put {key}", lambda: self._kv.put(key, value))
 
     async def delete(self, key: str) -> None:
-        try:
-            await self._kv.delete(key)
-        except _UNAVAILABLE as e:
-            raise BusUnavailable(f"bucket {self.name}: delete {key}: {type(e).__name__}: {e}") from None
+        await self._do(f"delete {key}", lambda: self._kv.delete(key))
 
     async def items(self) -> dict[str, bytes]:
         """The keys from one stream_info (a consistent list of subjects; nats-py's watcher can report
         itself caught up before every key came), then each key's latest value (a delete leaves a
         marker that get() reports)."""
         prefix = f"$KV.{self.name}."
-        try:
+
+        async def read() -> dict[str, bytes]:
             info = await self._js.stream_info(f"KV_{self.name}", subjects_filter=f"{prefix}>")
             found: dict[str, bytes] = {}
             for subject in sorted(info.state.subjects or {}):
@@ -133,8 +153,9 @@ class NatsKeyValue:
                 except (nats.js.errors.KeyDeletedError, nats.js.errors.KeyNotFoundError):
                     continue  # deleted, or expired since the list was made
                 found[entry.key] = entry.value or b""
-        except _UNAVAILABLE as e:
-            raise BusUnavailable(f"bucket {self.name}: read: {type(e).__name__}: {e}") from None
+            return found
+
+        found: dict[str, bytes] = await self._do("read", read)
         return found
 
 
@@ -301,7 +322,7 @@ class NatsBus:
             raise BusError(f"bucket {spec.name}: JetStream refused it: {e}") from None
         except _UNAVAILABLE as e:
             raise BusUnavailable(f"bucket {spec.name}: no answer from JetStream: {e}") from None
-        return NatsKeyValue(kv, spec.name, self._js)
+        return NatsKeyValue(kv, config, self._js)
 
     @property
     def max_message_bytes(self) -> int:
