@@ -26,12 +26,14 @@ from datetime import datetime
 import httpx
 import nats.errors
 import pytest
+import test_cluster_poll as poll
 from _nats import have_nats_server
 from test_cluster_write import PREFIX, Member, _count, _points, members  # noqa: F401  (the members fixture)
 
 from nms.app.cluster_launcher import make_bus
 from nms.app.local_daemons import nats_cluster, start_nats_cluster
 from nms.app.telemetry_bus import FAMILIES, stream_name
+from nms.rendezvous import assign
 from tests.helpers import auth, wait_until
 
 pytestmark = pytest.mark.skipif(not have_nats_server(), reason="nats-server not installed: apt-get install nats-server")
@@ -197,3 +199,46 @@ def test_kill_9_of_a_nats_node_loses_and_doubles_nothing(nats3, influxd, tmp_pat
     assert "Traceback" not in api.text() + writer.text()
     report.append(f"{total} points acknowledged, {_count(influxd, database, 'bus_test', 'seq')} in InfluxDB")
     print("; ".join(report))
+
+
+def test_poll_members_keep_their_switches_when_their_buckets_leader_dies(nats3, snmpd, tmp_path):
+    """Two poll members on the 3-node cluster, their membership bucket on 3 replicas: the node leading
+    the bucket is killed. The bucket answers no put for the election (seconds, longer than an entry's
+    life), so every entry may have expired when it answers again; no switch moves meanwhile or after
+    (nms/app/membership.py: for a heartbeat after the bus answers again nobody is counted gone), and
+    every switch is polled again by its owner."""
+    config = poll.cluster_config(tmp_path, [node.url for node in nats3], poll.snmp_switches(snmpd),
+                                 heartbeat=poll.OUTAGE_HEARTBEAT, replicas=3)
+    bucket = "KV_t_members_poll"
+
+    async def run():
+        pollers = [await poll.Member(config, name).start() for name in ("poll-a", "poll-b")]
+        try:
+            expected = assign(poll.SWITCHES, [m.name for m in pollers])
+            await poll.until(lambda: all(m.scheduled() == expected[m.name] for m in pollers), 10,
+                             "the shares scheduled")
+            replicas, leader, _, _ = await asyncio.to_thread(_stream_info, nats3[0].url, bucket)
+            assert replicas == 3
+            victim = next(node for node in nats3 if node.server_name == leader)
+            moved = [poll.handovers(m) for m in pollers]
+            killed_ns = time.time_ns()
+            victim.proc.send_signal(signal.SIGKILL)
+            victim.proc.wait(10)
+            victim.proc = None
+            # the election and what follows, watched: the shares never change
+            end = time.monotonic() + 12 + 2 * poll.OUTAGE_HEARTBEAT
+            while time.monotonic() < end:
+                assert all(m.scheduled() == expected[m.name] for m in pollers), [m.scheduled() for m in pollers]
+                await asyncio.sleep(0.05)
+            assert [poll.handovers(m) for m in pollers] == moved
+            assert all(m.shard.members == ("poll-a", "poll-b") for m in pollers)
+
+            def polled_since_the_kill() -> bool:
+                return all((st := m.poller.status[("snmp", s)]).last_success_ns and st.last_success_ns > killed_ns
+                           for m in pollers for s in expected[m.name])
+            await poll.until(polled_since_the_kill, 15, "every switch polled by its owner after the kill")
+        finally:
+            for m in pollers:
+                await m.stop()
+
+    poll.bounded(run())

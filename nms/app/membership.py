@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Awaitable
 from typing import Any
 from weakref import WeakKeyDictionary
 
@@ -96,7 +97,7 @@ class Membership:
     async def join(self) -> None:
         """The first heartbeat and the first read of the live set (changed(..., initial=True))."""
         self._kv = await self.bus.key_value(self.spec)
-        await self._beat()
+        await self._beat(patient=True)
         await self.refresh(initial=True)
 
     def keep(self) -> None:
@@ -134,26 +135,33 @@ class Membership:
             except Exception:  # the membership must outlive any one failure
                 log.exception("%s: membership check failed", self.log_name)
 
-    async def _beat(self) -> None:
+    async def _ask(self, operation: Awaitable[Any], patient: bool) -> Any:
+        """A bucket operation; once joined, given up after half a heartbeat: a later answer is a
+        renewal missed anyway, and waiting out the bus's own timeout (5 s) would put the next try past
+        the others' patience once an outage ends (they count nobody gone for one heartbeat after it)."""
+        return await (operation if patient else asyncio.wait_for(operation, self.heartbeat_s / 2))
+
+    async def _beat(self, patient: bool = False) -> None:
         try:
-            await self._kv.put(self.member, json.dumps(self.entry()).encode())
-        except BusError as e:
+            await self._ask(self._kv.put(self.member, json.dumps(self.entry()).encode()), patient)
+        except (BusError, TimeoutError) as e:
             self._bus_down(e)
             return
         self._next_beat = time.monotonic() + self.heartbeat_s / 2
 
-    def _bus_down(self, error: BusError) -> None:
+    def _bus_down(self, error: Exception) -> None:
         self.bus_errors.inc()
         if self._bus_ok:
-            log.warning("%s: the bus does not answer (%s); %s keeps %s its %d %s", self.log_name, error,
-                        self.member, self.verb, self.share_size(), self.what)
+            log.warning("%s: the bus does not answer (%s); %s keeps %s its %d %s", self.log_name,
+                        str(error) or f"nothing within {self.heartbeat_s / 2:g} s", self.member, self.verb,
+                        self.share_size(), self.what)
         self._bus_ok = False
 
     async def refresh(self, initial: bool = False) -> None:
         """Read the live members; call changed() when the set is not what it was."""
         try:
-            live = set(await self._kv.items())
-        except BusError as e:
+            live = set(await self._ask(self._kv.items(), patient=initial))
+        except (BusError, TimeoutError) as e:
             self._bus_down(e)
             return
         if not self._bus_ok:
