@@ -27,13 +27,20 @@ import httpx
 import nats.errors
 import pytest
 import test_cluster_poll as poll
+import test_correlate_shard as shard
 from _nats import have_nats_server
+from prometheus_client import CollectorRegistry
 from test_cluster_write import PREFIX, Member, _count, _points, members  # noqa: F401  (the members fixture)
 
 from nms.app.cluster_launcher import make_bus
+from nms.app.correlate_partitions import owned
 from nms.app.local_daemons import nats_cluster, start_nats_cluster
-from nms.app.telemetry_bus import FAMILIES, stream_name
+from nms.app.telemetry_bus import FAMILIES, TelemetryPublisher, stream_name, stream_specs
+from nms.bus import BusUnavailable
+from nms.bus.nats import NatsBus
+from nms.config.models import BusConfig
 from nms.rendezvous import assign
+from tests._fabric_synth import T0, Synth
 from tests.helpers import auth, wait_until
 
 pytestmark = pytest.mark.skipif(not have_nats_server(), reason="nats-server not installed: apt-get install nats-server")
@@ -242,3 +249,66 @@ def test_poll_members_keep_their_switches_when_their_buckets_leader_dies(nats3, 
                 await m.stop()
 
     poll.bounded(run())
+
+
+def test_correlate_members_are_handed_every_window_once_when_the_stream_leader_dies(nats3):
+    """Two correlate members (tests/test_correlate_shard.py: `partitions: leaf` on the synthetic
+    fabric) on the 3-node cluster, streams and bucket on 3 replicas. Windows are published second by
+    second (a batch not acknowledged is sent again, as the agents' spools do) while the node leading
+    the probe stream is killed: each member is handed every window of its partitions and none twice
+    (the correlator adds a window's counts: twice would double them), and no partition moves."""
+    synth = Synth()
+    urls = [node.url for node in nats3]
+
+    async def run():
+        bus_cfg = BusConfig(servers=urls, prefix="cs", replicas=3)
+        pub_bus = NatsBus(bus_cfg)
+        await pub_bus.connect()
+        await pub_bus.ensure_streams(stream_specs(bus_cfg))
+        publisher = TelemetryPublisher(pub_bus, bus_cfg, CollectorRegistry())
+        sent: list = []
+        refused = 0
+
+        async def publish(t: int) -> None:
+            nonlocal refused
+            windows = synth.windows(T0 + t)
+            while True:
+                try:
+                    await publisher.publish("probe_windows", windows)
+                    break
+                except BusUnavailable:
+                    refused += 1
+                    await asyncio.sleep(0.2)
+            sent.extend(windows)
+
+        correlators = [await shard.Member(urls, name, synth, heartbeat=poll.OUTAGE_HEARTBEAT, replicas=3).start()
+                   for name in ("corr-a", "corr-b")]
+        try:
+            split = correlators[0].feed.partitions
+            expected = {m.name: owned(split, ("corr-a", "corr-b"), m.name) for m in correlators}
+            await poll.until(lambda: all(m.feed.owned == expected[m.name] for m in correlators), 15, "the split")
+            for t in range(3):
+                await publish(t)
+            await poll.until(lambda: not any(m.missing(sent) for m in correlators), 15, "the first windows handed")
+            probe = stream_name("cs", "probe")
+            leader = (await asyncio.to_thread(_stream_info, urls[0], probe))[1]
+            victim = next(node for node in nats3 if node.server_name == leader)
+            victim.proc.send_signal(signal.SIGKILL)
+            victim.proc.wait(10)
+            victim.proc = None
+            for t in range(3, 20):  # ~10 s of seconds: through the election
+                await publish(t)
+                await asyncio.sleep(0.5)
+                assert all(m.feed.owned == expected[m.name] for m in correlators), [m.feed.owned for m in correlators]
+            await poll.until(lambda: not any(m.missing(sent) for m in correlators), 30, "every window to its owners",
+                             step=0.2)
+            assert [m.twice() for m in correlators] == [[], []]
+            assert all(m.feed.owned == expected[m.name] for m in correlators)
+            return refused
+        finally:
+            for m in correlators:
+                await m.stop()
+            await pub_bus.close()
+
+    refused = poll.bounded(run())
+    print(f"publishes refused during the election: {refused}")

@@ -32,9 +32,11 @@ def _key(w) -> tuple:
 
 
 class Member:
-    def __init__(self, nats_url: str, name: str, synth: Synth) -> None:
-        self.bus_cfg = BusConfig(servers=[nats_url], prefix="cs")
-        self.cfg = CorrelateFeedConfig(member=name, partitions="leaf", heartbeat=HEARTBEAT, replay=60,
+    def __init__(self, nats_url: str | list[str], name: str, synth: Synth, heartbeat: float = HEARTBEAT,
+                 replicas: int = 1) -> None:
+        self.bus_cfg = BusConfig(servers=[nats_url] if isinstance(nats_url, str) else nats_url, prefix="cs",
+                                 replicas=replicas)
+        self.cfg = CorrelateFeedConfig(member=name, partitions="leaf", heartbeat=heartbeat, replay=60,
                                        fetch_timeout=0.2, batch_messages=64)
         self.synth, self.name = synth, name
         self.handed: Counter[tuple] = Counter()
