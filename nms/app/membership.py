@@ -76,6 +76,7 @@ class Membership:
         self._started = time.time()
         self._bus_ok = True
         self._back_until = 0.0  # monotonic: till then, a member missing from the bucket is not gone
+        self._down_since = 0.0  # monotonic: when the bus stopped answering
         self._stopping = asyncio.Event()
 
     # --- what a subclass provides ----------------------------------------------------------------
@@ -152,6 +153,7 @@ class Membership:
     def _bus_down(self, error: Exception) -> None:
         self.bus_errors.inc()
         if self._bus_ok:
+            self._down_since = time.monotonic()
             log.warning("%s: the bus does not answer (%s); %s keeps %s its %d %s", self.log_name,
                         str(error) or f"nothing within {self.heartbeat_s / 2:g} s", self.member, self.verb,
                         self.share_size(), self.what)
@@ -167,7 +169,8 @@ class Membership:
         if not self._bus_ok:
             log.info("%s: the bus answers again", self.log_name)
             self._bus_ok = True
-            self._back_until = time.monotonic() + self.heartbeat_s
+            if time.monotonic() - self._down_since >= self.heartbeat_s / 4:  # not one slow answer: an outage
+                self._back_until = time.monotonic() + self.heartbeat_s
         live.add(self.member)  # alive by definition, even while its renewal is late
         if time.monotonic() < self._back_until:
             # the entries may have expired while the bus was away (or its bucket was made again): the
