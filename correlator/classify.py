@@ -3,7 +3,8 @@
 * down paths (probes only, before any SNMP poll) -> link_down / nic_down / device_down; the same
   element with >= 2 down episodes per path in the context, or flapping per the switches ->
   link_flapping (a flapping NIC is its access link flapping).
-* a lossy directed link -> congestion when it also inflates delay, or its egress queue drops or
+* a lossy directed link -> congestion when it also inflates delay (or did within the last 30 s:
+  senders back off and the queue may leave the delay while it still drops), or its egress queue drops or
   ECN-marks (the switch's own account of an overrun: congestion whatever else the counters say), or
   its egress is hot (utilization >= threshold) or discarding and no error counters; otherwise
   corrupting_link (silent loss at low utilization, and/or errors). The queues that dropped are in
@@ -162,8 +163,16 @@ def _inflates_too(lp: Pick | None, infl_by: dict[int, Pick]) -> bool:
     return lp is not None and any(d in infl_by for d in lp.alternatives)
 
 
+def _queued(did: int, lp: Pick | None, queued_lately: set[int]) -> bool:
+    """The link (either way: inflation is a round trip) or a direction the loss could as well be on
+    queued lately."""
+    return bool({did, did ^ 1, *(lp.alternatives if lp is not None else ())} & queued_lately)
+
+
 def directed_findings(loss: list[Pick], inflation: list[Pick], index: FabricIndex, view: SwitchView,
-                      t: Thresholds, config: CorrelatorConfig) -> list[Draft]:
+                      t: Thresholds, config: CorrelatorConfig, queued_lately: set[int] = frozenset()) -> list[Draft]:
+    """`queued_lately`: the directed links whose round trip inflated in the last seconds (a queue):
+    their loss is congestion, also on a step whose delay no longer shows it (senders backed off)."""
     loss_by = {p.element: p for p in loss}
     infl_by = {p.element: p for p in inflation}
     imbalanced = _imbalance(index, view, t, config, set(infl_by))
@@ -197,7 +206,7 @@ def directed_findings(loss: list[Pick], inflation: list[Pick], index: FabricInde
             evidence["imbalance"] = imbalanced[did]
             conf = max(conf, 0.8)
         elif (ip is not None or view.queueing(rates) or (view.congested(rates) and not errors)
-              or _inflates_too(lp, infl_by)):
+              or _inflates_too(lp, infl_by) or (not errors and _queued(did, lp, queued_lately))):
             kind = "congestion"
             if view.congested(rates):
                 conf = min(0.99, conf + 0.1)

@@ -36,7 +36,7 @@ from correlator.context import Context, path_text
 from correlator.evidence import SwitchView
 from correlator.fabric import FabricIndex
 from correlator.impact import attach
-from correlator.localize import cover_inflation, cover_states
+from correlator.localize import Pick, cover_inflation, cover_states
 from correlator.partial import partial_findings
 from correlator.paths import Geometry
 from correlator.qp_paths import QpPaths
@@ -46,6 +46,9 @@ from nms.config.models import CorrelatorConfig, FabricConfig, Thresholds
 from nms.records import FabricTopology, Finding, Job, NcclRdmaQp
 
 MAX_PATHS_LISTED = 1000
+# a link whose round trip inflated this recently is a queue: its loss is congestion (drops at the queue's
+# tail), also once the senders backed off and the queue no longer shows in the delay
+QUEUE_MEMORY_S = 30
 FOCUS_MAX_PATHS = 512  # paths of one suspected link probed faster (a spine link of a big fabric carries thousands)
 
 
@@ -57,6 +60,7 @@ class Correlator:
         self.sequential = SequentialLoss(config, self.ctx)
         self._dead_switch_at: dict[str, int] = {}  # switch -> the last second the switch status had it dead
         self._focused: dict[int, int] = {}  # directed link -> until when its paths are probed faster (ns)
+        self._queued_at: dict[int, int] = {}  # directed link -> the last second its round trip inflated
         self.geo = Geometry()
         self.qp_paths = QpPaths()  # the NCCL QPs' traced paths: which QPs cross a faulty element
         self._lock = threading.Lock()
@@ -106,6 +110,13 @@ class Correlator:
                     paths.setdefault(src_host, set()).add(path_id)
             return links, {host: sorted(ids) for host, ids in paths.items()}
 
+    def _queued_lately(self, inflation: list[Pick], now_s: int) -> set[int]:
+        """The directed links whose round trip inflated within QUEUE_MEMORY_S (this step's included)."""
+        for pick in inflation:
+            self._queued_at[pick.element] = now_s
+        self._queued_at = {d: at for d, at in self._queued_at.items() if now_s - at <= QUEUE_MEMORY_S}
+        return set(self._queued_at)
+
     def _findings(self, now_ns: int, jobs: Sequence[Job]) -> list[Finding]:
         ctx, geo, index, t = self.ctx, self.geo, self.index, self.thresholds
         view = SwitchView(ctx, index, t)
@@ -134,7 +145,7 @@ class Correlator:
             loss = self._loss(now_ns, stats, quiet, prio)
             infl = cover_inflation(geo.U, geo.UT, stats.inflation_us, quiet & np.isfinite(stats.inflation_us),
                                    threshold_us=t.owd_inflation_us, priority=prio)
-            drafts += directed_findings(loss, infl, index, view, t, self.config)
+            drafts += directed_findings(loss, infl, index, view, t, self.config, self._queued_lately(infl, now_s))
         drafts += dead_switches(index, switch_down, {d.element for d in drafts if d.kind == "device_down"},
                                 self._dead_switch_at, now_ns // 1_000_000_000)
         covered = {d.element for d in drafts if d.kind in ("link_down", "link_flapping")}

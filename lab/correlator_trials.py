@@ -100,7 +100,7 @@ def choose(topo, kind: str, rng: random.Random) -> tuple[str, dict, str]:
     return link.name, {}, link_element(link)
 
 
-def load_through(mesh: MeshLab, link_name: str, duration: float) -> threading.Thread:
+def load_through(mesh: MeshLab, link_name: str, duration: float, rate: str = LOAD_RATE) -> threading.Thread:
     """UDP load spine -> leaf across the congested link: from a host under another leaf to a host
     under the link's leaf, hashed onto the link's spine."""
     topo = mesh.topo
@@ -110,7 +110,7 @@ def load_through(mesh: MeshLab, link_name: str, duration: float) -> threading.Th
     dst = next(h for h in hosts if topo.link_of_port(h, "eth0").a.node == leaf)
     src = next(h for h in hosts if topo.link_of_port(h, "eth0").a.node != leaf)
     t = threading.Thread(target=traffic.run, args=(mesh.dir, "pairs"), daemon=True,
-                         kwargs={"pairs": [f"{src}:{dst}"], "proto": "udp", "rate": LOAD_RATE,
+                         kwargs={"pairs": [f"{src}:{dst}"], "proto": "udp", "rate": rate,
                                  "duration": duration, "via": spine})
     t.start()
     return t

@@ -4,8 +4,9 @@ Six lab hosts (3 leaves x 2) run a ring all-reduce over TCP (lab/allreduce.py), 
 NCCL profiler plugin (ncclProfiler_v4 through ctypes) that ships to the real `nms-agent` of its
 host namespace; the agents post to a real `nms serve` (SNMP polling for the switches' addresses).
 The job appears on its own; its collectives get a bus bandwidth baseline. Then:
-- a real rate cut (10 Mbit/s TBF) on the spine egress that the ring's first hop hashes onto: the
-  congestion incident on that link names the job and its slowed AllReduce;
+- a real rate cut (10 Mbit/s TBF) on the spine egress that the ring's first hop hashes onto, with
+  5 Mbit/s of other UDP traffic across it: the congestion incident on that link names the job and
+  its slowed AllReduce;
 - after the heal the slowdown clears; then one rank's process is throttled (SIGSTOP/SIGCONT duty
   cycle, the host side): a `job_slowdown` incident says no fabric element explains it, and no
   fabric incident opens.
@@ -26,7 +27,7 @@ import pytest
 
 from lab import agent_procs as agents
 from lab import faults, paths
-from lab.correlator_trials import incidents, link_element, wait_quiet
+from lab.correlator_trials import incidents, link_element, load_through, wait_quiet
 from lab.mesh import MeshLab
 from tests.helpers import wait_until
 
@@ -140,6 +141,12 @@ def test_a_fabric_fault_names_the_job_and_a_host_side_slowdown_is_not_blamed_on_
         src, dst = order[0], order[1]
         spine = paths.predict(topo, src, dst, "tcp", SPORT, PORT)["spine"]
         link = next(x for x in topo.links if {x.a.node, x.b.node} == {spine, leaf_of[dst]})
+        # other traffic across the cut, as on a congested fabric: it keeps the egress queue standing (the
+        # ring's TCP alone, cut to 10 Mbit/s behind a 20 ms queue of a few jumbo frames, mostly drops
+        # and backs off: loss at low utilization with no queueing delay, which reads as a corrupting link
+        # where the switch's queue counters are not polled, as here)
+        load = load_through(mesh, link.name, 20, rate="5M")  # half the cut: the ring keeps the rest
+        time.sleep(1.0)
         start = time.time_ns()
         fault = faults.inject(mesh.dir, "congestion", link.name, rate="10M", from_node=spine)
         try:
@@ -177,6 +184,7 @@ def test_a_fabric_fault_names_the_job_and_a_host_side_slowdown_is_not_blamed_on_
 
         # --- heal: the slowdown clears; then the host side slows down -----------------------------------
         _wait("the slowdown to clear", lambda: not _slowdowns(mesh)["active"], 60)
+        load.join()
         assert wait_quiet(mesh, 60), incidents(mesh, state="open")
         start = time.time_ns()
         victim = ring.procs[2]
