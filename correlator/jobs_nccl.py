@@ -289,15 +289,16 @@ class NcclJobs:
                    labels={SOURCE_LABEL: "nccl"})
 
     def _upsert(self, found: Job) -> None:
-        current = self.state.get_job(found.id)
-        self.state.put_job(found if current is None else merge_jobs(current, found))
+        # read, merged and written at once: flushes run on several threads (and correlate members), and
+        # a merge into a job another flush just rewrote would drop what that one learned (QPs are learned once)
+        self.state.update_job(found.id, lambda current: found if current is None else merge_jobs(current, found))
 
     def register(self, job: Job) -> bool:
         """A hand-registered job (POST /jobs): merged with what the plugin found. True when new."""
-        current = self.state.get_job(job.id)
-        if current is not None and current.labels.get(SOURCE_LABEL) in ("nccl", "api+nccl"):
-            job = merge_jobs(job, current)
-        return self.state.put_job(job)
+        def merged(current: Job | None) -> Job:
+            found = current is not None and current.labels.get(SOURCE_LABEL) in ("nccl", "api+nccl")
+            return merge_jobs(job, current) if found else job
+        return self.state.update_job(job.id, merged)
 
     # --- reads --------------------------------------------------------------------------------
 

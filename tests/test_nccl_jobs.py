@@ -4,6 +4,7 @@ plugin records (and merged with hand-registered ones), the correlator join, the 
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
@@ -26,7 +27,7 @@ from nms.records import (
     RankPlacement,
 )
 from nms.state import StateStore
-from tests.helpers import api_client, auth, make_config
+from tests.helpers import api_client, auth, make_config, wait_until
 
 T0 = 1_700_000_000 * 10**9
 COMM = "00000000000000aa"
@@ -202,6 +203,50 @@ def test_the_agents_step_stats_stand_for_the_steps(tracked):
     assert [c.duration_ns for c in written] == [2 * 10**6] * 8 + [8 * 10**6] * 4
     [slow] = jobs.slowdowns("job-7")[0]
     assert slow.slow_collectives == [8, 9, 10, 11] and slow.host_pairs
+
+
+class _SlowFirstRead(StateStore):
+    """A state store whose first read of a job (alone or in an update) waits up to `hold_s` for `go`:
+    the interleaving of two flushes that the lab's ingest threads and correlation step produce under load."""
+
+    def __init__(self, path, hold_s: float):
+        super().__init__(path)
+        self.go, self.hold_s, self.reads = threading.Event(), hold_s, 0
+
+    def _read(self):
+        self.reads += 1
+        if self.reads == 1:
+            self.go.wait(self.hold_s)
+
+    def get_job(self, job_id):
+        current = super().get_job(job_id)
+        self._read()
+        return current
+
+    def update_job(self, job_id, change):
+        return super().update_job(job_id, lambda current: (self._read(), change(current))[1])
+
+
+def test_two_flushes_at_once_lose_no_rank_qps(tmp_path):
+    """A flush that read the job before another wrote it must not write its stale merge over it: the
+    ranks' QPs are learned once, and a lost write left a rank without QPs for good (issue 27, the
+    jobs lab in full runs)."""
+    state = _SlowFirstRead(tmp_path / "s.sqlite", hold_s=1.0)
+    jobs = NcclJobs(state, lambda _: None, settle_s=0.0)
+    records = folded(ring_records(0, 10**6, with_comm=True))
+    jobs.add([r for r in records if not isinstance(r, NcclStepStats)])  # placed, no QP yet
+    first = threading.Thread(target=jobs.flush)
+    first.start()  # its read of the (absent) job waits
+    wait_until(lambda: state.reads == 1, 5, 0.01, what="the first flush's read")
+    jobs.add([r for r in records if isinstance(r, NcclStepStats)])  # the QPs
+    second = threading.Thread(target=jobs.flush)
+    second.start()
+    second.join(0.3)
+    state.go.set()
+    first.join(5)
+    second.join(5)
+    assert [r.qps for r in state.get_job("job-7").ranks] == [[0x100 + 10 * i, 0x101 + 10 * i] for i in range(4)]
+    state.close()
 
 
 def test_records_without_a_job_id_build_nothing(tracked):

@@ -142,6 +142,30 @@ def test_two_correlators_racing_open_each_incident_once(open_state, caplog):
     b.close()
 
 
+def test_two_writers_merging_into_one_job_lose_neither_merge(open_state):
+    """update_job reads and writes in one serialized transaction: two connections adding a host each,
+    20 times at once, leave all 40 (the jobs the NCCL plugin builds are merged this way)."""
+    from nms.records import Job
+
+    stores = [open_state(), open_state()]
+    stores[0].put_job(Job(id="train-1", hosts=[], start=T0))
+    barrier = threading.Barrier(2)
+
+    def add_hosts(i: int) -> None:
+        barrier.wait()
+        for n in range(20):
+            stores[i].update_job("train-1", lambda job, h=f"h{i}-{n}": job.model_copy(update={"hosts": job.hosts + [h]}))
+
+    threads = [threading.Thread(target=add_hosts, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(stores[1].get_job("train-1").hosts) == sorted(f"h{i}-{n}" for i in (0, 1) for n in range(20))
+    for s in stores:
+        s.close()
+
+
 def test_the_loser_of_an_insert_race_on_postgresql_gets_the_winners_incident(postgres_server, postgres_database):
     """Without the store's own lock: the second INSERT waits on the unique index until the first
     transaction commits, then finds its row."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -69,12 +70,19 @@ class StateStore(IncidentTables):
 
     def put_job(self, job: Job) -> bool:
         """Insert or replace a job; True when it was new."""
-        with self._db.transaction() as db:
-            existed = db.execute("SELECT 1 FROM jobs WHERE id = ?", (job.id,)).fetchone() is not None
+        return self.update_job(job.id, lambda _: job)
+
+    def update_job(self, job_id: str, change: Callable[[Job | None], Job]) -> bool:
+        """Stores change(the stored job, or None) read and written in one transaction, serialized
+        across processes: writers merging into the same job never write over each other's merge.
+        True when the job was new."""
+        with self._db.transaction(serial="jobs") as db:
+            row = db.execute("SELECT body FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            job = change(None if row is None else Job.model_validate(json.loads(row[0])))
             db.execute('INSERT INTO jobs (id, start, "end", body) VALUES (?, ?, ?, ?) ON CONFLICT (id) DO UPDATE '
                        'SET start = excluded.start, "end" = excluded."end", body = excluded.body',
                        (job.id, job.start, job.end, job.model_dump_json()))
-        return not existed
+        return row is None
 
     def get_job(self, job_id: str) -> Job | None:
         with self._db.read() as db:
