@@ -154,7 +154,8 @@ def test_two_writers_merging_into_one_job_lose_neither_merge(open_state):
     def add_hosts(i: int) -> None:
         barrier.wait()
         for n in range(20):
-            stores[i].update_job("train-1", lambda job, h=f"h{i}-{n}": job.model_copy(update={"hosts": job.hosts + [h]}))
+            host = f"h{i}-{n}"
+            stores[i].update_job("train-1", lambda job, h=host: job.model_copy(update={"hosts": job.hosts + [h]}))
 
     threads = [threading.Thread(target=add_hosts, args=(i,)) for i in (0, 1)]
     for t in threads:
