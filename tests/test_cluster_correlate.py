@@ -19,17 +19,22 @@ import uuid
 
 import httpx
 import yaml
+from prometheus_client import CollectorRegistry
 from test_cluster_write import Member, members  # noqa: F401  (the members fixture)
 
 from nms.app.correlate_partitions import Split, owned
+from nms.app.polled import PolledPublisher
 from nms.app.service import Service
-from nms.app.telemetry_bus import FAMILIES, stream_name
+from nms.app.telemetry_bus import CORRELATED, TelemetryPublisher, stream_name
+from nms.bus.nats import NatsBus
+from nms.config.models import BusConfig
 from tests._fabric_synth import Synth
 from tests.helpers import auth, make_config, wait_until
 
 PREFIX = "tw"  # test_cluster_write's Member
 SECOND = 10**9
 HEARTBEAT = 1.0  # the correlate members' (cluster.correlate.heartbeat)
+POLL_S = 5  # the pollers' interval
 KIND = {"probe_window": "probe_windows", "path_event": "path_events", "probe_path": "probe_paths"}
 
 
@@ -57,13 +62,44 @@ def _incidents(api: Member) -> list[dict]:
     return r.json()
 
 
-class _Pace:
-    """The agents' input in real time (the correlator steps on new seconds of windows): a clean past
-    (delay baselines, no finding), then one second of windows per call; three clean ones first."""
+def _addresses(synth: Synth, t: int) -> list:
+    """The switches' interface addresses, as the poll members hand them to the correlators."""
+    return synth.inventory_records(t, with_paths=False)
 
-    def __init__(self, api, synth) -> None:
-        self.api, self.synth = api, synth
+
+def _poll(synth: Synth, t: int) -> list:
+    """What the poll members hand the correlators at second t: a poll of every switch port (state,
+    rates) every POLL_S."""
+    return [] if t % POLL_S else [r for r in synth.switch_records(t, POLL_S) if hasattr(r, "device")]
+
+
+def _publish_polled(nats_url: str, records: list) -> None:
+    """Published as a poll member does (nms/app/polled.py, the poller's hook)."""
+    async def publish():
+        cfg = BusConfig(servers=[nats_url], prefix=PREFIX)
+        bus = NatsBus(cfg)
+        await bus.connect()
+        try:
+            publisher = PolledPublisher(TelemetryPublisher(bus, cfg, CollectorRegistry()), lambda _: [],
+                                        CollectorRegistry())
+            publisher.submit(records)
+            await publisher.close()
+            assert publisher.records.labels("published")._value.get() == len(records)
+        finally:
+            await bus.close()
+
+    if records:
+        asyncio.run(publish())
+
+
+class _Pace:
+    """The agents' and pollers' input in real time (the correlator steps on new seconds of windows): a
+    clean past (delay baselines, no finding), then one second of windows per call; three clean ones first."""
+
+    def __init__(self, api, synth, nats_url: str) -> None:
+        self.api, self.synth, self.nats_url = api, synth, nats_url
         self.start = self.t = time.time_ns() // SECOND
+        _publish_polled(nats_url, _addresses(synth, self.start - 20))
         _post(api, synth.inventory_records(self.start - 20))
         for t in range(self.start - 15, self.start):
             _post(api, synth.windows(t))
@@ -72,6 +108,7 @@ class _Pace:
         assert _incidents(api) == []
 
     def __call__(self) -> None:
+        _publish_polled(self.nats_url, _poll(self.synth, self.t))
         _post(self.api, self.synth.windows(self.t))
         self.t += 1
         time.sleep(max(0.0, self.t - time.time_ns() / SECOND))
@@ -79,15 +116,19 @@ class _Pace:
 
 def _single_process(tmp_path, fabric: dict, cable: str, now: int) -> tuple[str, str]:
     """(kind, element) of the first incident the single process (a Service, its own SQLite state)
-    opens for the same input through the same entry point (Service.on_ingest), stepped per second."""
+    opens for the same input through the same entry points (Service.on_ingest, the poller's hook),
+    stepped per second."""
     synth = Synth()
     service = Service(make_config(tmp_path / "single", fabric=fabric, polling={"enabled": False}))
     try:
+        service.poller.on_records(_addresses(synth, now - 20))
         paths = [r for r in synth.inventory_records(now - 20) if r.measurement == "probe_path"]
         service.on_ingest("probe_paths", paths)
         for t in range(now - 15, now + 15):
             if t == now + 3:
                 synth.down.add(cable)
+            if t >= now:
+                service.poller.on_records(_poll(synth, t))
             service.on_ingest("probe_windows", synth.windows(t))
             for event in service.correlation.step((t + 1) * SECOND):
                 if event.event == "opened":
@@ -108,7 +149,7 @@ def _group_state(nats_url: str, consumer: str = "correlate-correlate") -> dict[s
         nc = await nats.connect(nats_url)
         try:
             js, out = nc.jetstream(), {}
-            for family in FAMILIES:
+            for family in CORRELATED:
                 stream = await js.stream_info(stream_name(PREFIX, family))
                 info = await js.consumer_info(stream_name(PREFIX, family), consumer)
                 out[family] = (info.num_ack_pending, info.num_pending,
@@ -134,7 +175,7 @@ def test_correlate_member_on_the_bus_opens_the_incident_once_across_a_kill(
     api.wait_ready()
     corr.wait_ready("correlate feed: consuming")
 
-    pace = _Pace(api, synth)
+    pace = _Pace(api, synth, nats_server.url)
     now = pace.start
 
     synth.down.add(cable)  # the link fails: its paths' windows come back empty
@@ -144,9 +185,10 @@ def test_correlate_member_on_the_bus_opens_the_incident_once_across_a_kill(
         assert pace.t - now < 15, f"no incident within 12 s of the fault; correlate log:\n{corr.tail()}"
     [incident] = found
     print(f"incident open {time.monotonic() - fault_at:.1f} s after the first faulty windows were posted")
-    # what the single process opens for the same agents' input: without the pollers' interface addresses
-    # (not on the bus yet, docs/cluster.md) neither can name the cable, and both name the same element
+    # what the single process opens for the same agents' and pollers' input: the cable (the pollers'
+    # interface addresses map the traceroute hops to ports; without them both said leaf2)
     expected = _single_process(tmp_path, fabric, cable, now)
+    assert expected == ("link_down", cable)
     assert (incident["kind"], incident["element"], incident["state"]) == (*expected, "open"), expected
 
     corr.kill(signal.SIGKILL)  # mid-stream: the fault goes on, the API keeps taking windows
@@ -217,7 +259,7 @@ def test_two_members_split_by_leaf_open_the_incident_once_across_a_kill_and_a_re
                            or f"{n} gives partitions {_list(share[other_of[n]])}" in m.text() for n, m in corr.items()),
                30, what="the split of two members", why=lambda: "\n".join(m.tail() for m in corr.values()))
 
-    pace = _Pace(api, synth)
+    pace = _Pace(api, synth, nats_server.url)
     now = pace.start
     synth.down.add(cable)
     while not (found := _incidents(api)):

@@ -223,6 +223,9 @@ def test_a_member_that_joins_takes_its_share_and_one_that_leaves_hands_it_back(n
             assert b.scheduled() == expected["poll-b"] and b.shard.owned == expected["poll-b"]
             for s in expected["poll-b"]:  # given away: no longer shown as polled here
                 assert a.poller.status[("snmp", s)].state == "pending"
+            # nor as unreachable in its topology (the correlator would take it for a dead switch): unknown
+            reachable = {n.name: n.reachable for n in a.poller.topology().nodes}
+            assert {s: reachable[s] for s in expected["poll-b"]} == dict.fromkeys(expected["poll-b"])
             left = time.monotonic()
             await b.stop()  # a clean stop deletes its entry: handed back at poll-a's next check
             await until(lambda: a.scheduled() == set(SWITCHES), 5, "poll-a to take everything back")

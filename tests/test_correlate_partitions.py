@@ -103,9 +103,10 @@ def test_a_probe_window_concerns_its_ends_leaves_and_core_when_they_differ():
 def test_switch_host_clock_and_generic_records_are_routed_by_what_they_name():
     split = Split(Synth().fabric, "leaf")
     t = 1_700_000_000 * 10**9
-    assert split.of_record("port_samples", PortSample(device="leaf2", port="swp3", ts=t)) == {"leaf:leaf2"}
-    assert split.of_record("port_samples", PortSample(device="spine1", port="swp1", ts=t)) == {CORE}
-    assert split.of_record("port_samples", PortSample(device="unknown", port="swp1", ts=t)) is None
+    # a switch's ports end links of several partitions (spine1:swp2 is leaf2's uplink's far end): every member
+    for device in ("leaf2", "spine1", "unknown"):
+        assert split.of_record("port_samples", PortSample(device=device, port="swp1", ts=t)) is None
+    assert split.of_record("link_events", PortSample(device="spine1", port="swp1", ts=t)) is None
     assert split.of_record("host_nic_samples", HostNicSample(host="host5", nic="eth0", ts=t)) == {"leaf:leaf3"}
     point = GenericPoint(measurement="gpu", tags={"host": "host4"}, fields={"util": 1.0}, ts=t)
     assert split.of_record("points", point) == {"leaf:leaf2"}

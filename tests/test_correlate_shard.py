@@ -16,11 +16,14 @@ from collections import Counter
 from prometheus_client import CollectorRegistry
 from test_cluster_poll import bounded, until
 
+from nms.app import polled
 from nms.app.correlate_feed import CorrelateFeed
 from nms.app.correlate_partitions import owned
-from nms.app.telemetry_bus import FAMILIES, TelemetryPublisher, stream_name, stream_specs
+from nms.app.polled import PolledPublisher
+from nms.app.telemetry_bus import CORRELATED, POLLED_KINDS, TelemetryPublisher, stream_name, stream_specs
 from nms.bus.nats import NatsBus
 from nms.config.models import BusConfig, CorrelateFeedConfig
+from nms.records import LldpNeighbor
 from tests._fabric_synth import Synth
 
 HEARTBEAT = 1.0
@@ -40,11 +43,14 @@ class Member:
                                        fetch_timeout=0.2, batch_messages=64)
         self.synth, self.name = synth, name
         self.handed: Counter[tuple] = Counter()
+        self.polled: list[tuple[str, object]] = []  # (kind, record) of the switch records handed
         self.down = False
 
     def on_ingest(self, kind: str, records: list) -> list:
         if kind == "probe_windows":
             self.handed.update(_key(w) for w in records)
+        elif kind in POLLED_KINDS:
+            self.polled += [(kind, r) for r in records]
         return records
 
     async def start(self) -> Member:
@@ -134,7 +140,7 @@ def test_two_members_split_the_windows_by_partition_across_a_kill_and_a_rejoin(n
             await a.stop()
             await b2.stop()
             # a clean stop deletes the member's consumers; the killed one's were deleted by its rejoin
-            left = [c.name for f in FAMILIES for c in await pub_bus._js.consumers_info(stream_name("cs", f))]
+            left = [c.name for f in CORRELATED for c in await pub_bus._js.consumers_info(stream_name("cs", f))]
             assert left == [], left
             return took
         finally:
@@ -144,3 +150,60 @@ def test_two_members_split_the_windows_by_partition_across_a_kill_and_a_rejoin(n
 
     took = bounded(run())
     print(f"corr-b's partitions taken by corr-a {took:.2f} s after the kill")
+
+
+def test_a_poll_members_switch_records_reach_every_correlate_member(nats_server, monkeypatch):
+    """What a poll member publishes (PolledPublisher, fed as the poller's hook feeds it): the records the
+    correlator reads reach both members of a leaf split, a spine's too (its ports end leaves' links), the
+    others (LLDP) stay home; a device's addresses go out again with its poll once ADDRESSES_AGAIN_S
+    passed; with the bus gone, submitting holds nothing up and the records are counted as failed."""
+    monkeypatch.setattr(polled, "ADDRESSES_AGAIN_S", 0.5)
+    synth = Synth()
+
+    async def run():
+        bus_cfg = BusConfig(servers=[nats_server.url], prefix="cs")
+        pub_bus = NatsBus(bus_cfg)
+        await pub_bus.connect()
+        await pub_bus.ensure_streams(stream_specs(bus_cfg))
+        a = await Member(nats_server.url, "corr-a", synth).start()
+        b = await Member(nats_server.url, "corr-b", synth).start()
+        members = [a, b]
+        try:
+            await until(lambda: a.feed.owned and b.feed.owned and not a.feed.owned & b.feed.owned, 10, "the split")
+            addresses = [r for r in synth.inventory_records(T0, with_paths=False) if r.device in ("spine1", "leaf2")]
+            recent = {d: [r for r in addresses if r.device == d] for d in ("spine1", "leaf2")}
+            publisher = PolledPublisher(TelemetryPublisher(pub_bus, bus_cfg, CollectorRegistry()),
+                                        lambda device: recent.get(device, []), CollectorRegistry())
+            poll = [r for r in synth.switch_records(T0) if getattr(r, "device", None) in ("spine1", "leaf2")]
+            neighbor = LldpNeighbor(device="spine1", port="swp2", ts=T0 * 10**9, remote_name="leaf2",
+                                    remote_port="swp3")
+            publisher.submit(poll + addresses + [neighbor])
+            sent = sorted((type(r).__name__, r.device, r.port) for r in poll + addresses)
+            got = lambda m: sorted((type(r).__name__, r.device, r.port) for _, r in m.polled)  # noqa: E731
+            await until(lambda: got(a) == sent and got(b) == sent, 10, "every switch record to both members")
+            assert {k for k, _ in a.polled} == {"port_samples", "port_rates", "interface_addresses"}
+
+            # the next poll, without an address walk: the addresses go again once ADDRESSES_AGAIN_S passed
+            def poll_at(t: int) -> list:
+                return [r for r in synth.switch_records(t) if getattr(r, "device", None) in ("spine1", "leaf2")]
+
+            before = len(a.polled)
+            publisher.submit(poll_at(T0 + 1))
+            await until(lambda: len(a.polled) == before + len(poll), 10, "the second poll")
+            await asyncio.sleep(0.6)
+            publisher.submit(poll_at(T0 + 2))
+            await until(lambda: len(a.polled) == before + 2 * len(poll) + len(addresses), 10, "the addresses again")
+            assert publisher.records.labels("published")._value.get() == 3 * len(poll) + 2 * len(addresses)
+
+            await pub_bus.close()  # the bus is gone: a poll's submit returns at once, the copy is counted failed
+            started = time.monotonic()
+            publisher.submit(poll_at(T0 + 3))
+            assert time.monotonic() - started < 0.1
+            await publisher.close()
+            assert publisher.records.labels("failed")._value.get() == len(poll)
+        finally:
+            for m in members:
+                await m.stop()
+            await pub_bus.close()
+
+    bounded(run())

@@ -12,6 +12,7 @@ from nms.app.roles import parse_roles
 from nms.app.telemetry_bus import (
     FAMILIES,
     FAMILY_OF,
+    POLLED,
     decode,
     encode,
     kind_of,
@@ -22,7 +23,7 @@ from nms.app.telemetry_bus import (
 from nms.bus import BusError, subject_token
 from nms.config import ConfigError, load_config, parse_config
 from nms.config.models import BusConfig
-from nms.records import INGEST_KINDS, GenericPoint, PortSample, ProbeWindow
+from nms.records import INGEST_KINDS, GenericPoint, LinkEvent, PortSample, ProbeWindow
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = 1_764_000_000_000_000_000
@@ -79,7 +80,7 @@ def test_every_ingest_kind_has_one_family_stream_and_subjects_carry_the_partitio
     assert set(FAMILY_OF) == set(INGEST_KINDS)
     specs = stream_specs(BusConfig(prefix="site1", replicas=3, retention=3600))
     assert [(s.name, s.subjects, s.replicas, s.max_age_s) for s in specs] == [
-        (f"SITE1_TEL_{f.upper()}", (f"site1.tel.{f}.>",), 3, 3600.0) for f in FAMILIES]
+        (f"SITE1_TEL_{f.upper()}", (f"site1.tel.{f}.>",), 3, 3600.0) for f in (*FAMILIES, POLLED)]
     assert subject("nms", "probe_windows", partition_key(_window("gpu-1.pod2", 0))) == \
         "nms.tel.probe.probe_windows.gpu-1%2Epod2"
     sample = PortSample(device="leaf1", port="swp1", ts=T0, in_octets=1)
@@ -88,6 +89,13 @@ def test_every_ingest_kind_has_one_family_stream_and_subjects_carry_the_partitio
     assert partition_key(GenericPoint(measurement="m", fields={"v": 1}, ts=T0)) == "_"
     assert kind_of("nms.tel.switch.port_samples.leaf1") == "port_samples"
     assert kind_of("nms.tel.switch.nonsense.leaf1") is None
+    # the polled stream (what poll members hand the correlate members) carries two kinds no ingest takes
+    event = LinkEvent(device="leaf1", port="swp1", ts=T0, state="down", previous="up")
+    topic = subject("nms", "link_events", partition_key(event), POLLED)
+    assert topic == "nms.tel.polled.link_events.leaf1" and kind_of(topic) == "link_events"
+    assert decode(topic, encode("link_events", [event], 1 << 20)[0]) == ("link_events", [event])
+    with pytest.raises(BusError, match="not a batch of link_events"):
+        decode(topic, encode("port_samples", [sample], 1 << 20)[0])
     # one token whatever the value holds: no '.', no wildcards, reversible bytes
     assert subject_token("a.b*c>d é") == "a%2Eb%2Ac%3Ed%20%C3%A9"
 

@@ -39,7 +39,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from nms.app.correlate_partitions import Split, owned
 from nms.app.membership import Membership, default_member
 from nms.app.tasks import end_tasks
-from nms.app.telemetry_bus import FAMILIES, decode, family_subjects, stream_name
+from nms.app.telemetry_bus import CORRELATED, decode, family_subjects, stream_name
 from nms.bus import Bus, BusError, BusUnavailable, Consumer, Message
 from nms.config.models import BusConfig, CorrelateFeedConfig, FabricConfig
 
@@ -75,10 +75,10 @@ class CorrelateFeed(Membership):
         self.replay_s = max(cfg.replay, context_s)
         # called in a worker thread with the owned partitions whenever they change (Service: the incidents)
         self.on_owned: Callable[[set[str]], None] | None = None
-        self._handed: dict[str, OrderedDict[int, None]] = {f: OrderedDict() for f in FAMILIES}
-        self._seen = dict.fromkeys(FAMILIES, 0)  # the newest stream position the live consumer took
+        self._handed: dict[str, OrderedDict[int, None]] = {f: OrderedDict() for f in CORRELATED}
+        self._seen = dict.fromkeys(CORRELATED, 0)  # the newest stream position the live consumer took
         # per stream: (first position, the partitions whose records were handed from there on), rising
-        self._handed_for: dict[str, list[tuple[int, frozenset[str]]]] = {f: [(0, frozenset())] for f in FAMILIES}
+        self._handed_for: dict[str, list[tuple[int, frozenset[str]]]] = {f: [(0, frozenset())] for f in CORRELATED}
         self._handing = asyncio.Lock()  # one hand-over at a time: live messages wait for a takeover's replay
         self._tasks: list[asyncio.Task[None]] = []
         self._owning: set[asyncio.Task[None]] = set()
@@ -99,7 +99,7 @@ class CorrelateFeed(Membership):
     async def start(self) -> None:
         await self.join()  # this member's first share (nothing to replay: its consumers start below)
         start_s = time.time() - self.replay_s
-        for family in FAMILIES:
+        for family in CORRELATED:
             stream = stream_name(self.prefix, family)
             if await self.bus.delete_consumer(stream, self.consumer_name):
                 log.info("correlate feed: consumer %s of %s (an earlier run of %s) deleted", self.consumer_name,
@@ -123,7 +123,7 @@ class CorrelateFeed(Membership):
         await self.leave()
         if not left:
             return
-        for family in FAMILIES:
+        for family in CORRELATED:
             try:
                 await asyncio.wait_for(self.bus.delete_consumer(stream_name(self.prefix, family), self.consumer_name),
                                        self.spec.ttl_s)
@@ -168,7 +168,7 @@ class CorrelateFeed(Membership):
     @property
     def ready(self) -> bool:
         """The live consumers have read every stream to its end once (the start's re-read is done)."""
-        return len(self._caught_up) == len(FAMILIES)
+        return len(self._caught_up) == len(CORRELATED)
 
     async def _read_to_end(self, family: str) -> None:
         if family in self._caught_up:
@@ -195,7 +195,7 @@ class CorrelateFeed(Membership):
         """Hand what the streams retain of the taken partitions, up to where the live consumers are, but
         no record this member handed already."""
         start_s, count = time.time() - self.replay_s, 0
-        for family in FAMILIES:
+        for family in CORRELATED:
             upto = self._seen[family]
             if not upto:
                 continue

@@ -21,9 +21,12 @@ from nms.rendezvous import assign
 CORE = "core"
 WHOLE = "fabric"
 # kinds every member takes: the clock solve is one least-squares over the whole probe graph (the network
-# effect), and a job's NCCL records and slowdowns span partitions
+# effect), a job's NCCL records and slowdowns span partitions, and a switch's ports end links of several
+# partitions (a spine's port to leaf2 is evidence on a link leaf2's owner judges; traceroute hops map to
+# any switch's addresses). Switch records are few beside probe windows (one per port per poll).
 EVERY_MEMBER = frozenset({"clock_edges", "clock_solutions", "nccl_comms", "nccl_collectives", "nccl_proxy_ops",
-                          "nccl_proxy_steps", "nccl_step_stats", "nccl_rdma_qps"})
+                          "nccl_proxy_steps", "nccl_step_stats", "nccl_rdma_qps", "port_samples", "port_rates",
+                          "queue_samples", "queue_rates", "link_events", "interface_addresses"})
 
 
 def partitions(fabric: FabricConfig, by: str) -> dict[str, set[str]]:

@@ -422,6 +422,8 @@ class Poller:
         now = time.time_ns()
         reachable: dict[str, bool] = {}
         for (_, device), st in self.status.items():
+            if st.state == "pending":  # not polled here, yet or any more (another member's share): unknown,
+                continue  # not unreachable (the correlator takes an unreachable switch for a dead one)
             for d in {device} | self.recent.covered.get(device, set()):
                 reachable[d] = reachable.get(d, False) or st.state == "ok"
         fresh = {d: n for d, n in self.recent.neighbors.items() if reachable.get(d)}

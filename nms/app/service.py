@@ -29,6 +29,7 @@ from nms.app.metrics import ServiceMetrics
 from nms.app.notify import Notifier
 from nms.app.plugins import open_bus, open_store
 from nms.app.poll_shard import PollShard
+from nms.app.polled import PolledPublisher
 from nms.app.polling import Poller
 from nms.app.roles import parse_roles
 from nms.app.telemetry_bus import TelemetryPublisher, stream_specs
@@ -85,7 +86,6 @@ class Service:
         if config.correlator.enabled:
             self.correlation = CorrelationService(config, self.state, self.incident_feed, self.metrics.registry)
             self.correlation.job_slowdowns = self._job_slowdowns
-            self.poller.on_records = lambda records: self.correlation.add(records, "collectors")
         # what the audits read: the poller's view, the inventory, the store, the clock, the correlator's findings
         self.audit_source = SnapshotSource(config.fabric, self.poller, self.store,
                                            clock=self.clock if config.clock.enabled else None,
@@ -96,6 +96,12 @@ class Service:
         self.bus = open_bus(bus_cfg) if bus_cfg is not None and self.roles & bus_roles else None
         self.publisher = (TelemetryPublisher(self.bus, bus_cfg, self.metrics.registry)
                           if self.bus is not None and bus_cfg is not None and "api" in self.roles else None)
+        # `poll` members hand their switch records to the correlate members on the bus (nms/app/polled.py)
+        self.polled = None
+        if self.bus is not None and bus_cfg is not None and "poll" in self.roles and config.polling.enabled:
+            publisher = self.publisher or TelemetryPublisher(self.bus, bus_cfg, self.metrics.registry)
+            self.polled = PolledPublisher(publisher, lambda device: self.poller.recent.addresses.get(device, ()),
+                                          self.metrics.registry)
         self.writer = (BusWriter(self.bus, bus_cfg, config.cluster.write, self.store, self.metrics.registry)
                        if self.bus is not None and bus_cfg is not None and "write" in self.roles else None)
         # a `correlate` member without `api` takes the telemetry from the bus (with `api`, on_ingest has it)
@@ -105,10 +111,19 @@ class Service:
                                and "api" not in self.roles else None)
         if self.correlate_feed is not None:
             self.correlate_feed.on_owned = self._own_partitions
+        self.poller.on_records = self._polled
         # `poll` members share the switches (nms/app/poll_shard.py); without a bus, this process polls all
         self.poll_shard = (PollShard(self.bus, bus_cfg, config.cluster.poll, self.poller, self.metrics.registry)
                            if self.bus is not None and bus_cfg is not None and "poll" in self.roles
                            and config.polling.enabled else None)
+
+    def _polled(self, records: list) -> None:
+        """A poll's records (the poller stores them): to this process's correlator when it takes its
+        telemetry in-process, and on the bus for correlate members that take theirs from it."""
+        if self.polled is not None:
+            self.polled.submit(records)
+        if self.correlation is not None and "correlate" in self.roles and self.correlate_feed is None:
+            self.correlation.add(records, "collectors")
 
     def _own_partitions(self, parts: set[str]) -> None:
         """A sharded correlate member's partitions changed: open incidents only for elements they own,
@@ -316,6 +331,8 @@ class Service:
         if self.poll_shard is not None:
             await self.poll_shard.stop()
         await self.poller.close()
+        if self.polled is not None:
+            await self.polled.close()
         await self.notifier.stop()
         await asyncio.to_thread(self.store.close)
         if self.bus is not None:

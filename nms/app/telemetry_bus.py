@@ -4,6 +4,10 @@ so that whoever consumes them decodes them through the ingest's own validation.
 
 The partition key is the host a record comes from (nms.app.binding.HOST_FIELD) or the device it is
 about; records of one batch with several keys become several messages.
+
+One more stream, `polled`, carries what `poll` members hand the correlate members (nms/app/polled.py):
+the switch records the correlator reads (port state and rates, queue rates, link events, interface
+addresses). Poll members store their records themselves, so writers do not consume it.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create
 from nms.app.binding import HOST_FIELD
 from nms.bus import Bus, BusError, StreamSpec, subject_token
 from nms.config.models import BusConfig
-from nms.records import INGEST_KINDS, GenericPoint
+from nms.records import INGEST_KINDS, GenericPoint, InterfaceAddress, LinkEvent, PortRates, PortSample, QueueRates
 
 # record family -> the ingest kinds its stream carries
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -35,13 +39,20 @@ FAMILY_OF = {kind: family for family, kinds in FAMILIES.items() for kind in kind
 for _kind in INGEST_KINDS:
     FAMILY_OF.setdefault(_kind, "nccl" if _kind.startswith("nccl_") else "host")
 
-_LISTS = {kind: TypeAdapter(list[model]) for kind, model in INGEST_KINDS.items()}  # type: ignore[valid-type]
+POLLED = "polled"
+# the polled stream's kinds (two that no ingest takes: only collectors make them)
+POLLED_KINDS: dict[str, type] = {"port_samples": PortSample, "port_rates": PortRates, "queue_rates": QueueRates,
+                                 "link_events": LinkEvent, "interface_addresses": InterfaceAddress}
+BUS_KINDS: dict[str, type] = {**INGEST_KINDS, **POLLED_KINDS}
+CORRELATED = (*FAMILIES, POLLED)  # the streams correlate members read (writers read FAMILIES)
+
+_LISTS = {kind: TypeAdapter(list[model]) for kind, model in BUS_KINDS.items()}  # type: ignore[valid-type]
 _ENVELOPE_BYTES = len(b'{"items":}')
 # the ingest's batch envelope: {"items": [record, ...]} and no other key, the records strict as on ingest
 _BATCHES: dict[str, type[BaseModel]] = {
     kind: create_model(f"{model.__name__}BusBatch", __config__=ConfigDict(extra="forbid"),
                        items=(list[model], ...))  # type: ignore[valid-type]
-    for kind, model in INGEST_KINDS.items()}
+    for kind, model in BUS_KINDS.items()}
 NO_KEY = "_"
 
 
@@ -53,21 +64,21 @@ def family_subjects(prefix: str, family: str) -> str:
     return f"{prefix}.tel.{family}.>"
 
 
-def subject(prefix: str, kind: str, key: str) -> str:
-    return f"{prefix}.tel.{FAMILY_OF[kind]}.{kind}.{subject_token(key)}"
+def subject(prefix: str, kind: str, key: str, family: str | None = None) -> str:
+    return f"{prefix}.tel.{family or FAMILY_OF[kind]}.{kind}.{subject_token(key)}"
 
 
 def kind_of(subject_: str) -> str | None:
     """The ingest kind a telemetry subject carries (None if it is not one)."""
     parts = subject_.split(".")
-    return parts[3] if len(parts) == 5 and parts[1] == "tel" and parts[3] in FAMILY_OF else None
+    return parts[3] if len(parts) == 5 and parts[1] == "tel" and parts[3] in BUS_KINDS else None
 
 
 def stream_specs(cfg: BusConfig) -> list[StreamSpec]:
     return [StreamSpec(stream_name(cfg.prefix, family), (family_subjects(cfg.prefix, family),),
                        max_age_s=cfg.retention, max_bytes=cfg.max_bytes, replicas=cfg.replicas,
                        duplicate_window_s=cfg.duplicate_window)
-            for family in FAMILIES]
+            for family in CORRELATED]
 
 
 def partition_key(record: Any) -> str:
@@ -119,11 +130,12 @@ class TelemetryPublisher:
         self.messages = Counter("nms_bus_published_messages", "telemetry messages published, by outcome",
                                 ["kind", "result"], registry=registry)
 
-    async def publish(self, kind: str, records: Sequence[Any]) -> int:
-        """Publish the records; raise BusUnavailable / BusError unless every message was acknowledged
-        (the caller answers 503 and the sender retries: a message published twice is stored once)."""
+    async def publish(self, kind: str, records: Sequence[Any], family: str | None = None) -> int:
+        """Publish the records (on their kind's family's stream, or `family`'s); raise BusUnavailable /
+        BusError unless every message was acknowledged (the caller answers 503 and the sender retries:
+        a message published twice is stored once)."""
         limit = self.bus.max_message_bytes - 1024  # room for headers
-        messages = [(subject(self.prefix, kind, key), body)
+        messages = [(subject(self.prefix, kind, key, family), body)
                     for key, group in by_key(records).items() for body in encode(kind, group, limit)]
         results = await asyncio.gather(*(self.bus.publish(s, body, msg_id=_msg_id(s, body)) for s, body in messages),
                                        return_exceptions=True)
