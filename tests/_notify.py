@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from nms.app.notify import Notifier
+from nms.app.notify.outbox import Outbox
 from nms.config.models import NotificationsConfig
 from nms.records import Incident, IncidentEvent
+from nms.state import StateStore
 
 T0 = 1_700_000_000 * 10**9
 
@@ -118,20 +120,26 @@ def notifications(sinks: list[dict], **kw) -> NotificationsConfig:
 
 
 class Notifiers:
-    """Creates notifiers on one SQLite file and stops whatever is left at teardown."""
+    """Creates notifiers on one state store file (each on its own connection, as a process restarted,
+    or another member, has) and stops whatever is left at teardown."""
 
     def __init__(self, path: Path):
         self.path = path
         self.made: list[Notifier] = []
+        self.states: list[StateStore] = []
 
-    def __call__(self, config: NotificationsConfig, site: str = "lab") -> Notifier:
-        n = Notifier(config, self.path, site)
+    def __call__(self, config: NotificationsConfig, site: str = "lab", member: str = "member-1") -> Notifier:
+        state = StateStore(self.path)
+        self.states.append(state)
+        n = Notifier(config, Outbox(state.database, member), site)
         self.made.append(n)
         return n
 
     async def close(self):
         for n in self.made:
             await n.stop()
+        for state in self.states:
+            state.close()
 
 
 async def until(cond: Callable[[], object], timeout: float = 5.0, step: float = 0.02):
@@ -156,7 +164,7 @@ def notify_rx():
 @pytest.fixture(name="make")
 async def notify_make(tmp_path):
     """Notifier factory on one outbox file; closes them all."""
-    n = Notifiers(tmp_path / "notifications.sqlite")
+    n = Notifiers(tmp_path / "state.sqlite")
     yield n
     await n.close()
 

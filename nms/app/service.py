@@ -25,8 +25,10 @@ from nms.app.correlate_feed import CorrelateFeed
 from nms.app.correlate_partitions import owned_findings
 from nms.app.correlation import MIN_GAP_S, CorrelationService
 from nms.app.dashboards.incident_points import IncidentPoints
+from nms.app.membership import default_member
 from nms.app.metrics import ServiceMetrics
 from nms.app.notify import Notifier
+from nms.app.notify.outbox import Outbox
 from nms.app.plugins import open_bus, open_store
 from nms.app.poll_shard import PollShard
 from nms.app.polled import PolledPublisher
@@ -62,8 +64,10 @@ class Service:
         self.clock = ClockService(config.clock, self.store, self.metrics)  # network-effect clock sync
         self.incidents = IncidentManager(self.state, config.thresholds.resolve_after_clean_windows,
                                          window_ns=int(config.correlator.interval * 1e9))
-        self.notifier = Notifier(config.notifications, config.data_dir / "notifications.sqlite", config.site,
-                                 self.metrics.registry)  # incident events -> sinks, durable retries
+        # incident events -> sinks, durable retries; the outbox is the state store's (one for a cluster)
+        outbox = Outbox(self.state.database, default_member())
+        outbox.import_file(config.data_dir / "notifications.sqlite")  # a process's own outbox of before
+        self.notifier = Notifier(config.notifications, outbox, config.site, self.metrics.registry)
         self.incidents.add_listener(self.notifier.submit)
         self.incidents.add_listener(IncidentPoints(self.store))  # incident_event points for dashboards
         # fabric audits (nms/app/audits): their standing findings join every window's incidents

@@ -71,6 +71,16 @@ MIGRATIONS: tuple[Migration, ...] = (
     # winner's incident (IncidentWriter.insert).
     Migration(2, "at most one open incident per dedup key", (
         "CREATE UNIQUE INDEX IF NOT EXISTS incidents_open_dedup_key ON incidents (dedup_key) WHERE state = 'open'",)),
+    # The notification outbox (nms/app/notify/outbox.py), before in each process's notifications.sqlite: shared,
+    # so a member that dies leaves its pending deliveries to the others (claimed_by/until: who sends one now).
+    Migration(3, "the notification outbox, shared by the members", (
+        "CREATE TABLE IF NOT EXISTS deliveries (id {id}, dedup TEXT NOT NULL UNIQUE, incident_id {int} NOT NULL, "
+        "event TEXT NOT NULL, sink TEXT NOT NULL, sink_kind TEXT NOT NULL, state TEXT NOT NULL, "
+        "attempts {int} NOT NULL DEFAULT 0, created_ns {int} NOT NULL, last_attempt_ns {int}, next_attempt_ns {int}, "
+        "delivered_ns {int}, last_status {int}, last_error TEXT, body TEXT NOT NULL, claimed_by TEXT, "
+        "claimed_until {int})",
+        "CREATE INDEX IF NOT EXISTS deliveries_chain ON deliveries (state, sink, incident_id, id)",
+        "CREATE INDEX IF NOT EXISTS deliveries_incident ON deliveries (incident_id, id)")),
 )
 LATEST = MIGRATIONS[-1].version
 

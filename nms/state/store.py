@@ -60,6 +60,11 @@ class StateStore(IncidentTables):
         return cls(data_dir / "state.sqlite")
 
     @property
+    def database(self) -> Database:
+        """The connection, for the tables kept beside the store's own (the notification outbox)."""
+        return self._db
+
+    @property
     def where(self) -> str:
         """The SQLite file, or `postgresql://user@host:port/dbname` (never the password)."""
         return self._db.where

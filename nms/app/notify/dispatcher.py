@@ -1,15 +1,18 @@
 """Durable, retrying delivery of incident events to the configured sinks.
 
 `submit(event)` (any thread, never raises) queues one delivery per accepting sink in the outbox
-(SQLite) and wakes the worker. The worker (on the service's asyncio loop) sends the head of every
-(sink, incident) chain that is due: in order per chain (a resolve never overtakes its trigger),
-concurrently across chains, with a per-sink connection pool and concurrency limit (a slow or dead
-sink only delays itself). Connection errors, timeouts, 408, 429 and 5xx are retried with
-exponential backoff (backoff_initial doubling up to backoff_max, +-20 % jitter); a Retry-After on
-429/503 (seconds or HTTP date, capped at max_retry_after) sets the next attempt instead; other 4xx
-fail at once; max_attempts tries then failed. Deliveries still pending at shutdown (also one
-cancelled mid-flight) are sent after a restart: at least once, receivers dedup on the incident key.
-Secrets never reach logs, rows or API output: every error text is scrubbed of them.
+(the state store's, shared by a cluster's members: nms/app/notify/outbox.py) and wakes the worker.
+The worker (on the service's asyncio loop) sends the head of every (sink, incident) chain that is
+due: in order per chain (a resolve never overtakes its trigger), concurrently across chains, with a
+per-sink connection pool and concurrency limit (a slow or dead sink only delays itself). Connection
+errors, timeouts, 408, 429 and 5xx are retried with exponential backoff (backoff_initial doubling up
+to backoff_max, +-20 % jitter); a Retry-After on 429/503 (seconds or HTTP date, capped at
+max_retry_after) sets the next attempt instead; other 4xx fail at once; max_attempts tries then
+failed. Deliveries still pending at shutdown (also one cancelled mid-flight) are sent after a
+restart, or by another member: at least once, receivers dedup on the incident key. A member claims
+a delivery before each attempt (for the sink's timeout plus CLAIM_MARGIN_S), so two members never
+send one attempt; the worker also looks every RESCAN_S for deliveries other members queued or left
+behind. Secrets never reach logs, rows or API output: every error text is scrubbed of them.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ import re
 import time
 from collections.abc import Iterator
 from datetime import UTC
-from pathlib import Path
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter
@@ -41,6 +43,8 @@ NOTIFIER_GROUP = "nms.notifiers"
 PER_SINK_CONCURRENCY = 4
 KEEP_FINISHED_S = 30 * 86400.0
 EXCERPT = 200
+CLAIM_MARGIN_S = 30.0
+RESCAN_S = 5.0
 
 
 class SinkInfo(BaseModel):
@@ -106,7 +110,7 @@ class _Gauges(Collector):
 
 
 class Notifier:
-    def __init__(self, config: NotificationsConfig, path: Path, site: str,
+    def __init__(self, config: NotificationsConfig, outbox: Outbox, site: str,
                  registry: CollectorRegistry | None = None):
         self.config = config
         self.site = site
@@ -114,7 +118,7 @@ class Notifier:
             s.name: load_plugin(NOTIFIER_GROUP, s.kind).from_config(s, site, config.external_url) for s in config.sinks}
         for sink in self._sinks.values():
             _REDACT.secrets.update(sink.secrets())
-        self._outbox = Outbox(path)
+        self._outbox = outbox
         self._attempts = None
         if registry is not None:
             self._attempts = Counter("nms_notification_attempts", "notification send attempts by result "
@@ -206,7 +210,6 @@ class Notifier:
         self._clients.clear()
         self._closed = True
         self._loop = self._wake = None
-        self._outbox.close()
 
     # --- the worker --------------------------------------------------------------------------------
 
@@ -215,9 +218,9 @@ class Notifier:
         while True:
             self._wake.clear()
             now = time.time_ns()
-            soonest = None
+            soonest = now + int(RESCAN_S * 1e9)  # what other members queue or leave behind
             try:
-                heads = self._outbox.heads()
+                heads = self._outbox.heads(now)
             except Exception as exc:
                 log.error("notification outbox unreadable: %s", type(exc).__name__)
                 heads = []
@@ -227,13 +230,20 @@ class Notifier:
                     continue
                 due = delivery.next_attempt_ns or 0
                 if due > now:
-                    soonest = due if soonest is None else min(soonest, due)
+                    soonest = min(soonest, due)
+                    continue
+                lease = self._sinks[delivery.sink].config.timeout + CLAIM_MARGIN_S
+                try:
+                    if not self._outbox.claim(delivery.id, now, now + int(lease * 1e9)):
+                        continue  # another member sends it
+                except Exception as exc:
+                    log.error("notification outbox: claim failed: %s", type(exc).__name__)
                     continue
                 self._inflight.add(delivery.id)
                 task = asyncio.create_task(self._attempt(delivery, body))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
-            timeout = None if soonest is None else max(0.0, (soonest - time.time_ns()) / 1e9)
+            timeout = max(0.0, (soonest - time.time_ns()) / 1e9)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             except TimeoutError:

@@ -1,22 +1,33 @@
-"""The durable outbox of notification deliveries (SQLite, `<data_dir>/notifications.sqlite`).
+"""The durable outbox of notification deliveries: the `deliveries` table of the state store (SQLite
+by default, PostgreSQL in a cluster: nms/state), so every member of a cluster sees one outbox.
 
 One row per (incident event, sink). `dedup` is unique: opened / acknowledged / resolved of one
-incident are queued once per sink however often they are submitted (also across restarts);
-updated events are keyed by the incident's update count and time, so each real update is sent.
-The row keeps the event (JSON) and never a rendered request: secrets are added at send time.
+incident are queued once per sink however often they are submitted (also across restarts and by
+several members); updated events are keyed by the incident's update count and time, so each real
+update is sent. The row keeps the event (JSON) and never a rendered request: secrets are added at
+send time.
+
+A member sends a delivery only after claiming it (`claimed_by`, `claimed_until`): two members never
+send one attempt twice, and the deliveries of a member that died are sent by another once its claim
+lapsed. Before the outbox was shared, each process kept `<data_dir>/notifications.sqlite`: its rows
+are moved in once (`import_file`), the file renamed `*.imported`.
 """
 
 from __future__ import annotations
 
-import threading
+import logging
+import sqlite3
 from pathlib import Path
 
 from nms.records import IncidentEvent, NotificationDelivery
-from nms.state import open_sqlite
+from nms.state.db import Database
+
+log = logging.getLogger(__name__)
 
 _COLUMNS = ("id, incident_id, event, sink, sink_kind, state, attempts, created_ns, last_attempt_ns, "
             "next_attempt_ns, delivered_ns, last_status, last_error")
 _FIELDS = [c.strip() for c in _COLUMNS.split(",")]
+_MOVED = [f for f in _FIELDS if f != "id"] + ["dedup", "body"]  # what import_file keeps of an old row
 
 
 def dedup_key(event: IncidentEvent, sink: str) -> str:
@@ -31,17 +42,10 @@ def _row(row: tuple) -> NotificationDelivery:
 
 
 class Outbox:
-    def __init__(self, path: Path):
-        self._lock = threading.Lock()
-        self._db = open_sqlite(path)
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS deliveries (id INTEGER PRIMARY KEY AUTOINCREMENT, dedup TEXT NOT NULL UNIQUE, "
-            "incident_id INTEGER NOT NULL, event TEXT NOT NULL, sink TEXT NOT NULL, sink_kind TEXT NOT NULL, "
-            "state TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, created_ns INTEGER NOT NULL, "
-            "last_attempt_ns INTEGER, next_attempt_ns INTEGER, delivered_ns INTEGER, last_status INTEGER, "
-            "last_error TEXT, body TEXT NOT NULL)")
-        self._db.execute("CREATE INDEX IF NOT EXISTS deliveries_chain ON deliveries (state, sink, incident_id, id)")
-        self._db.execute("CREATE INDEX IF NOT EXISTS deliveries_incident ON deliveries (incident_id, id)")
+    """The deliveries of the state database `db`, as seen by the member `member` (its claims)."""
+
+    def __init__(self, db: Database, member: str):
+        self._db, self.member = db, member
 
     def add(self, event: IncidentEvent, sinks: list[tuple[str, str, bool]], now_ns: int) -> list[int]:
         """Queue `event` for each (sink name, sink kind, accepted by the sink's filters). A sink whose
@@ -50,60 +54,67 @@ class Outbox:
         inc = event.incident
         body = event.model_dump_json()
         new = []
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                for name, kind, accepted in sinks:
-                    if not accepted and (event.event == "opened" or self._db.execute(
-                            "SELECT 1 FROM deliveries WHERE incident_id = ? AND sink = ? LIMIT 1",
-                            (inc.id, name)).fetchone() is None):
-                        continue
-                    cur = self._db.execute(
-                        "INSERT OR IGNORE INTO deliveries (dedup, incident_id, event, sink, sink_kind, state, "
-                        "created_ns, next_attempt_ns, body) VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
-                        (dedup_key(event, name), inc.id, event.event, name, kind, now_ns, now_ns, body),
-                    )
-                    if cur.rowcount:
-                        new.append(cur.lastrowid)
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._db.transaction(serial="outbox") as db:
+            for name, kind, accepted in sinks:
+                if not accepted and (event.event == "opened" or db.execute(
+                        "SELECT 1 FROM deliveries WHERE incident_id = ? AND sink = ? LIMIT 1",
+                        (inc.id, name)).fetchone() is None):
+                    continue
+                added = db.insert(
+                    "INSERT INTO deliveries (dedup, incident_id, event, sink, sink_kind, state, created_ns, "
+                    "next_attempt_ns, body) VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?) ON CONFLICT (dedup) DO NOTHING",
+                    (dedup_key(event, name), inc.id, event.event, name, kind, now_ns, now_ns, body))
+                if added is not None:
+                    new.append(added)
         return new
 
-    def heads(self) -> list[tuple[NotificationDelivery, str]]:
-        """The oldest pending delivery of every (sink, incident) chain, with its event JSON: only a
-        chain's head may be sent, so a resolve never overtakes its trigger."""
-        with self._lock:
-            rows = self._db.execute(
+    def heads(self, now_ns: int) -> list[tuple[NotificationDelivery, str]]:
+        """The oldest pending delivery of every (sink, incident) chain, with its event JSON, unless
+        another member's claim on it holds: only a chain's head may be sent, so a resolve never
+        overtakes its trigger."""
+        with self._db.read() as db:
+            rows = db.execute(
                 f"SELECT {_COLUMNS}, body FROM deliveries WHERE id IN (SELECT MIN(id) FROM deliveries "
-                "WHERE state = 'pending' GROUP BY sink, incident_id) ORDER BY id").fetchall()
+                "WHERE state = 'pending' GROUP BY sink, incident_id) "
+                "AND (claimed_until IS NULL OR claimed_until < ? OR claimed_by = ?) ORDER BY id",
+                (now_ns, self.member)).fetchall()
         return [(_row(r[:-1]), r[-1]) for r in rows]
+
+    def claim(self, delivery_id: int, now_ns: int, until_ns: int) -> bool:
+        """Take the pending delivery for an attempt until `until_ns`; False when another member holds it."""
+        with self._db.transaction(serial="outbox") as db:
+            cur = db.execute(
+                "UPDATE deliveries SET claimed_by = ?, claimed_until = ? WHERE id = ? AND state = 'pending' "
+                "AND (claimed_until IS NULL OR claimed_until < ? OR claimed_by = ?)",
+                (self.member, until_ns, delivery_id, now_ns, self.member))
+            return cur.rowcount == 1
 
     def record(self, delivery_id: int, *, state: str, attempts: int, last_attempt_ns: int,
                next_attempt_ns: int | None, delivered_ns: int | None, last_status: int | None,
                last_error: str | None) -> None:
-        with self._lock:
-            self._db.execute(
+        """An attempt's outcome; the claim is let go."""
+        with self._db.transaction(serial="outbox") as db:
+            db.execute(
                 "UPDATE deliveries SET state = ?, attempts = ?, last_attempt_ns = ?, next_attempt_ns = ?, "
-                "delivered_ns = ?, last_status = ?, last_error = ? WHERE id = ?",
+                "delivered_ns = ?, last_status = ?, last_error = ?, claimed_by = NULL, claimed_until = NULL "
+                "WHERE id = ?",
                 (state, attempts, last_attempt_ns, next_attempt_ns, delivered_ns, last_status, last_error,
                  delivery_id))
 
     def fail_unknown_sinks(self, sinks: set[str]) -> int:
         """Pending deliveries of sinks that are no longer configured become failed (visible, not stuck)."""
         marks = ",".join("?" * len(sinks)) or "NULL"
-        with self._lock:
-            cur = self._db.execute(
+        with self._db.transaction(serial="outbox") as db:
+            cur = db.execute(
                 f"UPDATE deliveries SET state = 'failed', next_attempt_ns = NULL, last_error = "
                 f"'sink no longer configured' WHERE state = 'pending' AND sink NOT IN ({marks})", sorted(sinks))
-        return cur.rowcount
+            return cur.rowcount
 
     def prune(self, before_ns: int) -> int:
         """Forget finished deliveries created before `before_ns`."""
-        with self._lock:
-            cur = self._db.execute("DELETE FROM deliveries WHERE state != 'pending' AND created_ns < ?", (before_ns,))
-        return cur.rowcount
+        with self._db.transaction(serial="outbox") as db:
+            cur = db.execute("DELETE FROM deliveries WHERE state != 'pending' AND created_ns < ?", (before_ns,))
+            return cur.rowcount
 
     def list(self, incident_id: int | None = None, state: str | None = None, sink: str | None = None,
              limit: int = 100) -> list[NotificationDelivery]:
@@ -117,16 +128,34 @@ class Outbox:
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id DESC LIMIT ?"
-        with self._lock:
-            rows = self._db.execute(sql, [*params, limit]).fetchall()
+        with self._db.read() as db:
+            rows = db.execute(sql, [*params, limit]).fetchall()
         return [_row(r) for r in rows]
 
     def counts(self) -> dict[tuple[str, str], int]:
         """(sink, state) -> number of deliveries."""
-        with self._lock:
-            rows = self._db.execute("SELECT sink, state, COUNT(*) FROM deliveries GROUP BY sink, state").fetchall()
-        return {(sink, state): n for sink, state, n in rows}
+        with self._db.read() as db:
+            rows = db.execute("SELECT sink, state, COUNT(*) FROM deliveries GROUP BY sink, state").fetchall()
+        return {(sink, state): int(n) for sink, state, n in rows}
 
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
+    def import_file(self, path: Path) -> int:
+        """Move the rows of a process's own outbox of before (`notifications.sqlite`) in, in their order
+        (a delivery already here by its dedup key is kept as it is); the file is renamed `*.imported`.
+        Returns how many rows were moved."""
+        if not path.exists():
+            return 0
+        old = sqlite3.connect(str(path))
+        try:
+            rows = old.execute(f"SELECT {', '.join(_MOVED)} FROM deliveries ORDER BY id").fetchall()
+        finally:
+            old.close()
+        moved = 0
+        insert = (f"INSERT INTO deliveries ({', '.join(_MOVED)}) VALUES ({', '.join('?' * len(_MOVED))}) "
+                  "ON CONFLICT (dedup) DO NOTHING")
+        with self._db.transaction(serial="outbox") as db:
+            for row in rows:
+                moved += db.insert(insert, row) is not None
+        path.rename(path.with_name(path.name + ".imported"))
+        log.info("notification outbox: %d of %d deliveries of %s moved to the state store (%s); the file is "
+                 "renamed %s.imported", moved, len(rows), path, self._db.where, path.name)
+        return moved
