@@ -118,7 +118,7 @@ def mtu_fault_snapshot(now_ns: int):
 def test_findings_open_incidents_until_a_run_no_longer_finds_them(tmp_path):
     state = StateStore(tmp_path / "state.sqlite")
     incidents = IncidentManager(state, resolve_after=2)
-    history = AuditHistory(tmp_path / "audits.sqlite")
+    history = AuditHistory(state.database)
     runner = AuditRunner(AuditsConfig(), history)
     feed = IncidentFeed(incidents, runner.standing)
     report = runner.run(mtu_fault_snapshot(T0), ["mtu", "speed"])
@@ -139,7 +139,6 @@ def test_findings_open_incidents_until_a_run_no_longer_finds_them(tmp_path):
     assert resolved.event == "resolved" and resolved.incident.kind == "mtu_mismatch"
     assert [i.kind for i in feed.open_incidents()] == ["speed_mismatch"]
     state.close()
-    history.close()
 
 
 @pytest.mark.parametrize("audit,element,element_kind,kind", [
@@ -164,7 +163,8 @@ def test_every_audit_has_an_incident_kind_on_its_own_element_kind(tmp_path, audi
 
 
 def test_no_data_keeps_standing_findings_and_levels_filter(tmp_path):
-    history = AuditHistory(tmp_path / "audits.sqlite")
+    state = StateStore(tmp_path / "state.sqlite")
+    history = AuditHistory(state.database)
     runner = AuditRunner(AuditsConfig(mtu={"open_incidents": "never"}, errors={"open_incidents": "critical"}), history)
     snap = mtu_fault_snapshot(T0)
     snap.rates[("spine1", "swp1")] = snap.rates[("spine1", "swp1")].model_copy(update={"in_errors_ps": 10.0})
@@ -176,14 +176,14 @@ def test_no_data_keeps_standing_findings_and_levels_filter(tmp_path):
     snap.samples, snap.rates = {}, {}
     runner.run(snap, ["mtu", "errors"])  # no data: unknown is not fixed
     assert sorted(f.kind for f in runner.standing(T0)) == ["corrupting_link", "mtu_mismatch"]
-    history.close()
+    state.close()
 
 
 def test_probe_loss_is_reported_but_left_to_the_correlators_own_incident(tmp_path):
     """A fault's first window can look like silent loss (the probes see it before the counters do);
     a run at that moment must not hold a corrupting_link incident open until the next run (an hour)."""
     state = StateStore(tmp_path / "state.sqlite")
-    history = AuditHistory(tmp_path / "audits.sqlite")
+    history = AuditHistory(state.database)
     runner = AuditRunner(AuditsConfig(), history)
     feed = IncidentFeed(IncidentManager(state, resolve_after=2), runner.standing)
     link = "leaf1:swp2--spine1:swp1"
@@ -204,15 +204,35 @@ def test_probe_loss_is_reported_but_left_to_the_correlators_own_incident(tmp_pat
     runner.run(snap, ["errors"])
     assert [(f.kind, f.element) for f in runner.standing(T0 + 3 * W)] == [("corrupting_link", link)]
     state.close()
-    history.close()
 
 
-def test_history_keeps_the_newest(tmp_path):
-    history = AuditHistory(tmp_path / "audits.sqlite", keep=2)
+def test_history_keeps_the_newest(open_state):
+    state = open_state()
+    history = AuditHistory(state.database, keep=2)
     runner = AuditRunner(AuditsConfig(), history)
     ids = [runner.run(clean_snapshot(), ["cabling"]).id for _ in range(3)]
     assert ids == [1, 2, 3] and [r.id for r in history.list()] == [3, 2] and history.get(1) is None
-    history.close()
+    assert [r.id for r in history.list(audit="cabling")] == [3, 2] and history.last_results()["cabling"][0] == 3
+    state.close()
+
+
+def test_a_history_file_of_before_is_moved_in(tmp_path):
+    """A process's own audits.sqlite of before: its reports, oldest first, with new ids; renamed after."""
+    old_state = StateStore(tmp_path / "old.sqlite")  # its audit tables are those that file had
+    old = AuditHistory(old_state.database)
+    made = [AuditRunner(AuditsConfig(), old).run(mtu_fault_snapshot(T0 + i * W), ["mtu"]) for i in range(2)]
+    old_state.close()
+    (tmp_path / "old.sqlite").rename(tmp_path / "audits.sqlite")
+    state = StateStore(tmp_path / "state.sqlite")
+    history = AuditHistory(state.database)
+    AuditRunner(AuditsConfig(), history).run(clean_snapshot(), ["cabling"])  # one of its own already
+    assert history.import_file(tmp_path / "audits.sqlite") == 2
+    assert not (tmp_path / "audits.sqlite").exists() and (tmp_path / "audits.sqlite.imported").exists()
+    moved = history.list(audit="mtu")
+    assert [r.id for r in moved] == [3, 2] and [r.started_ns for r in moved] == [r.started_ns for r in made[::-1]]
+    assert [len(r.findings) for r in moved] == [1, 1] and history.last_results()["mtu"][0] == 3
+    assert history.import_file(tmp_path / "audits.sqlite") == 0  # once
+    state.close()
 
 
 @pytest.mark.parametrize("doc, where", [

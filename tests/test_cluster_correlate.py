@@ -38,11 +38,13 @@ POLL_S = 5  # the pollers' interval
 KIND = {"probe_window": "probe_windows", "path_event": "path_events", "probe_path": "probe_paths"}
 
 
-def _member(tmp_path, name: str, role: str, influxd, nats_url: str, dsn: str, fabric: dict, **correlate) -> Member:
+def _member(tmp_path, name: str, role: str, influxd, nats_url: str, dsn: str, fabric: dict, sinks: list | None = None,
+            **correlate) -> Member:
     m = Member(tmp_path, name, role, influxd.url, f"t_{uuid.uuid4().hex[:12]}", nats_url)
     doc = yaml.safe_load(m.config.read_text())
     doc.update(fabric=fabric, state={"backend": "postgresql", "dsn": dsn},
-               correlator={"enabled": True}, thresholds={"resolve_after_clean_windows": 2})
+               correlator={"enabled": True}, thresholds={"resolve_after_clean_windows": 2},
+               notifications={"sinks": sinks or []})
     doc["cluster"]["correlate"] = {"fetch_timeout": 0.2, "ack_wait": 2, "member": name, **correlate}
     m.config.write_text(yaml.safe_dump(doc))
     return m
@@ -136,7 +138,6 @@ def _single_process(tmp_path, fabric: dict, cable: str, now: int) -> tuple[str, 
         raise AssertionError("the single process opened no incident")
     finally:
         service.store.close()
-        service.audits.history.close()
         service.state.close()
 
 
@@ -162,13 +163,15 @@ def _group_state(nats_url: str, consumer: str = "correlate-correlate") -> dict[s
 
 
 def test_correlate_member_on_the_bus_opens_the_incident_once_across_a_kill(
-        nats_server, influxd, postgres_database, tmp_path, members):  # noqa: F811  (the fixture)
+        nats_server, influxd, postgres_database, tmp_path, members, rx):  # noqa: F811  (the fixture)
     synth = Synth()
     cable = "--".join(sorted(synth.up_link(2, 1).split("->")))
     fabric = synth.fabric.model_dump(mode="json", exclude_none=True)
     dsn = postgres_database()
-    api = _member(tmp_path, "api", "api", influxd, nats_server.url, dsn, fabric)
-    corr = _member(tmp_path, "correlate", "correlate", influxd, nats_server.url, dsn, fabric)
+    # both members run a notifier on the one outbox in PostgreSQL: the incident's webhook goes out once
+    sinks = [{"name": "noc", "kind": "webhook", "url": rx.url("/hook")}]
+    api = _member(tmp_path, "api", "api", influxd, nats_server.url, dsn, fabric, sinks)
+    corr = _member(tmp_path, "correlate", "correlate", influxd, nats_server.url, dsn, fabric, sinks)
     members.extend([api, corr])
     api.start()
     corr.start()
@@ -190,6 +193,11 @@ def test_correlate_member_on_the_bus_opens_the_incident_once_across_a_kill(
     expected = _single_process(tmp_path, fabric, cable, now)
     assert expected == ("link_down", cable)
     assert (incident["kind"], incident["element"], incident["state"]) == (*expected, "open"), expected
+
+    # the webhook, sent by one of the two members, and listed by the API worker, which opened nothing
+    wait_until(lambda: rx.at("/hook"), 15, what="the incident's webhook", why=corr.tail)
+    deliveries = httpx.get(f"{api.url}/notifications/deliveries", headers=auth("read"), timeout=10).json()
+    assert [(d["incident_id"], d["event"]) for d in deliveries] == [(incident["id"], "opened")]
 
     corr.kill(signal.SIGKILL)  # mid-stream: the fault goes on, the API keeps taking windows
     killed_at = time.monotonic()
@@ -220,6 +228,8 @@ def test_correlate_member_on_the_bus_opens_the_incident_once_across_a_kill(
         pace()
         assert time.monotonic() < deadline, f"the restarted member did not continue the incident:\n{corr.tail()}"
     assert len(_incidents(api)) == 1
+    sent = [(r.json()["incident"]["id"], r.json()["event"]) for r in rx.at("/hook")]
+    assert sent.count((incident["id"], "opened")) == 1, sent  # the restart sent it not again
     assert "Traceback" not in api.text() + corr.text()
 
 

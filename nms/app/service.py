@@ -71,7 +71,9 @@ class Service:
         self.incidents.add_listener(self.notifier.submit)
         self.incidents.add_listener(IncidentPoints(self.store))  # incident_event points for dashboards
         # fabric audits (nms/app/audits): their standing findings join every window's incidents
-        self.audits = AuditRunner(config.audits, AuditHistory(config.data_dir / "audits.sqlite", config.audits.history))
+        history = AuditHistory(self.state.database, config.audits.history)  # the state store's (one for a cluster)
+        history.import_file(config.data_dir / "audits.sqlite")  # a process's own history of before
+        self.audits = AuditRunner(config.audits, history)
         self.incident_feed = IncidentFeed(self.incidents, self.audits.standing)
         # host agents (the API's /agents) and their commands, signed for the agents to verify (docs/actions.md)
         self.agents = AgentRegistry(config.fabric, config.agents, self.state)
@@ -341,6 +343,5 @@ class Service:
         await asyncio.to_thread(self.store.close)
         if self.bus is not None:
             await self.bus.close()
-        self.audits.history.close()
         self.state.close()
         log.info("service stopped; store flushed")

@@ -81,6 +81,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         "claimed_until {int})",
         "CREATE INDEX IF NOT EXISTS deliveries_chain ON deliveries (state, sink, incident_id, id)",
         "CREATE INDEX IF NOT EXISTS deliveries_incident ON deliveries (incident_id, id)")),
+    # The audit history (nms/app/audits/history.py), before in each process's audits.sqlite.
+    Migration(4, "the audit history, shared by the members", (
+        "CREATE TABLE IF NOT EXISTS audit_reports (id {id}, trigger TEXT NOT NULL, started_ns {int} NOT NULL, "
+        "finished_ns {int} NOT NULL, findings {int} NOT NULL, body TEXT NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS audit_results (report_id {int} NOT NULL, audit TEXT NOT NULL, "
+        "status TEXT NOT NULL, findings {int} NOT NULL, PRIMARY KEY (audit, report_id))")),
 )
 LATEST = MIGRATIONS[-1].version
 
