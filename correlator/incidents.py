@@ -13,7 +13,10 @@ they came first), which wait for it and resolve with it or are re-raised (docs/c
 `apply` runs in a worker thread; listeners run after the commit, in event
 order, under the manager's lock (they must be quick: a notifier enqueues). Stream subscribers
 get events through their asyncio loop (`call_soon_threadsafe`) into a bounded queue; one that
-falls `queue_size` events behind is dropped with a log line, never slowing `apply`.
+falls `queue_size` events behind is dropped with a log line, never slowing `apply`. With a state store
+that several processes share (`share_stream`), subscribers get instead what every process committed,
+read back in id order (`follow`, called every FOLLOW_S): an API worker streams the incidents that
+correlate members open, and a correlate member the others' too.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ log = logging.getLogger(__name__)
 SEVERITY_RANK = {"warning": 0, "minor": 1, "major": 2, "critical": 3}
 EXPLAINED_KINDS = frozenset({"link_down", "link_flapping", "nic_down"})  # what a parent's fault can explain
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
+FOLLOW_S = 0.5  # how often a shared stream reads the committed events back
 
 
 class StreamEvent(NamedTuple):
@@ -99,6 +103,8 @@ class IncidentManager:
         self._subscribers: set[Subscription] = set()
         self._open: dict[str, Incident] = {}  # by dedup key; the same as the state store's open rows
         self._announced: dict[int, Incident] = {}  # by id: as of its last opened/updated event
+        self._shared = False  # subscribers follow the shared state's events (share_stream), not `apply`'s
+        self._cursor = 0  # the newest event id handed to them then
         for incident in reversed(state.list_incidents(state="open", limit=None)):  # a restart: they continue
             self._open[incident.dedup_key] = incident
             last = state.last_incident_event(incident.id, ("opened", "updated"))
@@ -329,6 +335,25 @@ class IncidentManager:
         with self._lock:
             self._listeners.append(fn)
 
+    def share_stream(self) -> None:
+        """Subscribers get the events every process committed to the shared state, from now on (`follow`)."""
+        with self._lock:
+            self._shared, self._cursor = True, self.state.last_incident_event_id()
+
+    def follow(self) -> int:
+        """A shared stream's step (any thread; one caller at a time): hand subscribers the events
+        committed since the last step, in id order (ids commit in order: nms/state/db.py). How many."""
+        entries = self.state.incident_events(after=self._cursor, limit=self.queue_size)
+        with self._lock:
+            items = [StreamEvent(e.id, IncidentEvent(event=e.event, ts=e.ts, incident=e.incident))
+                     for e in entries if e.id > self._cursor]
+            if items:
+                self._cursor = items[-1].id
+            for item in items:
+                for sub in builtins.list(self._subscribers):
+                    sub.offer(item)
+        return len(items)
+
     def subscribe(self, after: int | None = None) -> Subscription:
         """A live feed of events for the running asyncio loop (call it on that loop). With `after`,
         the events since that id (at most `queue_size`, the newest) come first as `backlog`; the
@@ -338,8 +363,12 @@ class IncidentManager:
         with self._lock:
             backlog = ([] if after is None else
                        [StreamEvent(e.id, IncidentEvent(event=e.event, ts=e.ts, incident=e.incident))
-                        for e in self.state.incident_events(after=after, limit=self.queue_size, newest=True)])
-            sub = Subscription(self, loop, self.queue_size, backlog, self.open_incidents())
+                        for e in self.state.incident_events(after=after, limit=self.queue_size, newest=True)
+                        if not self._shared or e.id <= self._cursor])  # the rest comes from `follow`
+            # shared: what the state holds open (other processes' too), not this process's own view
+            snapshot = (sorted(self.state.list_incidents(state="open", limit=None), key=lambda i: i.id)
+                        if self._shared else self.open_incidents())
+            sub = Subscription(self, loop, self.queue_size, backlog, snapshot)
             self._subscribers.add(sub)
         return sub
 
@@ -355,6 +384,8 @@ class IncidentManager:
                 except Exception:
                     log.exception("incident listener %r failed on event %d (%s of incident %d)", fn, item.id,
                                   item.event.event, item.event.incident.id)
+            if self._shared:
+                continue  # `follow` reads it back from the state, in order with other processes' events
             for sub in builtins.list(self._subscribers):
                 sub.offer(item)
 

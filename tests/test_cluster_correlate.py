@@ -12,8 +12,11 @@ Real parts: nats-server with JetStream (tests/_nats.py), influxd (each member's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
+import json
 import signal
+import threading
 import time
 import uuid
 
@@ -92,6 +95,24 @@ def _publish_polled(nats_url: str, records: list) -> None:
 
     if records:
         asyncio.run(publish())
+
+
+class _EventStream(threading.Thread):
+    """An API worker's live incident stream (SSE), read into `events` as (event, data)."""
+
+    def __init__(self, api: Member) -> None:
+        super().__init__(daemon=True)
+        self.url, self.events = f"{api.url}/incidents/stream", []
+
+    def run(self) -> None:
+        event = None
+        with contextlib.suppress(httpx.HTTPError), httpx.stream(
+                "GET", self.url, headers=auth("read"), timeout=httpx.Timeout(10, read=None)) as r:
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    event = line[len("event: "):]
+                elif line.startswith("data: "):
+                    self.events.append((event, json.loads(line[len("data: "):])))
 
 
 class _Pace:
@@ -178,6 +199,8 @@ def test_correlate_member_on_the_bus_opens_the_incident_once_across_a_kill(
     api.wait_ready()
     corr.wait_ready("correlate feed: consuming")
 
+    stream = _EventStream(api)  # the API worker opens nothing: its stream shows what the member commits
+    stream.start()
     pace = _Pace(api, synth, nats_server.url)
     now = pace.start
 
@@ -194,6 +217,8 @@ def test_correlate_member_on_the_bus_opens_the_incident_once_across_a_kill(
     assert expected == ("link_down", cable)
     assert (incident["kind"], incident["element"], incident["state"]) == (*expected, "open"), expected
 
+    wait_until(lambda: ("opened", incident["id"]) in [(e, d["incident"]["id"]) for e, d in stream.events], 10,
+               what="the opened event on the API worker's stream", why=lambda: f"{stream.events}")
     # the webhook, sent by one of the two members, and listed by the API worker, which opened nothing
     wait_until(lambda: rx.at("/hook"), 15, what="the incident's webhook", why=corr.tail)
     deliveries = httpx.get(f"{api.url}/notifications/deliveries", headers=auth("read"), timeout=10).json()

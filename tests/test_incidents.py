@@ -336,6 +336,44 @@ async def test_subscribers_get_events_from_another_thread_in_order(state):
     assert m._subscribers == set()
 
 
+async def test_a_shared_stream_shows_what_another_process_commits_in_order(open_state):
+    """Two processes on one state store (two connections): the API worker's manager applies nothing;
+    its subscribers get the correlate member's events read back from the state (`follow`), in id order,
+    each once, the backlog and the live events meeting without a gap or a repeat; its snapshot is what
+    the state holds open. Its own events (an acknowledgement) come the same way."""
+    worker_state, member_state = open_state(), open_state()
+    other = finding(element="leaf9:swp1--spine1:swp9")
+    try:
+        member = IncidentManager(member_state, resolve_after=2)
+        member.apply([other], T0 - W)  # before the worker started
+        worker = IncidentManager(worker_state, resolve_after=2)
+        worker.share_stream()
+        sub = worker.subscribe()
+        assert [i.element for i in sub.snapshot] == [other.element]  # the state's, not the worker's own (none)
+        member.apply([other, finding()], T0)
+        member.apply([other, finding(severity="major")], T0 + W)
+        assert worker.follow() == 2 and worker.follow() == 0
+        late = worker.subscribe(after=0)  # everything so far: the backlog up to the cursor, nothing twice
+        assert [i.element for i in late.snapshot] == [other.element, LINK]
+        member.apply([other], T0 + 2 * W)
+        member.apply([other], T0 + 3 * W)  # the second clean window: resolved
+        [kept] = member.open_incidents()
+        worker.acknowledge(kept.id, by="noc")  # the worker's own event: through the state as well
+        assert worker.follow() == 2
+        expected = [("opened", LINK), ("updated", LINK), ("resolved", LINK), ("acknowledged", other.element)]
+        got = [await asyncio.wait_for(anext(sub), 5) for _ in range(4)]
+        assert [(g.event.event, g.event.incident.element) for g in got] == expected
+        assert [g.id for g in got] == sorted(g.id for g in got)
+        late_got = late.backlog + [await asyncio.wait_for(anext(late), 5) for _ in range(2)]
+        assert [(g.event.event, g.event.incident.element) for g in late_got] == [("opened", other.element), *expected]
+        sub.close()
+        late.close()
+        assert [x async for x in sub] == [] and [x async for x in late] == []  # nothing more, nothing twice
+    finally:
+        worker_state.close()
+        member_state.close()
+
+
 async def test_a_slow_subscriber_is_dropped_without_blocking_apply(state, caplog):
     m = IncidentManager(state, resolve_after=100, queue_size=3)
     slow, fast = m.subscribe(), m.subscribe()

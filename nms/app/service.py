@@ -12,7 +12,7 @@ import time
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from correlator.actions.manager import ActionManager
-from correlator.incidents import IncidentManager
+from correlator.incidents import FOLLOW_S, IncidentManager
 from correlator.jobs_nccl import NcclJobs
 from nms.app.actuators.registry import build_actuators
 from nms.app.agent_registry import AgentRegistry
@@ -215,6 +215,11 @@ class Service:
             self.poller.schedule(self.scheduler)
         if correlate and self.config.clock.enabled:
             self.scheduler.add_job(self.solve_clock, "interval", seconds=self.config.clock.window_s, id="clock-solve")
+        if "api" in self.roles and self.state.backend == "postgresql":
+            # the state is shared: the incident stream shows what every member commits (an API worker opens
+            # nothing itself), read back in order, instead of this process's own events as it emits them
+            self.incidents.share_stream()
+            self.scheduler.add_job(self._follow_incidents, "interval", seconds=FOLLOW_S, id="incident-stream")
         if correlate and self.config.audits.enabled:
             self.audits.schedule(self.scheduler, self.audit_source, self.metrics.scheduler_runs)
             if self.correlation is None:  # no correlator windows: the audits' incidents get their own
@@ -263,6 +268,9 @@ class Service:
                                        time.time_ns() - int(retention_s * 1e9))
         if deleted:
             log.info("incident retention: deleted %d incidents resolved more than %.0f s ago", deleted, retention_s)
+
+    async def _follow_incidents(self) -> None:
+        await self._threaded("incident-stream", self.incidents.follow)
 
     async def _audit_incidents(self) -> None:
         await self._threaded("audit-incidents", self.incident_feed.apply_standing, time.time_ns())

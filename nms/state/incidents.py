@@ -161,6 +161,12 @@ class IncidentTables:
             rows = db.execute(sql, (*params, limit)).fetchall()
         return [IncidentEventEntry.from_row(r) for r in (reversed(rows) if newest else rows)]
 
+    def last_incident_event_id(self) -> int:
+        """The highest id of a committed incident event (0: none): where a follower of the events starts."""
+        with self._db.read() as db:
+            row = db.execute("SELECT MAX(id) FROM incident_events").fetchone()
+        return 0 if row is None or row[0] is None else int(row[0])
+
     def last_incident_event(self, incident_id: int, kinds: tuple[str, ...]) -> IncidentEventEntry | None:
         """The newest event of one incident among `kinds`."""
         with self._db.read() as db:
