@@ -86,9 +86,12 @@ def _bumped(incident: Incident, window_ns: int) -> Incident:
 
 
 def _refreshed(incident: Incident, f: Finding, window_ns: int) -> Incident:
+    # a flapping link that is down at the moment is still the flapping link: its incident keeps saying so
+    # (kind, severity, summary), not an `updated` to link_down and back every few seconds while it flaps
+    said = incident if (incident.kind, f.kind) == ("link_flapping", "link_down") else f
     return incident.model_copy(update={
-        "kind": f.kind, "element_kind": f.element_kind, "direction": f.direction, "severity": f.severity,
-        "summary": f.summary, "confidence": f.confidence, "evidence": f.evidence, "paths": f.paths, "jobs": f.jobs,
+        "kind": said.kind, "element_kind": f.element_kind, "direction": f.direction, "severity": said.severity,
+        "summary": said.summary, "confidence": f.confidence, "evidence": f.evidence, "paths": f.paths, "jobs": f.jobs,
         "last_seen_ns": window_ns, "clean_windows": 0})
 
 

@@ -202,7 +202,8 @@ def test_clean_windows_count_time_not_steps(state):
 
 
 def test_a_change_of_kind_on_the_same_element_updates_the_incident(state):
-    """A link first seen down that then flaps is one incident: its kind follows the evidence."""
+    """A link first seen down that then flaps is one incident: its kind follows the evidence, and once
+    flapping it stays so while it is down between flaps (no event to link_down and back each flap)."""
     m = IncidentManager(state, resolve_after=2)
     opened = m.apply([finding()], T0)
     assert kinds(opened) == ["opened"] and opened[0].incident.kind == "link_down"
@@ -211,6 +212,13 @@ def test_a_change_of_kind_on_the_same_element_updates_the_incident(state):
     assert (updated[0].incident.id, updated[0].incident.kind) == (opened[0].incident.id, "link_flapping")
     assert m.get(opened[0].incident.id).kind == "link_flapping"
     assert [i.kind for i in m.list(kind="link_flapping")] == ["link_flapping"] and m.list(kind="link_down") == []
+    # down again between two flaps: still the flapping link, no event; only fresh evidence (paths) updates it
+    flap_summary = updated[0].incident.summary
+    assert m.apply([finding()], T0 + 2 * W) == []
+    [again] = m.apply([finding(paths=paths(8))], T0 + 3 * W)
+    assert (again.event, again.incident.kind, again.incident.severity, again.incident.summary) == (
+        "updated", "link_flapping", "major", flap_summary)
+    assert again.incident.paths == paths(8) and m.get(again.incident.id).kind == "link_flapping"
 
 
 def test_open_incidents_continue_across_a_restart(open_state):
