@@ -4,6 +4,7 @@ and the `nms agents` CLI."""
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -162,6 +163,49 @@ def test_pending_cap_and_history_per_host(open_state):  # on SQLite and on Postg
     assert "more than 3 commands pending" in kept[-1].message
     assert len(state.list_commands(host="other")) == 1 and state.last_command_id() == ids[-1] + 1
     state.close()
+
+
+async def test_a_command_another_process_issues_wakes_the_long_poll_at_once(open_state):
+    """Two processes on one state store: the API worker holds an agent's long-poll; the correlate member
+    issues its command (a focus, a steer). Followed (`follow_commands`, as the service does every 0.25 s
+    with a shared state), the long-poll returns it within a follow; not followed, it waits its full time."""
+    from nms.app.agent_registry import AgentRegistry
+    from nms.config.models import AgentsConfig, FabricConfig
+
+    fab = FabricConfig.model_validate(fabric(2, 2))
+    worker_state, member_state = open_state(), open_state()
+    try:
+        worker = AgentRegistry(fab, AgentsConfig(), worker_state)
+        member = AgentRegistry(fab, AgentsConfig(), member_state)
+        host = fab.hosts[0].name
+
+        async def held_poll(follow: bool, wait: float) -> tuple[list, float]:
+            if follow:
+                worker.share_commands()
+            stop = asyncio.Event()
+
+            async def follower():
+                while follow and not stop.is_set():
+                    await worker.follow_commands()
+                    await asyncio.sleep(0.25)
+
+            following = asyncio.create_task(follower())
+            started = time.monotonic()
+            polling = asyncio.create_task(worker.wait(host, worker_state.last_command_id(), wait))
+            await asyncio.sleep(0.3)  # the poll is held
+            await member.issue([host], "reprobe_paths", {}, "correlator")
+            found = await polling
+            stop.set()
+            await following
+            return found, time.monotonic() - started - 0.3
+
+        found, took = await held_poll(follow=False, wait=2.0)
+        assert took >= 1.5 and found == []  # never woken: the agent would get it at its next poll
+        found, took = await held_poll(follow=True, wait=10.0)
+        assert [c.kind for c in found] == ["reprobe_paths"] and took < 1.0, took
+    finally:
+        worker_state.close()
+        member_state.close()
 
 
 def test_a_bound_token_only_acts_for_its_host(client):

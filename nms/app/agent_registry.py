@@ -8,9 +8,11 @@ edge between consecutive components), since clock sync solves over the probe gra
 Registrations live in memory: an agent that reaches a restarted service (new `instance`)
 registers again. Commands live in the state store (nms.state): pending until an agent's long-poll
 receives them, expired when none does within `agents.command_ttl`, done or failed when the agent
-reports its result. Their ids are never reused, so an agent keeps its `after` cursor across a
-service restart and still gets what was issued while it was away; an agent that itself restarts
-polls from 0 and gets every command for its host that is pending, or delivered but unfinished
+reports its result. With a state store that several processes share, commands another process
+issued (a correlate member's focus or steering) wake this process's long-polls too: `follow_commands`
+reads the new commands' hosts every COMMANDS_FOLLOW_S. Their ids are never reused, so an agent keeps
+its `after` cursor across a service restart and still gets what was issued while it was away; an
+agent that itself restarts polls from 0 and gets every command for its host that is pending, or delivered but unfinished
 and younger than the TTL (at-least-once: the cursor, not the delivery, is the acknowledgement).
 """
 
@@ -91,6 +93,7 @@ class AgentInfo(BaseModel):
     peers: int = Field(description="how many peers it probes")
 
 
+COMMANDS_FOLLOW_S = 0.25  # how often a shared state's new commands are looked for
 PENDING_MAX = 100  # pending commands kept per host: an agent that never polls does not grow the service
 KEEP = 1000  # commands (any status) kept per host
 
@@ -115,6 +118,7 @@ class AgentRegistry:
         # host -> its NCCL QPs joined with their peers' ends (correlator/jobs_nccl.py NcclJobs.qp_targets):
         # handed out with the peer list, the agent traces each QP's 5-tuple (hostprobe/qp_trace.py)
         self.qp_targets: Callable[[str], list[dict]] | None = None
+        self._commands_seen: int | None = None  # the newest command id followed (share_commands)
 
     def _condition(self) -> asyncio.Condition:
         if self._changed is None:
@@ -171,6 +175,24 @@ class AgentRegistry:
             self.agents[host].last_seen_ns = self.clock()
 
     # --- commands -------------------------------------------------------------------------------
+
+    def share_commands(self) -> None:
+        """Other processes issue commands into the state store too: from now on `follow_commands` wakes the
+        long-polls of their hosts."""
+        self._commands_seen, _ = self.state.command_hosts_after(None)
+
+    async def follow_commands(self) -> set[str]:
+        """The hosts that got commands since the last call, whoever issued them; their held long-polls
+        re-read the store (one that finds nothing new waits on)."""
+        if self._commands_seen is None:
+            return set()
+        self._commands_seen, hosts = await asyncio.to_thread(self.state.command_hosts_after, self._commands_seen)
+        if hosts:
+            async with self._condition():
+                for host in hosts:
+                    self._issued[host] += 1
+                self._condition().notify_all()
+        return hosts
 
     async def issue(self, hosts: list[str], kind: str, args: dict, by: str) -> list[AgentCommand]:
         out = self.state.add_commands(hosts, kind, args, by, self.clock(), PENDING_MAX, KEEP)

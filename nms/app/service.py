@@ -15,7 +15,7 @@ from correlator.actions.manager import ActionManager
 from correlator.incidents import FOLLOW_S, IncidentManager
 from correlator.jobs_nccl import NcclJobs
 from nms.app.actuators.registry import build_actuators
-from nms.app.agent_registry import AgentRegistry
+from nms.app.agent_registry import COMMANDS_FOLLOW_S, AgentRegistry
 from nms.app.audits.escalation import IncidentFeed
 from nms.app.audits.history import AuditHistory
 from nms.app.audits.runner import AuditRunner
@@ -220,6 +220,9 @@ class Service:
             # nothing itself), read back in order, instead of this process's own events as it emits them
             self.incidents.share_stream()
             self.scheduler.add_job(self._follow_incidents, "interval", seconds=FOLLOW_S, id="incident-stream")
+            # commands other members issue (focus, steering) reach the agents that long-poll here at once
+            self.agents.share_commands()
+            self.scheduler.add_job(self._follow_commands, "interval", seconds=COMMANDS_FOLLOW_S, id="agent-commands")
         if correlate and self.config.audits.enabled:
             self.audits.schedule(self.scheduler, self.audit_source, self.metrics.scheduler_runs)
             if self.correlation is None:  # no correlator windows: the audits' incidents get their own
@@ -268,6 +271,12 @@ class Service:
                                        time.time_ns() - int(retention_s * 1e9))
         if deleted:
             log.info("incident retention: deleted %d incidents resolved more than %.0f s ago", deleted, retention_s)
+
+    async def _follow_commands(self) -> None:
+        try:
+            await self.agents.follow_commands()
+        except StateUnavailable:  # the long-polls re-read the store at their next wake; the next run retries
+            pass
 
     async def _follow_incidents(self) -> None:
         await self._threaded("incident-stream", self.incidents.follow)

@@ -136,6 +136,16 @@ class StateStore(IncidentTables):
                            (host, host, keep))
         return out
 
+    def command_hosts_after(self, after: int | None) -> tuple[int, set[str]]:
+        """(the newest committed command id, the hosts of the commands after `after`); with None, no hosts:
+        where a follower of the commands starts. Ids commit in order (the serial lock of add_commands)."""
+        with self._db.read() as db:
+            if after is None:
+                row = db.execute("SELECT MAX(id) FROM agent_commands").fetchone()
+                return (0 if row is None or row[0] is None else int(row[0])), set()
+            rows = db.execute("SELECT id, host FROM agent_commands WHERE id > ? ORDER BY id", (after,)).fetchall()
+        return (int(rows[-1][0]) if rows else after), {host for _, host in rows}
+
     def expire_commands(self, now_ns: int, ttl_ns: int) -> int:
         """Pending commands issued more than `ttl_ns` ago expire; returns how many did."""
         with self._db.read() as db:
