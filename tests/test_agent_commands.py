@@ -208,6 +208,45 @@ async def test_a_command_another_process_issues_wakes_the_long_poll_at_once(open
         member_state.close()
 
 
+async def test_an_agent_registered_with_one_api_worker_is_known_to_every_member(open_state, monkeypatch):
+    """A shared state: the agent registers with the API worker; the correlate member's registry knows it
+    (its host actuator may steer it), its peers get its RDMA QP from any worker, and its last_seen
+    follows (written in a batch)."""
+    from nms.app import agent_registry
+    from nms.app.actuators.host import HostRerouteActuator
+    from nms.app.agent_registry import AgentRegistry
+    from nms.config.models import AgentsConfig, FabricConfig
+    from nms.records import Action
+
+    monkeypatch.setattr(agent_registry, "REGISTERED_READ_S", 0.0)
+    fab = FabricConfig.model_validate(fabric(1, 2))
+    worker_state, member_state = open_state(), open_state()
+    try:
+        worker, member = (AgentRegistry(fab, AgentsConfig(), s) for s in (worker_state, member_state))
+        for r in (worker, member):
+            r.share_registrations()
+        host, peer = fab.hosts[0].name, fab.hosts[1].name
+        nic = fab.hosts[0].nics[0]
+        assert member.registered() == {}
+        worker.register(host, {"session": "ab", "nics": [{"name": nic.name, "address": nic.address, "qpn": 0x123}]},
+                        "ingest")
+        assert list(member.registered()) == [host] and member.agents == {}  # known, not registered here
+        [entry] = [p for p in member.peers(peer) if p["host"] == host]
+        assert entry["agent"] and entry["nics"][0]["qpn"] == 0x123
+        action = Action(id=1, kind="host_reroute", element="leaf1:swp1--spine1:swp1", element_kind="link",
+                        targets=[host], requested_by="controller", created_ns=T0, updated_ns=T0)
+        assert await HostRerouteActuator(member).read(action) == {"hosts": {host: {"agent": True}}}
+        first = member.registered()[host].last_seen_ns
+        worker.clock = lambda: first + 5 * 10**9
+        worker.seen(host)
+        assert member.registered()[host].last_seen_ns == first  # not written yet
+        assert worker.write_seen() == 1 and worker.write_seen() == 0
+        assert member.registered()[host].last_seen_ns == first + 5 * 10**9
+    finally:
+        worker_state.close()
+        member_state.close()
+
+
 def test_a_bound_token_only_acts_for_its_host(client):
     assert client.post("/agents/h1-1/register", json=REG, headers=bearer(BOUND)).status_code == 200
     assert poll(client, "h1-1", token=BOUND)["commands"] == []

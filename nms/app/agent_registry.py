@@ -6,14 +6,19 @@ hands out the same lists. The union of all lists, as an undirected graph, is mad
 edge between consecutive components), since clock sync solves over the probe graph.
 
 Registrations live in memory: an agent that reaches a restarted service (new `instance`)
-registers again. Commands live in the state store (nms.state): pending until an agent's long-poll
-receives them, expired when none does within `agents.command_ttl`, done or failed when the agent
-reports its result. With a state store that several processes share, commands another process
-issued (a correlate member's focus or steering) wake this process's long-polls too: `follow_commands`
-reads the new commands' hosts every COMMANDS_FOLLOW_S. Their ids are never reused, so an agent keeps
-its `after` cursor across a service restart and still gets what was issued while it was away; an
-agent that itself restarts polls from 0 and gets every command for its host that is pending, or delivered but unfinished
-and younger than the TTL (at-least-once: the cursor, not the delivery, is the acknowledgement).
+registers again. With a state store that several processes share (`share_registrations`), each is
+also written there (its last_seen every SEEN_WRITE_S, all hosts in one transaction), so that every
+member knows every agent (`registered()`: a correlate member's host actuator, the peers' RDMA QPs,
+GET /agents on any API worker), read back at most every REGISTERED_READ_S.
+
+Commands live in the state store (nms.state): pending until an agent's long-poll receives them,
+expired when none does within `agents.command_ttl`, done or failed when the agent reports its
+result. With a shared state, commands another process issued (a correlate member's focus or
+steering) wake this process's long-polls too: `follow_commands` reads the new commands' hosts every
+COMMANDS_FOLLOW_S. Their ids are never reused, so an agent keeps its `after` cursor across a service
+restart and still gets what was issued while it was away; an agent that itself restarts polls from
+0 and gets every command for its host that is pending, or delivered but unfinished and younger than
+the TTL (at-least-once: the cursor, not the delivery, is the acknowledgement).
 """
 
 from __future__ import annotations
@@ -94,6 +99,8 @@ class AgentInfo(BaseModel):
 
 
 COMMANDS_FOLLOW_S = 0.25  # how often a shared state's new commands are looked for
+SEEN_WRITE_S = 10.0  # an agent's last_seen goes to a shared state at most this often
+REGISTERED_READ_S = 2.0  # the registrations of a shared state are read back at most this often
 PENDING_MAX = 100  # pending commands kept per host: an agent that never polls does not grow the service
 KEEP = 1000  # commands (any status) kept per host
 
@@ -119,6 +126,9 @@ class AgentRegistry:
         # handed out with the peer list, the agent traces each QP's 5-tuple (hostprobe/qp_trace.py)
         self.qp_targets: Callable[[str], list[dict]] | None = None
         self._commands_seen: int | None = None  # the newest command id followed (share_commands)
+        self._shared = False  # registrations also in the state store (share_registrations)
+        self._seen_unwritten: set[str] = set()  # hosts seen since their last_seen was written there
+        self._registered: tuple[float, dict[str, AgentInfo]] = (-REGISTERED_READ_S, {})  # (read at, monotonic)
 
     def _condition(self) -> asyncio.Condition:
         if self._changed is None:
@@ -128,11 +138,30 @@ class AgentRegistry:
     def known(self, host: str) -> bool:
         return host in self.hosts
 
+    def share_registrations(self) -> None:
+        """Several processes share the state store: registrations go there too, and `registered()` reads
+        every process's."""
+        self._shared = True
+
+    def registered(self) -> dict[str, AgentInfo]:
+        """Every registered agent by host: this process's own, and with a shared state every process's."""
+        if not self._shared:
+            return self.agents
+        read_at, known = self._registered
+        if time.monotonic() - read_at >= REGISTERED_READ_S:
+            known = {}
+            for last_seen, body in self.state.agents():
+                info = AgentInfo.model_validate_json(body)
+                known[info.host] = info.model_copy(update={"last_seen_ns": max(last_seen, info.last_seen_ns)})
+            self._registered = (time.monotonic(), known)
+        return {**known, **self.agents}  # this process's own are the freshest
+
     def peers(self, host: str) -> list[dict]:
         out = []
+        registered = self.registered()
         for name in self.plan.get(host, []):
             h = self.hosts[name]
-            agent = self.agents.get(name)
+            agent = registered.get(name)
             qpns = self._qpns(agent)
             out.append({"host": name, "same_leaf": bool(self.leaves[host] & self.leaves[name]),
                         "nics": [{"name": n.name, "address": n.address,
@@ -166,13 +195,25 @@ class AgentRegistry:
         info = AgentInfo(host=host, session=body["session"], version=body.get("version", ""),
                          transport=body.get("transport", "udp"), nics=body.get("nics", []),
                          registered_ns=now, last_seen_ns=now, token=token_name, peers=len(self.plan.get(host, [])))
-        before = self._qpns(self.agents.get(host))
+        before = self._qpns(self.registered().get(host))
         self.agents[host] = info
+        if self._shared:
+            self.state.put_agent(host, info.model_dump_json(), now)
         return self._qpns(info) != before
 
     def seen(self, host: str) -> None:
         if host in self.agents:
             self.agents[host].last_seen_ns = self.clock()
+            if self._shared:
+                self._seen_unwritten.add(host)
+
+    def write_seen(self) -> int:
+        """A shared state: the last_seen of the agents seen since the last call, in one transaction (the
+        service calls it every SEEN_WRITE_S in a worker thread). How many."""
+        hosts, self._seen_unwritten = self._seen_unwritten, set()
+        seen = {h: self.agents[h].last_seen_ns for h in hosts if h in self.agents}
+        self.state.put_agents_seen(seen)
+        return len(seen)
 
     # --- commands -------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from correlator.actions.manager import ActionManager
 from correlator.incidents import FOLLOW_S, IncidentManager
 from correlator.jobs_nccl import NcclJobs
 from nms.app.actuators.registry import build_actuators
-from nms.app.agent_registry import COMMANDS_FOLLOW_S, AgentRegistry
+from nms.app.agent_registry import COMMANDS_FOLLOW_S, SEEN_WRITE_S, AgentRegistry
 from nms.app.audits.escalation import IncidentFeed
 from nms.app.audits.history import AuditHistory
 from nms.app.audits.runner import AuditRunner
@@ -78,6 +78,8 @@ class Service:
         # host agents (the API's /agents) and their commands, signed for the agents to verify (docs/actions.md)
         self.agents = AgentRegistry(config.fabric, config.agents, self.state)
         self.agents.signer = CommandSigner(config.data_dir)
+        if self.state.backend == "postgresql":  # shared: every member knows the agents any API worker has
+            self.agents.share_registrations()
         # incidents -> actions (correlator/actions/; actuators: nms/app/actuators/): planned, decided by
         # policy, applied, rolled back
         actuators = build_actuators(self.agents, self.poller, config.agents.command_ttl)
@@ -220,8 +222,11 @@ class Service:
             # nothing itself), read back in order, instead of this process's own events as it emits them
             self.incidents.share_stream()
             self.scheduler.add_job(self._follow_incidents, "interval", seconds=FOLLOW_S, id="incident-stream")
-            # commands other members issue (focus, steering) reach the agents that long-poll here at once
+            # commands other members issue (focus, steering) reach the agents that long-poll here at once;
+            # the agents registered here are known to every member (a correlate member's host actuator)
             self.agents.share_commands()
+            self.scheduler.add_job(self._threaded, "interval", seconds=SEEN_WRITE_S, id="agents-seen",
+                                   args=["agents-seen", self.agents.write_seen])
             self.scheduler.add_job(self._follow_commands, "interval", seconds=COMMANDS_FOLLOW_S, id="agent-commands")
         if correlate and self.config.audits.enabled:
             self.audits.schedule(self.scheduler, self.audit_source, self.metrics.scheduler_runs)

@@ -87,6 +87,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         "finished_ns {int} NOT NULL, findings {int} NOT NULL, body TEXT NOT NULL)",
         "CREATE TABLE IF NOT EXISTS audit_results (report_id {int} NOT NULL, audit TEXT NOT NULL, "
         "status TEXT NOT NULL, findings {int} NOT NULL, PRIMARY KEY (audit, report_id))")),
+    # Host agents' registrations (nms/app/agent_registry.py), before in each API process's memory only.
+    Migration(5, "host agents' registrations, shared by the members", (
+        "CREATE TABLE IF NOT EXISTS agents (host TEXT PRIMARY KEY, last_seen_ns {int} NOT NULL, body TEXT NOT NULL)",)),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -136,6 +136,26 @@ class StateStore(IncidentTables):
                            (host, host, keep))
         return out
 
+    def put_agent(self, host: str, body: str, last_seen_ns: int) -> None:
+        """A host agent's registration (JSON)."""
+        with self._db.transaction() as db:
+            db.execute("INSERT INTO agents (host, last_seen_ns, body) VALUES (?, ?, ?) ON CONFLICT (host) "
+                       "DO UPDATE SET last_seen_ns = excluded.last_seen_ns, body = excluded.body",
+                       (host, last_seen_ns, body))
+
+    def put_agents_seen(self, seen: dict[str, int]) -> None:
+        """Registered agents' newer last_seen_ns, by host."""
+        if not seen:
+            return
+        with self._db.transaction() as db:
+            for host, ts in seen.items():
+                db.execute("UPDATE agents SET last_seen_ns = ? WHERE host = ? AND last_seen_ns < ?", (ts, host, ts))
+
+    def agents(self) -> list[tuple[int, str]]:
+        """Every registration: (last_seen_ns, body JSON)."""
+        with self._db.read() as db:
+            return [(int(ts), body) for ts, body in db.execute("SELECT last_seen_ns, body FROM agents").fetchall()]
+
     def command_hosts_after(self, after: int | None) -> tuple[int, set[str]]:
         """(the newest committed command id, the hosts of the commands after `after`); with None, no hosts:
         where a follower of the commands starts. Ids commit in order (the serial lock of add_commands)."""

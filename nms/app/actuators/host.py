@@ -26,10 +26,12 @@ class HostRerouteActuator(Actuator):
 
     async def read(self, action: Action) -> dict:
         """Which targets have an agent now, and what else steers them (the state steer changes)."""
-        return {"hosts": {h: {"agent": h in self.agents.agents} for h in action.targets}}
+        registered = self.agents.registered()
+        return {"hosts": {h: {"agent": h in registered} for h in action.targets}}
 
     async def apply(self, action: Action) -> dict:
-        missing = [h for h in action.targets if not self.agents.known(h) or h not in self.agents.agents]
+        registered = self.agents.registered()  # with any API worker of a cluster
+        missing = [h for h in action.targets if not self.agents.known(h) or h not in registered]
         if missing:
             raise ActuatorError(f"no agent registered on {', '.join(missing)}")
         p = action.params

@@ -245,7 +245,7 @@ async def command_one(host: HostName, body: CommandIn, reg: AgentsDep,
 async def command_many(body: CommandIn, reg: AgentsDep,
                        who: Principal = Depends(access("act"))) -> list[AgentCommand]:
     plain_json(body.args, "args")
-    hosts = sorted(reg.agents) if body.hosts is None else body.hosts
+    hosts = sorted(reg.registered()) if body.hosts is None else body.hosts
     for host in hosts:
         _known(reg, host)
     return await reg.issue(hosts, body.kind, body.args, who.name)
@@ -253,4 +253,4 @@ async def command_many(body: CommandIn, reg: AgentsDep,
 
 @router.get("", response_model=list[AgentInfo], summary="Registered agents", dependencies=[Depends(access("read"))])
 def list_agents(reg: AgentsDep) -> list[AgentInfo]:
-    return list(reg.agents.values())
+    return list(reg.registered().values())
