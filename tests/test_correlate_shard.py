@@ -86,14 +86,20 @@ class Member:
         await self.bus.close()
 
 
+async def _publishing_bus(url: str) -> tuple[NatsBus, BusConfig]:
+    """The publishers' own connection, with the streams made."""
+    bus_cfg = BusConfig(servers=[url], prefix="cs")
+    bus = NatsBus(bus_cfg)
+    await bus.connect()
+    await bus.ensure_streams(stream_specs(bus_cfg))
+    return bus, bus_cfg
+
+
 def test_two_members_split_the_windows_by_partition_across_a_kill_and_a_rejoin(nats_server):
     synth = Synth()
 
     async def run():
-        bus_cfg = BusConfig(servers=[nats_server.url], prefix="cs")
-        pub_bus = NatsBus(bus_cfg)
-        await pub_bus.connect()
-        await pub_bus.ensure_streams(stream_specs(bus_cfg))
+        pub_bus, bus_cfg = await _publishing_bus(nats_server.url)
         publisher = TelemetryPublisher(pub_bus, bus_cfg, CollectorRegistry())
         sent: list = []
 
@@ -161,10 +167,7 @@ def test_a_poll_members_switch_records_reach_every_correlate_member(nats_server,
     synth = Synth()
 
     async def run():
-        bus_cfg = BusConfig(servers=[nats_server.url], prefix="cs")
-        pub_bus = NatsBus(bus_cfg)
-        await pub_bus.connect()
-        await pub_bus.ensure_streams(stream_specs(bus_cfg))
+        pub_bus, bus_cfg = await _publishing_bus(nats_server.url)
         a = await Member(nats_server.url, "corr-a", synth).start()
         b = await Member(nats_server.url, "corr-b", synth).start()
         members = [a, b]
