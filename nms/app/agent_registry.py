@@ -195,7 +195,7 @@ class AgentRegistry:
         info = AgentInfo(host=host, session=body["session"], version=body.get("version", ""),
                          transport=body.get("transport", "udp"), nics=body.get("nics", []),
                          registered_ns=now, last_seen_ns=now, token=token_name, peers=len(self.plan.get(host, [])))
-        before = self._qpns(self.registered().get(host))
+        before = self._qpns(self.agents.get(host) or self._registered[1].get(host))  # no read of the state here
         self.agents[host] = info
         if self._shared:
             self.state.put_agent(host, info.model_dump_json(), now)
