@@ -158,10 +158,25 @@ class LabStack:
             if ok:
                 return status
             if time.monotonic() > deadline:
-                raise TimeoutError(f"agents did not trace every path within {timeout} s: "
-                                   + json.dumps({h: status.get(h, {}).get("stats") for h in hosts}))
+                raise TimeoutError(f"agents did not trace every path within {timeout} s (want {want} each): "
+                                   + json.dumps(_untraced(status, hosts)))
             time.sleep(0.5)
 
     def api(self, method: str, path: str, **kw) -> httpx.Response:
         return httpx.request(method, f"{self.url}{path}", headers={"Authorization": f"Bearer {self.token}"},
                              timeout=30, **kw)
+
+
+def _untraced(status: dict, hosts: list[str]) -> dict:
+    """Per host, what wait_traced looked at, short: whether its agent runs, its path counts, the paths
+    not up (peer, NIC, sport, state), the responses that said no one listens there."""
+    keys = ("paths", "paths_up", "paths_down", "tracing", "port_unreachable", "path_down_events", "uptime_s")
+    out = {}
+    for h in hosts:
+        entry = status.get(h, {})
+        stats = entry.get("stats") or {}
+        out[h] = {"running": entry.get("running"), **{k: stats.get(k) for k in keys},
+                  "not_up": [f"{p['peer']}:{p['peer_nic']} sport {p['sport']} {p['state']}"
+                             for p in entry.get("paths") or [] if p.get("state") != "up"][:12]}
+    return out
+
