@@ -129,6 +129,7 @@ class AgentRegistry:
         self._shared = False  # registrations also in the state store (share_registrations)
         self._seen_unwritten: set[str] = set()  # hosts seen since their last_seen was written there
         self._registered: tuple[float, dict[str, AgentInfo]] = (-REGISTERED_READ_S, {})  # (read at, monotonic)
+        self._parsed: dict[str, AgentInfo] = {}  # a registration's JSON -> the AgentInfo it reads as
 
     def _condition(self) -> asyncio.Condition:
         if self._changed is None:
@@ -149,11 +150,13 @@ class AgentRegistry:
             return self.agents
         read_at, known = self._registered
         if time.monotonic() - read_at >= REGISTERED_READ_S:
-            known = {}
+            known, parsed = {}, {}
             for last_seen, body in self.state.agents():
-                info = AgentInfo.model_validate_json(body)
-                known[info.host] = info.model_copy(update={"last_seen_ns": max(last_seen, info.last_seen_ns)})
-            self._registered = (time.monotonic(), known)
+                # a registration's JSON is parsed once (thousands of agents are read back every few seconds)
+                info = parsed[body] = self._parsed.get(body) or AgentInfo.model_validate_json(body)
+                known[info.host] = (info if last_seen <= info.last_seen_ns
+                                    else info.model_copy(update={"last_seen_ns": last_seen}))
+            self._registered, self._parsed = (time.monotonic(), known), parsed
         return {**known, **self.agents}  # this process's own are the freshest
 
     def peers(self, host: str) -> list[dict]:
