@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -34,6 +33,7 @@ from nms.app.poll_shard import PollShard
 from nms.app.polled import PolledPublisher
 from nms.app.polling import Poller
 from nms.app.roles import parse_roles
+from nms.app.tasks import end_tasks
 from nms.app.telemetry_bus import TelemetryPublisher, stream_specs
 from nms.app.writer import BusWriter
 from nms.config import NmsConfig
@@ -352,9 +352,10 @@ class Service:
         if self.scheduler is not None and self.scheduler.running:
             self.scheduler.shutdown(wait=False)
         if self._correlating is not None:
-            self._correlating.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._correlating
+            # cancelled until it ended: a cancel that comes with a window's arrival can be dropped by
+            # next_step's wait_for on Python 3.11 (nms/app/tasks.py), and the loop would step on
+            if not await end_tasks([self._correlating], 10.0):
+                log.warning("the correlator loop did not stop within 10 s")
             await asyncio.to_thread(self.correlation.wait_idle)  # a step's worker thread runs on
         if self.poll_shard is not None:
             await self.poll_shard.stop()

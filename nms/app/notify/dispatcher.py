@@ -35,6 +35,7 @@ from pydantic import BaseModel
 from nms.app.notify.base import Sink
 from nms.app.notify.outbox import Outbox
 from nms.app.plugins import load_plugin
+from nms.app.tasks import end_tasks
 from nms.config.models import NotificationsConfig
 from nms.records import IncidentEvent, NotificationDelivery
 
@@ -45,6 +46,7 @@ KEEP_FINISHED_S = 30 * 86400.0
 EXCERPT = 200
 CLAIM_MARGIN_S = 30.0
 RESCAN_S = 5.0
+STOP_GRACE_S = 5.0
 
 
 class SinkInfo(BaseModel):
@@ -132,6 +134,7 @@ class Notifier:
         self._clients: dict[str, httpx.AsyncClient] = {}
         self._limits: dict[str, asyncio.Semaphore] = {}
         self._closed = False
+        self._stopping = False
 
     # --- producer side (any thread) -------------------------------------------------------------
 
@@ -196,15 +199,19 @@ class Notifier:
         """Stop sending: attempts in flight get `grace` seconds, then are cancelled and stay pending."""
         if self._closed:
             return
+        # the worker also sees the flag: its wait_for (a timeout at least every RESCAN_S) may drop a cancel
+        # that comes with a wake-up on Python 3.11 (nms/app/tasks.py), and it would then loop on
+        self._stopping = True
         if self._runner is not None:
-            self._runner.cancel()
-            await asyncio.gather(self._runner, return_exceptions=True)
+            if self._wake is not None:
+                self._wake.set()
+            if not await end_tasks([self._runner], STOP_GRACE_S):
+                log.warning("notifier: the worker did not stop within %g s", STOP_GRACE_S)
             self._runner = None
         if self._tasks:
             _, late = await asyncio.wait(set(self._tasks), timeout=grace)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+            if late and not await end_tasks(late, STOP_GRACE_S):
+                log.warning("notifier: %d attempt(s) did not stop within %g s", len(late), STOP_GRACE_S)
         for client in self._clients.values():
             await client.aclose()
         self._clients.clear()
@@ -215,7 +222,7 @@ class Notifier:
 
     async def _run(self) -> None:
         assert self._wake is not None
-        while True:
+        while not self._stopping:
             self._wake.clear()
             now = time.time_ns()
             soonest = now + int(RESCAN_S * 1e9)  # what other members queue or leave behind
