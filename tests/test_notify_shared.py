@@ -64,6 +64,25 @@ async def test_a_dead_members_claimed_delivery_is_sent_by_another_once_the_claim
         state.close()
 
 
+async def test_a_member_without_a_sink_leaves_the_others_deliveries_alone(open_state, rx):
+    """A process's own outbox fails the pending deliveries of a sink it no longer configures; a shared
+    one must not: a member configured with other sinks (or none) may start while they wait."""
+    state = open_state()
+    member = Outbox(state.database, "member-a")
+    [delivery_id] = member.add(event("opened", incident(3)), [("hook", "webhook", True)], time.time_ns())
+    member.claim(delivery_id, time.time_ns(), time.time_ns() + 10 * 10**9)  # member-a sends it now
+    other = Notifier(notifications([{"name": "chat", "kind": "webhook", "url": rx.url("/chat")}]),
+                     Outbox(state.database, "member-b"), "lab")  # another sink, not `hook`
+    try:
+        await other.start()
+        [d] = other.deliveries()
+        expected = "pending" if member.shared else "failed"  # SQLite: one process, its sink is gone
+        assert d.state == expected, (state.backend, d)
+    finally:
+        await other.stop()
+        state.close()
+
+
 _OLD_OUTBOX = (  # nms/app/notify/outbox.py before the outbox moved into the state store
     "CREATE TABLE deliveries (id INTEGER PRIMARY KEY AUTOINCREMENT, dedup TEXT NOT NULL UNIQUE, "
     "incident_id INTEGER NOT NULL, event TEXT NOT NULL, sink TEXT NOT NULL, sink_kind TEXT NOT NULL, "

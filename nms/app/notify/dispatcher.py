@@ -182,7 +182,9 @@ class Notifier:
             return
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        stale = self._outbox.fail_unknown_sinks(set(self._sinks))
+        # a shared outbox holds other members' sinks too (a member may have none configured): only a
+        # process's own outbox can tell a sink that is no longer configured
+        stale = 0 if self._outbox.shared else self._outbox.fail_unknown_sinks(set(self._sinks))
         if stale:
             log.warning("%d pending notifications for sinks no longer configured marked failed", stale)
         self._outbox.prune(time.time_ns() - int(KEEP_FINISHED_S * 1e9))

@@ -47,6 +47,11 @@ class Outbox:
     def __init__(self, db: Database, member: str):
         self._db, self.member = db, member
 
+    @property
+    def shared(self) -> bool:
+        """Several processes use it (a PostgreSQL state store), each with its own sinks configured."""
+        return self._db.dialect.name == "postgresql"
+
     def add(self, event: IncidentEvent, sinks: list[tuple[str, str, bool]], now_ns: int) -> list[int]:
         """Queue `event` for each (sink name, sink kind, accepted by the sink's filters). A sink whose
         filters reject the event still gets it when it already has a delivery of this incident (a
