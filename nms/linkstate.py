@@ -48,6 +48,12 @@ class LinkStateTracker:
                          previous=prev.oper_status, transitions=transitions, flaps_in_window=count,
                          flapping=count > self.flap_count)
 
+    def record(self, event: LinkEvent) -> None:
+        """An event another process derived (a cluster member's view of a switch it does not poll):
+        its flap counts here as in update()."""
+        if event.previous == "up" or event.transitions == 2:
+            self._flaps.setdefault((event.device, event.port), deque()).append(event.ts)
+
     @staticmethod
     def _hidden_change(prev: PortSample, cur: PortSample) -> bool:
         a, b = prev.last_change_ticks, cur.last_change_ticks

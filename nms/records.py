@@ -829,6 +829,8 @@ class DeviceStatus(Record):
     last_problems: list[PollProblem] = Field(
         default_factory=list, max_length=PROBLEMS_KEPT,
         description=f"the last successful poll's problems (the first {PROBLEMS_KEPT})")
+    member: str | None = Field(None, max_length=128, description="in a cluster, the poll member that polls it "
+                               "(None: this process, or not polled yet)")
 
 
 # --- topology (built by nms.topology from LLDP and the configured inventory) -------------------

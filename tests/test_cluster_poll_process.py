@@ -3,29 +3,31 @@ with JetStream (tests/_nats.py), a real net-snmpd that every configured switch p
 (tests/_snmpd.py), each member writing to its own InfluxDB database (tests/_influx.py), so what a
 member polled is counted in InfluxDB, asked directly: in steady state each switch's samples land in
 its owner's database only; after `kill -9` of one member, the other's database holds samples of
-every switch of the dead member, timestamped within 2 heartbeats of the kill."""
+every switch of the dead member, timestamped within 2 heartbeats of the kill. A third process, an
+API worker, shows every switch with the member polling it, before and after the kill."""
 
 from __future__ import annotations
 
 import time
 import uuid
 
+import httpx
 import yaml
 from _snmpd import Snmpd
 from test_cluster_write import Member
 
 from nms.rendezvous import assign
-from tests.helpers import wait_until
+from tests.helpers import auth, wait_until
 
 HEARTBEAT = 2.0
 SWITCHES = [f"sw{i}" for i in range(6)]
 NS = 10**9
 
 
-def poll_member(tmp_path, name: str, influxd, nats_url: str, server: Snmpd) -> Member:
+def poll_member(tmp_path, name: str, influxd, nats_url: str, server: Snmpd, role: str = "poll") -> Member:
     """A test_cluster_write Member whose config polls the switches as the member `name`."""
     database = f"p_{name.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
-    member = Member(tmp_path, name, "poll", influxd.url, database, nats_url)
+    member = Member(tmp_path, name, role, influxd.url, database, nats_url)
     doc = yaml.safe_load(member.config.read_text())
     settings = server.settings(interfaces=["lo"], interval=2.0, deadline=1.9)
     doc["polling"] = {"enabled": True}
@@ -44,11 +46,22 @@ def sampled_since(influxd, member: Member, since_ns: int) -> dict[str, int]:
     return {s["tags"]["device"]: int(s["values"][0][0]) for s in result.get("series", [])}
 
 
+def api_view(api: Member) -> dict[str, tuple[str, str | None, int]]:
+    """The API worker's /devices and /ports: device -> (state, the member polling it, ports shown)."""
+    devices = httpx.get(f"{api.url}/devices", headers=auth("read"), timeout=5).json()
+    ports = httpx.get(f"{api.url}/ports", headers=auth("read"), timeout=5).json()
+    return {d["device"]: (d["state"], d["member"], sum(p["device"] == d["device"] for p in ports)) for d in devices}
+
+
 def test_two_poll_processes_split_the_switches_and_a_killed_ones_are_polled_by_the_other(
         tmp_path, influxd, nats_server, snmpd):
     a = poll_member(tmp_path, "poll-a", influxd, nats_server.url, snmpd)
     b = poll_member(tmp_path, "poll-b", influxd, nats_server.url, snmpd)
+    # a third process, an API worker that polls nothing: its /devices and /ports show every switch,
+    # from the members' polls on the bus (nms/app/polled_view.py)
+    api = poll_member(tmp_path, "api-w", influxd, nats_server.url, snmpd, role="api")
     try:
+        api.start()
         a.start()
         a.wait_ready("poll shard: member poll-a joined")
         b.start()
@@ -67,6 +80,10 @@ def test_two_poll_processes_split_the_switches_and_a_killed_ones_are_polled_by_t
         killed = time.time_ns()
         assert set(sampled_since(influxd, a, steady)) == expected["poll-a"]
         assert set(sampled_since(influxd, b, steady)) == expected["poll-b"]
+        owner = {s: m for m, switches in expected.items() for s in switches}
+        api.wait_ready()
+        wait_until(lambda: api_view(api) == {s: ("ok", owner[s], 1) for s in SWITCHES}, 30,
+                   what="the API worker to show every switch polled by its owner", why=lambda: str(api_view(api)))
 
         b.kill()  # SIGKILL: no leave, its entry expires in the bus
         taken = wait_until(lambda: (found := sampled_since(influxd, a, killed)).keys() >= expected["poll-b"]
@@ -76,6 +93,9 @@ def test_two_poll_processes_split_the_switches_and_a_killed_ones_are_polled_by_t
         assert "members now poll-a (gone: poll-b)" in a.text()
         assert f"poll shard: poll-a took {len(expected['poll-b'])} switches" in a.text()
         print(f"poll-b's switches first sampled by poll-a {max(late.values()):.2f} s after kill -9")
+        wait_until(lambda: api_view(api) == {s: ("ok", "poll-a", 1) for s in SWITCHES}, 30,
+                   what="the API worker to show poll-a polling every switch", why=lambda: str(api_view(api)))
     finally:
         a.stop()
         b.stop()
+        api.stop()

@@ -39,7 +39,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from nms.app.correlate_partitions import Split, owned
 from nms.app.membership import Membership, default_member
 from nms.app.tasks import end_tasks
-from nms.app.telemetry_bus import CORRELATED, decode, family_subjects, stream_name
+from nms.app.telemetry_bus import CORRELATED, VIEW_KINDS, decode, family_subjects, stream_name
 from nms.bus import Bus, BusError, BusUnavailable, Consumer, Message
 from nms.config.models import BusConfig, CorrelateFeedConfig, FabricConfig
 
@@ -223,6 +223,8 @@ class CorrelateFeed(Membership):
             kind, records = decode(msg.subject, msg.data)
         except BusError:
             return 0  # the live consumer terminated it
+        if kind in VIEW_KINDS:
+            return 0
         before = self._handed_at(family, msg.seq)
         mine = [r for r in records if (p := self.split.of_record(kind, r)) is not None and p & taken and not p & before]
         if mine:
@@ -264,7 +266,7 @@ class CorrelateFeed(Membership):
             await msg.term()
             return
         async with self._handing:
-            mine = [r for r in records if self._routed(kind, r, self.owned)]
+            mine = [r for r in records if kind not in VIEW_KINDS and self._routed(kind, r, self.owned)]
             if mine:
                 await asyncio.to_thread(self.on_ingest, kind, mine)
             handed[msg.seq] = None

@@ -1,7 +1,8 @@
-"""A `poll` member's records for the correlate members (docs/cluster.md): each poll's switch records
+"""A `poll` member's records for the other members (docs/cluster.md): each poll's switch records
 the correlator reads (port state and rates, queue rates, link events, interface addresses) published
 on the bus's `polled` stream, which every correlate member reads in full (a switch's ports end links
-of several partitions).
+of several partitions); with each poll's outcome (DeviceStatus), LLDP neighbours and device facts,
+for every member's view of the whole fabric (nms/app/polled_view.py).
 
 The poller stores its records itself, as without a bus; this is a copy for correlation, so it never
 holds polling up: each poll's records are published in a task of their own, at most MAX_IN_FLIGHT at
@@ -27,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter
 from nms.app.tasks import end_tasks
 from nms.app.telemetry_bus import POLLED, POLLED_KINDS, TelemetryPublisher
 from nms.bus import BusError
-from nms.records import InterfaceAddress
+from nms.records import DeviceStatus, InterfaceAddress
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,8 @@ _KIND_OF = {model: kind for kind, model in POLLED_KINDS.items()}
 
 class PolledPublisher:
     def __init__(self, publisher: TelemetryPublisher, addresses_of: Callable[[str], Sequence[InterfaceAddress]],
-                 registry: CollectorRegistry) -> None:
-        self.publisher, self.addresses_of = publisher, addresses_of
+                 registry: CollectorRegistry, member: str | None = None) -> None:
+        self.publisher, self.addresses_of, self.member = publisher, addresses_of, member
         self._sent_addresses: dict[str, float] = {}  # device -> monotonic time its addresses last went out
         self._tasks: set[asyncio.Task[None]] = set()
         self._failing = False
@@ -67,6 +68,13 @@ class PolledPublisher:
                 if again:
                     groups.setdefault("interface_addresses", []).extend(again)
                     self._sent_addresses[device] = now
+        self._send(groups)
+
+    def submit_status(self, status: DeviceStatus) -> None:
+        """A poll's outcome (call on the event loop), named with this member, for the others' views."""
+        self._send({"device_status": [status.model_copy(update={"member": self.member})]})
+
+    def _send(self, groups: dict[str, list[Any]]) -> None:
         count = sum(len(g) for g in groups.values())
         if not count:
             return

@@ -162,6 +162,10 @@ class Poller:
         # after the recent window is updated and before the store write; may be a coroutine
         # function; its exceptions are logged, never stop polling. Settable at any time.
         self.on_records = on_records
+        # called with each poll's outcome (the device's status after it); set by a cluster's poll member
+        self.on_status: Callable[[DeviceStatus], Any] | None = None
+        # (collector, device) -> the latest status other members published (nms/app/polled_view.py)
+        self.remote: dict[tuple[str, str], DeviceStatus] = {}
         self.collectors = collectors if collectors is not None else load_collectors(config)
         self.metrics = _Metrics(registry)
         t = config.thresholds
@@ -309,6 +313,7 @@ class Poller:
         self.metrics.up.labels(st.collector, st.device.name).set(1)
         self.metrics.failing.labels(st.collector, st.device.name).set(0)
         self.metrics.last_success.labels(st.collector, st.device.name).set(st.last_success_ns / NS)
+        self._tell_status(st)
 
     def _failed(self, st: _Status, error: Exception, duration: float) -> None:
         kind = getattr(error, "kind", "internal")
@@ -329,6 +334,14 @@ class Poller:
         self.metrics.polls.labels(st.collector, st.device.name, kind).inc()
         self.metrics.up.labels(st.collector, st.device.name).set(0)
         self.metrics.failing.labels(st.collector, st.device.name).set(st.consecutive_failures)
+        self._tell_status(st)
+
+    def _tell_status(self, st: _Status) -> None:
+        if self.on_status is not None:
+            try:
+                self.on_status(st.snapshot())
+            except Exception:
+                log.exception("on_status hook failed for %s", st.device.name)
 
     # -- results -------------------------------------------------------------------------------
 
@@ -415,17 +428,34 @@ class Poller:
 
     # -- views ---------------------------------------------------------------------------------
 
+    def polls_here(self, device: str) -> bool:
+        """Whether this process polls the device (all of them in a single process; a poll member's share)."""
+        return self._scheduler is not None and (self.owned is None or device in self.owned)
+
+    def _status_of(self, key: tuple[str, str]) -> DeviceStatus:
+        """Its status here, or, for a device another member polls, the latest that member published;
+        `pending` again once its next poll is overdue by two intervals (that member is gone, and the
+        member taking it over has not polled it yet)."""
+        remote = self.remote.get(key)
+        if remote is None or self.polls_here(key[1]):
+            return self.status[key].snapshot()
+        due = max(remote.next_attempt_ns or 0, (remote.last_poll_ns or 0) + int(remote.interval_s * NS))
+        if time.time_ns() > due + int((2 * remote.interval_s + remote.deadline_s) * NS):
+            return remote.model_copy(update={"state": "pending"})
+        return remote
+
     def devices(self) -> list[DeviceStatus]:
-        return [st.snapshot() for _, st in sorted(self.status.items())]
+        return [self._status_of(key) for key in sorted(self.status)]
 
     def topology(self) -> FabricTopology:
         now = time.time_ns()
         reachable: dict[str, bool] = {}
-        for (_, device), st in self.status.items():
-            if st.state == "pending":  # not polled here, yet or any more (another member's share): unknown,
+        for key in self.status:
+            state = self._status_of(key).state
+            if state == "pending":  # not polled anywhere yet, or by a member not heard from: unknown,
                 continue  # not unreachable (the correlator takes an unreachable switch for a dead one)
-            for d in {device} | self.recent.covered.get(device, set()):
-                reachable[d] = reachable.get(d, False) or st.state == "ok"
+            for d in {key[1]} | self.recent.covered.get(key[1], set()):
+                reachable[d] = reachable.get(d, False) or state == "ok"
         fresh = {d: n for d, n in self.recent.neighbors.items() if reachable.get(d)}
         oper = {k: s.oper_status for k, s in self.recent.samples.items() if reachable.get(k[0])}
         flapping = [k for k in self.recent.samples if self.links.flapping(k[0], k[1], now)]

@@ -31,6 +31,7 @@ from nms.app.notify.outbox import Outbox
 from nms.app.plugins import open_bus, open_store
 from nms.app.poll_shard import PollShard
 from nms.app.polled import PolledPublisher
+from nms.app.polled_view import PolledView
 from nms.app.polling import Poller
 from nms.app.roles import parse_roles
 from nms.app.tasks import end_tasks
@@ -109,7 +110,8 @@ class Service:
         if self.bus is not None and bus_cfg is not None and "poll" in self.roles and config.polling.enabled:
             publisher = self.publisher or TelemetryPublisher(self.bus, bus_cfg, self.metrics.registry)
             self.polled = PolledPublisher(publisher, lambda device: self.poller.recent.addresses.get(device, ()),
-                                          self.metrics.registry)
+                                          self.metrics.registry, config.cluster.poll.member or default_member())
+            self.poller.on_status = self.polled.submit_status
         self.writer = (BusWriter(self.bus, bus_cfg, config.cluster.write, self.store, self.metrics.registry)
                        if self.bus is not None and bus_cfg is not None and "write" in self.roles else None)
         # a `correlate` member without `api` takes the telemetry from the bus (with `api`, on_ingest has it)
@@ -119,11 +121,20 @@ class Service:
                                and "api" not in self.roles else None)
         if self.correlate_feed is not None:
             self.correlate_feed.on_owned = self._own_partitions
+        # the switches other members poll, in this member's API and topology (nms/app/polled_view.py)
+        self.polled_view = None
+        if self.bus is not None and bus_cfg is not None and self.roles & {"api", "correlate"}:
+            in_process = self.correlation is not None and "correlate" in self.roles and self.correlate_feed is None
+            self.polled_view = PolledView(self.bus, bus_cfg, self.poller, self.metrics.registry,
+                                          self._to_correlator if in_process else None, config.cluster.correlate.replay)
         self.poller.on_records = self._polled
         # `poll` members share the switches (nms/app/poll_shard.py); without a bus, this process polls all
         self.poll_shard = (PollShard(self.bus, bus_cfg, config.cluster.poll, self.poller, self.metrics.registry)
                            if self.bus is not None and bus_cfg is not None and "poll" in self.roles
                            and config.polling.enabled else None)
+
+    def _to_correlator(self, records: list) -> None:
+        self.correlation.add(records, "collectors")  # type: ignore[union-attr]
 
     def _polled(self, records: list) -> None:
         """A poll's records (the poller stores them): to this process's correlator when it takes its
@@ -200,6 +211,8 @@ class Service:
             await self.writer.start()
         if self.correlate_feed is not None:
             await self.correlate_feed.start()
+        if self.polled_view is not None:
+            await self.polled_view.start()
         correlate = "correlate" in self.roles
         self.scheduler = AsyncIOScheduler(
             timezone="UTC", job_defaults={"misfire_grace_time": int(self.config.scheduler.misfire_grace),
@@ -349,6 +362,8 @@ class Service:
             await self.writer.stop()
         if self.correlate_feed is not None:
             await self.correlate_feed.stop()
+        if self.polled_view is not None:
+            await self.polled_view.stop()
         if self.scheduler is not None and self.scheduler.running:
             self.scheduler.shutdown(wait=False)
         if self._correlating is not None:

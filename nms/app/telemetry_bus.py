@@ -5,9 +5,11 @@ so that whoever consumes them decodes them through the ingest's own validation.
 The partition key is the host a record comes from (nms.app.binding.HOST_FIELD) or the device it is
 about; records of one batch with several keys become several messages.
 
-One more stream, `polled`, carries what `poll` members hand the correlate members (nms/app/polled.py):
+One more stream, `polled`, carries what `poll` members hand the other members (nms/app/polled.py):
 the switch records the correlator reads (port state and rates, queue rates, link events, interface
-addresses). Poll members store their records themselves, so writers do not consume it.
+addresses), and for every member's view of the fabric (nms/app/polled_view.py) each poll's outcome
+(DeviceStatus), LLDP neighbours and device facts. Poll members store their records themselves, so
+writers do not consume it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,18 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create
 from nms.app.binding import HOST_FIELD
 from nms.bus import Bus, BusError, StreamSpec, subject_token
 from nms.config.models import BusConfig
-from nms.records import INGEST_KINDS, GenericPoint, InterfaceAddress, LinkEvent, PortRates, PortSample, QueueRates
+from nms.records import (
+    INGEST_KINDS,
+    DeviceFacts,
+    DeviceStatus,
+    GenericPoint,
+    InterfaceAddress,
+    LinkEvent,
+    LldpNeighbor,
+    PortRates,
+    PortSample,
+    QueueRates,
+)
 
 # record family -> the ingest kinds its stream carries
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -40,9 +53,12 @@ for _kind in INGEST_KINDS:
     FAMILY_OF.setdefault(_kind, "nccl" if _kind.startswith("nccl_") else "host")
 
 POLLED = "polled"
-# the polled stream's kinds (two that no ingest takes: only collectors make them)
+# what only the members' views of the fabric read (nms/app/polled_view.py), not the correlator
+VIEW_KINDS: dict[str, type] = {"device_status": DeviceStatus, "lldp_neighbors": LldpNeighbor,
+                               "device_facts": DeviceFacts}
+# the polled stream's kinds (those no ingest takes: only collectors and pollers make them)
 POLLED_KINDS: dict[str, type] = {"port_samples": PortSample, "port_rates": PortRates, "queue_rates": QueueRates,
-                                 "link_events": LinkEvent, "interface_addresses": InterfaceAddress}
+                                 "link_events": LinkEvent, "interface_addresses": InterfaceAddress, **VIEW_KINDS}
 BUS_KINDS: dict[str, type] = {**INGEST_KINDS, **POLLED_KINDS}
 CORRELATED = (*FAMILIES, POLLED)  # the streams correlate members read (writers read FAMILIES)
 
