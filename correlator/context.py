@@ -15,9 +15,12 @@ rates, link events, NIC samples) is small and kept as the latest value per key, 
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -220,7 +223,7 @@ class Context:
             if r.ts >= self.ev_ts[idx]:
                 self.ev_ts[idx], self.ev_state[idx] = r.ts, 2 if r.state == "down" else 1
             if r.state == "down":
-                self.down_events.append((r.ts, idx))
+                _in_order(self.down_events, (r.ts, idx), lambda e: e[0])
         elif cls is ProbePath:
             old = self.probe_paths.get(idx)
             if old is None or r.ts >= old[0]:
@@ -246,11 +249,11 @@ class Context:
             if old is None or r.ts >= old.ts:
                 self.port_samples[(r.device, r.port)] = r
         elif cls is PortRates:
-            self.port_rates.setdefault((r.device, r.port), deque()).append(r)
+            _in_order(self.port_rates.setdefault((r.device, r.port), deque()), r, _ts)
         elif cls is LinkEvent:
-            self.link_events.setdefault((r.device, r.port), deque()).append(r)
+            _in_order(self.link_events.setdefault((r.device, r.port), deque()), r, _ts)
         elif cls is QueueRates:
-            self.queue_rates.setdefault((r.device, r.port), {}).setdefault(r.queue, deque()).append(r)
+            _in_order(self.queue_rates.setdefault((r.device, r.port), {}).setdefault(r.queue, deque()), r, _ts)
         elif cls is HostNicSample:
             old = self.nic_samples.get((r.host, r.nic))
             was = old.oper_status if old is not None else None
@@ -386,3 +389,17 @@ class Context:
     def latest_rates(self, end: End) -> PortRates | None:
         q = self.port_rates.get(end)
         return q[-1] if q else None
+
+
+def _ts(record) -> int:
+    return record.ts
+
+
+def _in_order(queue: deque, item, ts: Callable[[Any], int]) -> None:
+    """Append, or insert in time order what comes late (a member's re-read of the streams after a
+    takeover hands older records after newer ones): the queues are pruned from the left and read
+    as newest last, so an old record behind a new one would count as recent for ever."""
+    if queue and ts(item) < ts(queue[-1]):
+        bisect.insort(queue, item, key=ts)
+    else:
+        queue.append(item)

@@ -87,6 +87,7 @@ class Agent:
     def __init__(self, cfg: AgentConfig):
         self.cfg = cfg
         self.stats: defaultdict[str, int] = defaultdict(int)
+        self._last_fields: dict = {}  # the latest status's stats (close() writes them once more)
         self.session = random.getrandbits(63) or 1
         self.clock = Clock(cfg.lab_clock, cfg.host)
         key = cfg.probe.key.get_secret_value().encode()
@@ -379,12 +380,16 @@ class Agent:
         fields = {k: v for k, v in fields.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         self.reporter.put("points", GenericPoint(measurement="agent_stats", tags={"host": self.cfg.host},
                                                  fields=fields, ts=self.clock.now()))
+        self._write_status(fields)
+
+    def _write_status(self, fields: dict) -> None:
         status = {"host": self.cfg.host, "session": f"{self.session:016x}", "stats": fields,
                   "service": {"url": self.client.url, "urls": self.client.urls, "switches": self.client.switches},
                   "paths": self.paths_table()}
         tmp = self.buffer_dir / "status.tmp"
         tmp.write_text(json.dumps(status, indent=1))
         os.replace(tmp, self.buffer_dir / "status.json")
+        self._last_fields = fields
 
     def paths_table(self) -> list[dict]:
         return [{"peer": t.host, "peer_nic": t.nic_name, "nic": t.nic.name, "path_id": p.path_id,
@@ -399,6 +404,9 @@ class Agent:
         if self.nccl is not None:
             self.nccl.stop()  # before the reporter's last flush: what it received goes out too
         self.reporter.stop()
+        # the status once more, with the counts of the last flush (records delivered, buffered)
+        self._write_status({**self._last_fields, **{k: int(v) for k, v in self.stats.items()},
+                            "buffered_bytes": self.reporter.buffered_bytes})
         self.prober.close()
         for r in self.responders:
             r.close()

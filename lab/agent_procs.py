@@ -34,14 +34,16 @@ def agents_dir(lab: LabDir):
     return lab.run_dir / "agents"
 
 
-def config_dict(topo: Topology, lab: LabDir, host: str, url: str, rate: float | None,
+def config_dict(topo: Topology, lab: LabDir, host: str, url: str | list[str], rate: float | None,
                 probe_options: dict | None = None) -> dict:
+    """An agent's config; `url` a list: the API workers of a cluster, used one at a time."""
     probe = {"key": f"${{file:{probe_key_file(lab)}}}", **(probe_options or {})}
     if rate is not None:
         probe["rate"] = rate
     return {
         "host": host,
-        "service": {"url": url, "token": f"${{file:{agent_token_file(lab, host)}}}"},
+        "service": {"urls" if isinstance(url, list) else "url": url,
+                    "token": f"${{file:{agent_token_file(lab, host)}}}"},
         "nics": [{"name": "eth0", "address": topo.link_of_port(host, "eth0").b.ip}],
         "probe": probe,
         "report": {"buffer_dir": str(agents_dir(lab) / host), "stats_interval": "2s"},
@@ -59,7 +61,7 @@ def _hosts(topo: Topology, hosts: list[str] | None) -> list[str]:
     return hosts
 
 
-def start(lab: LabDir, url: str | None = None, hosts: list[str] | None = None, rate: float | None = None,
+def start(lab: LabDir, url: str | list[str] | None = None, hosts: list[str] | None = None, rate: float | None = None,
           probe_options: dict | None = None) -> dict:
     """Start an agent in each host namespace that has none running; returns {host: info}.
     `probe_options` are more agent `probe:` settings (e.g. {"down_after": "500ms"})."""

@@ -155,6 +155,8 @@ def test_member_config_from_the_example_cluster_config_validates_and_keeps_the_b
     for name in ("api-token", "ingest-token", "nats-token"):
         cdir.secret(name)
     base = yaml.safe_load((REPO / "config" / "cluster.yaml").read_text())
+    base.setdefault("api", {})["tokens"] = [{"name": "noc-reader", "scopes": ["read"],
+                                             "hash": "sha256:" + "0" * 64}]
     doc = member_config(base, cdir, "write-1", 18080, "nats://127.0.0.1:14222", "http://127.0.0.1:18086",
                         f"host={tmp_path / 'postgres'} port=5432 user=nms dbname=nms")
     path = tmp_path / "nms.yaml"
@@ -167,7 +169,7 @@ def test_member_config_from_the_example_cluster_config_validates_and_keeps_the_b
     assert cfg.cluster.bus.username is None
     assert str(cfg.store.influxdb.url).startswith("http://127.0.0.1:18086") and cfg.store.influxdb.username is None
     assert cfg.state.backend == "postgresql" and cfg.api.host == "127.0.0.1" and cfg.api.port == 18080
-    assert [t.name for t in cfg.api.tokens] == ["cluster-admin", "cluster-ingest"]
+    assert [t.name for t in cfg.api.tokens] == ["noc-reader", "cluster-admin", "cluster-ingest"]  # the base's kept
     assert cfg.data_dir == tmp_path / "members" / "write-1" / "data"
     assert cfg.cluster.poll.member == cfg.cluster.correlate.member == "write-1"  # stable across restarts
     # the base's own settings stay

@@ -12,7 +12,7 @@ from test_correlator_faults import Run, kinds, link_of
 
 from correlator.engine import Correlator
 from nms.config.models import CorrelatorConfig, Thresholds
-from nms.records import InterfaceAddress, Job, PathEvent, ProbePath, ProbeWindow
+from nms.records import InterfaceAddress, Job, LinkEvent, PathEvent, ProbePath, ProbeWindow
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -189,3 +189,25 @@ def test_host_nic_counter_rates_survive_a_driver_reload():
     c.add([sample((T0 + 3) * NS, 999)])  # an older sample arriving late changes nothing
     c.step((T0 + 5) * NS)
     assert c.ctx.nic_samples[("host1", "eth0")].rx_errors == 3
+
+
+def test_records_that_come_late_are_kept_in_time_order_and_pruned_by_their_age():
+    """A correlate member that takes a partition re-reads the streams (docs/cluster.md) and hands
+    older records after newer ones. A path's down event of 50 s ago behind one of now counted as a
+    second down episode in the context (the cluster lab's takeover named a link down `link_flapping`);
+    a link event of 60 s ago behind a new one was the end's latest and never pruned."""
+    from correlator.context import Context
+
+    ctx = Context(CorrelatorConfig(), Thresholds(flap_window="60s"))
+    key = dict(src_host="host1", src_nic="eth0", dst_host="host2", dst_nic="eth0", path_id="p0")
+    now = 1_000 * NS
+    event = LinkEvent(device="leaf1", port="swp3", ts=now, state="down", previous="up", transitions=1)
+    ctx.add([PathEvent(**key, ts=now, state="down"), event])
+    ctx.ingest(ctx.take())
+    ctx.add([PathEvent(**key, ts=now - 50 * NS, state="down"),  # re-read, older
+             event.model_copy(update={"ts": now - 70 * NS, "flapping": True})])
+    ctx.ingest(ctx.take())
+    assert [e.ts for e in ctx.link_events[("leaf1", "swp3")]] == [now - 70 * NS, now]
+    ctx.prune(now + NS)
+    assert [ts for ts, _ in ctx.down_events] == [now]
+    assert [e.ts for e in ctx.link_events[("leaf1", "swp3")]] == [now]

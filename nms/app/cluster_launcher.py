@@ -141,8 +141,10 @@ def bus_settings(base: dict[str, Any], nats_urls: list[str], token: str | None) 
 
 def member_config(base: dict[str, Any], cdir: ClusterDir, name: str, port: int, nats_urls: str | list[str],
                   influx_url: str, pg_dsn: str) -> dict[str, Any]:
-    """The base config with this member's own settings; secrets stay in secrets/ (${file:...})."""
-    tokens = [{"name": "cluster-admin", "scopes": ["admin"], "token": f"${{file:{cdir.secrets / 'api-token'}}}"},
+    """The base config with this member's own settings; secrets stay in secrets/ (${file:...}). The
+    base's API tokens (its agents', say) are kept, the launcher's two added."""
+    tokens = [*((base.get("api") or {}).get("tokens") or []),
+              {"name": "cluster-admin", "scopes": ["admin"], "token": f"${{file:{cdir.secrets / 'api-token'}}}"},
               {"name": "cluster-ingest", "scopes": ["ingest"], "token": f"${{file:{cdir.secrets / 'ingest-token'}}}"}]
     urls = [nats_urls] if isinstance(nats_urls, str) else nats_urls
     bus = bus_settings(base, urls, f"${{file:{cdir.secrets / 'nats-token'}}}")
