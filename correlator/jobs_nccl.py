@@ -28,6 +28,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from pydantic import TypeAdapter
+
 from correlator.qp_join import join_qps
 from correlator.slowdown import DetectorConfig, SlowdownDetector, bandwidths, op_bytes, size_bucket
 from nms.records import (
@@ -46,6 +48,8 @@ from nms.records import (
 
 log = logging.getLogger(__name__)
 
+# a job's slowdowns as shared (share_slowdowns): {"active": [...], "cleared": [...]}
+_SLOWDOWNS = TypeAdapter(dict[str, list[JobSlowdown]])
 SOURCE_LABEL = "source"
 ORPHAN_S = 60.0  # proxy ops whose collective has not come after this long are dropped
 MAX_PENDING = 200_000  # rank records waiting for their proxy ops; the oldest are assembled early beyond
@@ -97,6 +101,8 @@ class NcclJobs:
         self._parts: dict[tuple, list[_RankColl]] = {}  # (job, comm, seq) -> ranks done, waiting for the others
         self._recent: dict[str, deque[NcclCollectivePerf]] = {}  # job -> recent assembled collectives
         self._qps: dict[tuple[str, str, str], NcclRdmaQp] = {}  # (host, device, lqpn) -> the agent's latest
+        self._shared: dict[str, str] = {}  # job -> its slowdowns as last written to the state (share_slowdowns)
+        self.detects_here = True  # False in a cluster member that does not correlate (nms.app.service)
 
     # --- intake -------------------------------------------------------------------------------
 
@@ -312,6 +318,22 @@ class NcclJobs:
             active = [self._with_pairs(s) for s in self.detector.active(job_id)]
             cleared = [self._with_pairs(s) for s in self.detector.history if job_id is None or s.job_id == job_id]
         return active, cleared
+
+    def share_slowdowns(self, active: list[JobSlowdown], cleared: list[JobSlowdown]) -> int:
+        """Each job's slowdowns into the shared state where they changed since this process last
+        wrote them: what API workers of a cluster serve. Returns the jobs written; raises what the
+        state store raises (nothing counts as written then)."""
+        jobs = sorted({s.job_id for s in active} | {s.job_id for s in cleared})
+        bodies = {}
+        for job in jobs:
+            body = _SLOWDOWNS.dump_json({"active": [s for s in active if s.job_id == job],
+                                         "cleared": [s for s in cleared if s.job_id == job]}).decode()
+            if self._shared.get(job) != body:
+                bodies[job] = body
+        if bodies:
+            self.state.put_slowdowns(bodies, time.time_ns())
+            self._shared.update(bodies)
+        return len(bodies)
 
     def _with_pairs(self, s: JobSlowdown) -> JobSlowdown:
         """The slowdown with its communicator's host pairs and QPs (each joined with its peer's end;

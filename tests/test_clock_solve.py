@@ -302,6 +302,14 @@ def test_api_solves_ingested_edges_and_corrects_later_windows(tmp_path, rng):
     assert r.json()["accepted"] == 1
     assert client.get("/clock", headers=auth("read")).json()["late_edges"] == 1
     assert service.clock.solve_due() == []
+
+    # an API worker of a cluster (no `correlate`: it does not solve) shows what the solving member stored
+    worker = Service(make_config(tmp_path / "worker"), store=service.store, roles=frozenset({"api"}))
+    shown = TestClient(create_app(worker, manage_lifecycle=False)).get("/clock", headers=auth("read")).json()
+    assert shown["last_solve"] is None
+    assert [(h["host"], h["window_start"], round(h["offset_ns"], 3)) for h in shown["hosts"]] == [
+        (h["host"], h["window_start"], round(h["offset_ns"], 3)) for h in status["hosts"]]
+    worker.state.close()
     service.store.close()
     service.state.close()
 

@@ -397,7 +397,7 @@ def _ingest(client, records):
             assert r.status_code == 200, r.text
 
 
-def test_api_collectives_slowdowns_and_merge(client):
+def test_api_collectives_slowdowns_and_merge(client, tmp_path):
     _ingest(client, ring_records(0, 2 * 10**6, with_comm=True))
     for seq in range(1, 8):
         _ingest(client, ring_records(seq, 2 * 10**6))
@@ -423,6 +423,12 @@ def test_api_collectives_slowdowns_and_merge(client):
     inc = client.get("/incidents?job=job-7", headers=auth("read")).json()
     assert [(i["kind"], i["element"]) for i in inc] == [("job_slowdown", "job-7")], inc
     assert "no fabric element" in inc[0]["summary"]
+    # an API worker of a cluster (no `correlate`, the same state): the slowdowns the step shared
+    worker = Service(make_config(tmp_path), store=client.service.store, roles=frozenset({"api"}))
+    with api_client(worker) as w:
+        shared = w.get("/jobs/job-7/slowdowns", headers=auth("read")).json()
+        assert shared == client.get("/jobs/job-7/slowdowns", headers=auth("read")).json()
+        assert [s["slow_collectives"] for s in shared["active"]] == [[8, 9, 10]]
 
 
 def test_nms_jobs_show_against_a_running_service(tmp_path):

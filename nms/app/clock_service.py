@@ -75,6 +75,9 @@ class ClockService:
         self.latest: dict[str, ClockSolution] = {}
         self.last: SolveStats | None = None
         self.late = 0  # edges for a slot already solved
+        # False in a cluster member that does not run `correlate`: the solve runs in another member,
+        # whose solutions this one reads from the shared store (stored())
+        self.solves_here = True
         self.ignored = 0  # other method, other window length, or too far from now
 
     # --- ingest side -----------------------------------------------------------------------
@@ -171,6 +174,19 @@ class ClockService:
         with self._lock:
             return (sorted(self.latest.values(), key=lambda s: s.host), self.last,
                     sum(len(v) for v in self._pending.values()))
+
+    def stored(self) -> list[ClockSolution]:
+        """The newest stored solution per host no older than `max_age`: what the member solving wrote
+        (an API worker's view in a cluster). Raises what the store raises."""
+        oldest = self.now() - int(self.config.max_age * 1e9)
+        out = []
+        for series in self.store.latest(ClockSolution.measurement):
+            row = {**series.tags, **dict(zip(series.columns, series.values[-1], strict=False))}
+            row["window_start"] = row.pop("time")
+            solution = ClockSolution.model_validate({k: v for k, v in row.items() if v is not None}, strict=False)
+            if solution.window_start >= oldest:
+                out.append(solution)
+        return sorted(out, key=lambda s: s.host)
 
     def _count(self, result: str, n: int) -> None:
         if self.metrics is not None and n:

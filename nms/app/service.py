@@ -63,6 +63,7 @@ class Service:
         self.started_at = time.time()
         self.poller = Poller(config, self.store, self.metrics.registry)  # switch collectors, by entry point
         self.clock = ClockService(config.clock, self.store, self.metrics)  # network-effect clock sync
+        self.clock.solves_here = "correlate" in self.roles
         self.incidents = IncidentManager(self.state, config.thresholds.resolve_after_clean_windows,
                                          window_ns=int(config.correlator.interval * 1e9))
         # incident events -> sinks, durable retries; the outbox is the state store's (one for a cluster)
@@ -90,6 +91,7 @@ class Service:
         self.incidents.add_listener(self.actions.on_incident)
         # jobs, collective bandwidth and slowdowns from the NCCL plugin's records (correlator/jobs_nccl.py)
         self.nccl_jobs = NcclJobs(self.state, lambda perfs: self.store.write([p.to_point() for p in perfs]))
+        self.nccl_jobs.detects_here = "correlate" in self.roles  # else it serves what the correlating member shares
         self.agents.qp_targets = self.nccl_jobs.qp_targets  # the agents trace their QPs' paths
         self.correlation = None  # telemetry -> findings -> incidents, one step per correlator.interval
         if config.correlator.enabled:
@@ -198,7 +200,12 @@ class Service:
             self.nccl_jobs.flush()
         except Exception:  # the fabric's own findings must not wait on this
             log.exception("assembling NCCL collectives failed")
-        return self.nccl_jobs.slowdowns()[0]
+        active, cleared = self.nccl_jobs.slowdowns()
+        try:  # for the API workers of a cluster (GET /jobs/{id}/slowdowns); written again while it fails
+            self.nccl_jobs.share_slowdowns(active, cleared)
+        except StateUnavailable as e:
+            log.debug("job slowdowns not shared: %s", e)
+        return active
 
     async def start(self) -> None:
         """Start the scheduler on the running event loop: store retention, one polling job per

@@ -90,6 +90,10 @@ MIGRATIONS: tuple[Migration, ...] = (
     # Host agents' registrations (nms/app/agent_registry.py), before in each API process's memory only.
     Migration(5, "host agents' registrations, shared by the members", (
         "CREATE TABLE IF NOT EXISTS agents (host TEXT PRIMARY KEY, last_seen_ns {int} NOT NULL, body TEXT NOT NULL)",)),
+    # NCCL jobs' slowdowns (correlator/jobs_nccl.py), before in the correlating process's memory only.
+    Migration(6, "NCCL jobs' slowdowns, shared by the members", (
+        "CREATE TABLE IF NOT EXISTS job_slowdowns (job_id TEXT PRIMARY KEY, updated_ns {int} NOT NULL, "
+        "body TEXT NOT NULL)",)),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -151,6 +151,19 @@ class StateStore(IncidentTables):
             for host, ts in seen.items():
                 db.execute("UPDATE agents SET last_seen_ns = ? WHERE host = ? AND last_seen_ns < ?", (ts, host, ts))
 
+    def put_slowdowns(self, bodies: dict[str, str], now_ns: int) -> None:
+        """Jobs' slowdowns (JSON: {"active": [...], "cleared": [...]}), by job id."""
+        with self._db.transaction() as db:
+            for job_id, body in bodies.items():
+                db.execute("INSERT INTO job_slowdowns (job_id, updated_ns, body) VALUES (?, ?, ?) ON CONFLICT (job_id) "
+                           "DO UPDATE SET updated_ns = excluded.updated_ns, body = excluded.body",
+                           (job_id, now_ns, body))
+
+    def slowdowns(self, job_id: str) -> str | None:
+        with self._db.read() as db:
+            row = db.execute("SELECT body FROM job_slowdowns WHERE job_id = ?", (job_id,)).fetchone()
+        return None if row is None else str(row[0])
+
     def agents(self) -> list[tuple[int, str]]:
         """Every registration: (last_seen_ns, body JSON)."""
         with self._db.read() as db:

@@ -1,5 +1,6 @@
 """GET /clock: the newest clock solution per host (service-side clock sync, nms.app.clock_service) and what
-the last solve used. History is in the store: measurement `clock_solution` (and `clock_edge`)."""
+the last solve used. History is in the store: measurement `clock_solution` (and `clock_edge`). A cluster
+member that does not solve (no `correlate`) shows the newest stored solutions, without solve counts."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ class ClockStatus(BaseModel):
     pending_edges: int = Field(description="edges of slots not solved yet")
     late_edges: int = Field(description="edges that came after their slot was solved (since start)")
     ignored_edges: int = Field(description="other method or window length, or too far from now (since start)")
-    last_solve: SolveStats | None
+    last_solve: SolveStats | None = Field(description="None where another cluster member solves (hosts then come "
+                                                      "from the store)")
     hosts: list[HostClock]
 
 
@@ -48,6 +50,8 @@ def clock(clk: ClockDep, config: ConfigDep,
     cfg = config.clock
     now = time.time_ns()
     solutions, last, pending = clk.snapshot()
+    if not clk.solves_here:  # a cluster member without `correlate`: the solving member's, from the store
+        solutions = clk.stored()
     wanted = set(host)
     hosts = [HostClock(host=s.host, window_start=s.window_start, offset_ns=s.offset_ns, drift_ppb=s.drift_ppb,
                        bound_ns=s.bound_ns, component=s.component, age_s=(now - s.window_start) / 1e9,

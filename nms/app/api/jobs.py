@@ -56,8 +56,8 @@ def delete_job(job_id: str, state: StateDep) -> Response:
 
 
 class JobSlowdowns(BaseModel):
-    active: list[JobSlowdown]
-    cleared: list[JobSlowdown]
+    active: list[JobSlowdown] = []
+    cleared: list[JobSlowdown] = []
 
 
 def _job(state: StateStore, job_id: str) -> Job:
@@ -103,8 +103,13 @@ def _collectives(store, job_id: str, start: int, end: int, limit: int) -> list[N
 @router.get("/{job_id}/slowdowns", response_model=JobSlowdowns, dependencies=[Depends(require("read"))],
             responses={404: {"description": "no such job"}})
 def job_slowdowns(job_id: str, state: StateDep, nccl_jobs: NcclJobsDep) -> JobSlowdowns:
-    """The job's collectives below their bus bandwidth baseline now, and the cleared ones this
-    service saw (kept in memory: a restart forgets them; the series stays in the store)."""
+    """The job's collectives below their bus bandwidth baseline now, and the cleared ones the
+    correlating process saw (kept in its memory: a restart forgets them; the series stays in the
+    store). A cluster member that does not correlate serves what that member last shared (within
+    a correlator step)."""
     _job(state, job_id)
+    if not nccl_jobs.detects_here:
+        shared = state.slowdowns(job_id)
+        return JobSlowdowns() if shared is None else JobSlowdowns.model_validate_json(shared)
     active, cleared = nccl_jobs.slowdowns(job_id)
     return JobSlowdowns(active=active, cleared=cleared)
