@@ -89,19 +89,20 @@ class Colouring:
     def _swap_and_set(self, e: int, u: int, v: int) -> bool:
         room_l, room_r = self.room
         grp = self._group_room(e)
-        alphas = np.flatnonzero((room_l[u] > 0) & (True if self.allowed is None else self.allowed[e])
-                                & (True if grp is None else grp > 0))
+        alphas = np.flatnonzero((room_l[u] > 0) & (True if self.allowed is None else self.allowed[e]))
+        rank = room_l[u][alphas] + (0 if grp is None else 1000 * np.minimum(grp[alphas], 1))  # group room first
         betas = np.flatnonzero(room_r[v] > 0)
-        for alpha in alphas[np.argsort(-room_l[u][alphas], kind="stable")][:3].tolist():
+        for alpha in alphas[np.argsort(-rank, kind="stable")][:3].tolist():
             for beta in betas[np.argsort(-room_r[v][betas], kind="stable")][:3].tolist():
-                if self._kempe(v, alpha, beta):
+                if self._kempe(e, v, alpha, beta):
                     self._set(e, alpha)
                     return True
         return False
 
-    def _kempe(self, v: int, alpha: int, beta: int) -> bool:
-        """Frees alpha at right node v: a shortest path v -alpha- l1 -beta- r1 -alpha- ... to a node that
-        can take one more of the colour it gains, its edges' colours swapped."""
+    def _kempe(self, e_new: int, v: int, alpha: int, beta: int) -> bool:
+        """Frees alpha at right node v for edge e_new: a shortest path v -alpha- l1 -beta- r1 -alpha- ... to
+        a node that can take one more of the colour it gains (and, with groups, whose swaps together with
+        e_new's alpha keep every group within its capacity), its edges' colours swapped."""
         parent: dict[tuple[int, int], tuple[int, int, int]] = {(1, v): (-1, -1, -1)}  # node -> (edge, prev)
         queue = deque([(1, v)])
         while queue:
@@ -111,28 +112,44 @@ class Colouring:
             for e in self.at[side][node][shed]:
                 if self.allowed is not None and not self.allowed[e, gain]:
                     continue  # the swap would give this edge a colour it may not take
-                grp = self._group_room(e)
-                if grp is not None and grp[gain] <= 0:
-                    continue  # or one its pods have no room for
                 nxt = (other, self.ends[other][e])
                 if nxt in parent:
                     continue
                 parent[nxt] = (e, side, node)
                 if self.room[other][nxt[1], gain] > 0:
-                    self._flip_path(parent, nxt, alpha, beta)
-                    return True
-                queue.append(nxt)
+                    path = self._path(parent, nxt)
+                    if self._groups_fit(path, e_new, alpha, beta):
+                        for f, shedder in path:  # shed by a right node: alpha -> beta; by a left one: beta -> alpha
+                            self._set(f, beta if shedder == 1 else alpha)
+                        return True
+                queue.append(nxt)  # with room but over a group: the path may go on through it
         return False
 
-    def _flip_path(self, parent, end, alpha: int, beta: int) -> None:
+    @staticmethod
+    def _path(parent, end) -> list[tuple[int, int]]:
+        """(edge, side of the node that sheds it) from v to `end`."""
         path = []
         node = end
         while parent[node][0] >= 0:
             e, side, prev = parent[node]
             path.append((e, side))
             node = (side, prev)
-        for e, side in path:  # an edge shed by a right node goes alpha -> beta, by a left node beta -> alpha
-            self._set(e, beta if side == 1 else alpha)
+        return path
+
+    def _groups_fit(self, path: list[tuple[int, int]], e_new: int, alpha: int, beta: int) -> bool:
+        if self.groups is None or self.group_room is None:
+            return True
+        delta: dict[tuple[int, int, int], int] = {}
+        changes = [(f, beta, alpha) if shedder == 1 else (f, alpha, beta) for f, shedder in path]
+        changes.append((e_new, alpha, -1))
+        for f, new, old in changes:
+            for side in (0, 1):
+                g = self.groups[side][f]
+                if g >= 0:
+                    delta[side, g, new] = delta.get((side, g, new), 0) + 1
+                    if old >= 0:
+                        delta[side, g, old] = delta.get((side, g, old), 0) - 1
+        return all(self.group_room[side][g, col] >= d for (side, g, col), d in delta.items() if d > 0)
 
 
 def colour(left: np.ndarray, right: np.ndarray, cap_left: np.ndarray, cap_right: np.ndarray,
