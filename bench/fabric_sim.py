@@ -11,9 +11,13 @@ pair split over all its equal-cost paths: lab/flowsim/optimum.py; at this size i
 bound, so the ratios are lower bounds), controller / ECMP, and the run time. `whole` is the
 controller's collective throughput as a ratio to the whole-subflow bound (what any routing that keeps
 each subflow on one path can reach; lab/flowsim/optimum.py), `s/rnd` the controller's own time per
-round. `--no-limits` runs the controller without the blast-radius limits (every bad element avoided).
+round. `plan` is the global path planner (lab/flowsim/planner.py; `QPs` per pair after any split,
+`traced` the share of subflows whose port the agent had traced, `drain` the links it empties, `plan s`
+its own time without the max-min rates). `--no-limits` runs the controllers without the blast-radius
+limits (every bad element avoided); `--controllers` picks which run.
 
     .venv/bin/python bench/fabric_sim.py [--k 36] [--qps 4] [--load 0.5,1.0] [--seed 1] [--no-limits]
+        [--controllers plan,ctl,avoid]
 """
 
 from __future__ import annotations
@@ -80,14 +84,16 @@ def scenario(k: int, qps: int, load: float, kind: str, seed: int, limits: Limits
         row[f"t_{label}"] = time.perf_counter() - t0
         row[f"{label}_whole"] = res.throughput / whole
         row[f"{label}_split"], row[f"{label}_traced"], row[f"{label}_drained"] = res.split, res.traced, res.drained
+        row[f"{label}_plan_s"] = res.plan_s
     return row
 
 
 COLUMNS = {  # mode -> (header, row format)
-    "plan": (f"| {'plan min':>8} {'agg':>5} {'whole':>5} {'QPs':>3} {'traced':>6} {'drain':>5} {'s/rnd':>5} ",
+    "plan": (f"| {'plan min':>8} {'agg':>5} {'whole':>5} {'QPs':>3} {'traced':>6} {'drain':>5} {'s/rnd':>5} "
+             f"{'plan s':>6} ",
              lambda r, q: f"| {r['plan_min']:8.3f} {r['plan_agg']:5.3f} {r['plan_whole']:5.3f} "
                           f"{q * r['plan_split']:3d} {r['plan_traced']:6.2f} {r['plan_drained']:5d} "
-                          f"{r['t_plan'] / max(r['plan_rounds'], 1):5.1f} "),
+                          f"{r['t_plan'] / max(r['plan_rounds'], 1):5.1f} {r['plan_plan_s']:6.1f} "),
     "ctl": (f"| {'ctl min':>7} {'agg':>5} {'rnd':>3} {'whole':>5} {'s/rnd':>5} ",
             lambda r, q: f"| {r['ctl_min']:7.3f} {r['ctl_agg']:5.3f} {r['ctl_rounds']:3d} {r['ctl_whole']:5.3f} "
                          f"{r['t_ctl'] / max(r['ctl_rounds'], 1):5.1f} "),

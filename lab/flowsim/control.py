@@ -17,11 +17,14 @@ directed links' offered load / capacity: a subflow on a link over capacity moves
 path whose busiest link after the move is least busy, only if that lowers its own, never onto an
 accepted element, each move counted at once (the next pair sees it); a hot link is relieved, not
 emptied. Otherwise `choose` gets no load and a host pair's moved subflows are spread over the first
-paths that avoid (what an agent that only receives `avoid_hops` can do).
+paths that avoid (what an agent that only receives `avoid_hops` can do). `planner`: one round of the
+global path planner (planner.py) instead: a path for every subflow at once, ports that reach them,
+the links it leaves empty checked by the same limits.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -79,6 +82,7 @@ class ControlResult:
     split: int = 1            # QPs per original subflow (the planner may split them)
     traced: float = 1.0       # share of the subflows whose port the agent had already traced
     drained: int = 0          # links the plan leaves empty (the blast-radius limits checked them)
+    plan_s: float = 0.0       # the planner's own time (split, colourings, limits, ports), rates not included
 
     @property
     def throughput(self) -> float:
@@ -212,6 +216,7 @@ class Controller:
         if not bad:
             return result
         ft, avail = self.ft, self.avail
+        started = time.perf_counter()
         m = split_factor(ft, job.src, job.dst, avail, self.max_split)
         src, dst, group = np.repeat(job.src, m), np.repeat(job.dst, m), np.repeat(self.group_of, m)
         h = ft.half
@@ -233,6 +238,7 @@ class Controller:
             p = plan(ft, src, dst, avail, keep=keep, prefer_plane=prefer_plane, prefer_core=prefer_core)
         result.refusals.update(refused)
         ports, traced = ports_for(ft, src, dst, p.plane, p.core, self.cand_port[group], known_a, known_c)
+        result.plan_s = time.perf_counter() - started
         new_job = Job(src, dst, ports)
         new_out = evaluate(ft, new_job, avail)
         step = Round(len(bad), len(accepted), len(refused), src.size, new_out.min_rate * m, new_out.aggregate)
