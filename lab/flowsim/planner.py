@@ -121,8 +121,8 @@ def plan_paths(ft: FatTree, src: np.ndarray, dst: np.ndarray, s: np.ndarray, pre
     allowed = np.where(inter[fab, None], core_ok.any(axis=2), True)
     # a pod's inter-pod subflows in plane a share its core links of that plane: second-level capacities
     pod_of = (np.where(inter[fab], ps[fab], -1), np.where(inter[fab], pd[fab], -1))
-    # (only where the core links hold less than the pod's edge links can send: elsewhere they cannot bind,
-    # and checking them would only block swaps, whose single flips may overshoot a pod for a moment)
+    # (only where the core links hold less than the pod's edge links can send: elsewhere they cannot bind
+    # and are left unchecked)
     pod_cap = tuple(np.where(cores.sum(axis=2) >= edges.reshape(ft.k, h, h).sum(axis=1), UNBOUND,
                              cores.sum(axis=2)) for cores, edges in ((up_c, up_e), (dn_c, dn_e)))  # [pod, a]
     # inter-pod subflows first: they are the ones a pod's core links can bind; the intra-pod ones then
