@@ -57,7 +57,8 @@ def fault(ft: FatTree, kind: str, rng) -> np.ndarray:
     return background
 
 
-MODES = {"plan": {"planner": True}, "ctl": {"load_aware": True}, "avoid": {"load_aware": False}}
+MODES = {"plan": {"planner": True}, "traced": {"planner": True, "traced_only": True}, "ctl": {"load_aware": True},
+         "avoid": {"load_aware": False}}
 
 
 def scenario(k: int, qps: int, load: float, kind: str, seed: int, limits: Limits | None = Limits(),
@@ -94,6 +95,9 @@ COLUMNS = {  # mode -> (header, row format)
              lambda r, q: f"| {r['plan_min']:8.3f} {r['plan_agg']:5.3f} {r['plan_whole']:5.3f} "
                           f"{q * r['plan_split']:3d} {r['plan_traced']:6.2f} {r['plan_drained']:5d} "
                           f"{r['t_plan'] / max(r['plan_rounds'], 1):5.1f} {r['plan_plan_s']:6.1f} "),
+    "traced": (f"| {'traced-only min':>15} {'agg':>5} {'QPs':>3} {'plan s':>6} ",
+               lambda r, q: f"| {r['traced_min']:15.3f} {r['traced_agg']:5.3f} {q * r['traced_split']:3d} "
+                            f"{r['traced_plan_s']:6.1f} "),
     "ctl": (f"| {'ctl min':>7} {'agg':>5} {'rnd':>3} {'whole':>5} {'s/rnd':>5} ",
             lambda r, q: f"| {r['ctl_min']:7.3f} {r['ctl_agg']:5.3f} {r['ctl_rounds']:3d} {r['ctl_whole']:5.3f} "
                          f"{r['t_ctl'] / max(r['ctl_rounds'], 1):5.1f} "),
@@ -110,7 +114,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-limits", action="store_true", help="no blast-radius limits: every bad element avoided")
     ap.add_argument("--controllers", default="plan,ctl,avoid",
-                    help="which to run: plan (global planner), ctl (per-pair rebalance), avoid (avoid-only)")
+                    help="which to run: plan (global planner), traced (the planner on the traced ports' paths only), "
+                         "ctl (per-pair rebalance), avoid (avoid-only)")
     args = ap.parse_args()
     limits = None if args.no_limits else Limits()
     modes = tuple(m for m in args.controllers.split(",") if m)

@@ -414,3 +414,15 @@ def test_planner_drains_a_link_only_where_the_limits_accept_it():
     strict = Controller(ft, job, avail, background=background, planner=True, max_split=1,
                         limits=Limits(0.1, 1)).run(job)
     assert strict.drained == 0 and ft.names[int(ft.undirected(link))] in strict.refusals
+
+
+def test_planner_kept_to_the_traced_ports_uses_no_other():
+    # the honest variant: the agent keeps to its 32 traced candidate ports; every planned path is one of them
+    ft, job, background, avail = _full_load("hotspots", 1)
+    res = Controller(ft, job, avail, background=background, planner=True, traced_only=True).run(job)
+    assert res.rounds and not res.rounds[0].rolled_back and res.traced == 1.0
+    ctl = Controller(ft, job, avail, background=background, planner=True)
+    cand = {(int(g), int(p)) for g in range(ctl.cand_port.shape[0]) for p in ctl.cand_port[g]}
+    group = np.repeat(ctl.group_of, res.split)
+    assert all((int(g), int(p)) in cand for g, p in zip(group, res.job.port))
+    assert res.throughput > evaluate(ft, job, avail).min_rate

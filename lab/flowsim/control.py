@@ -19,7 +19,8 @@ accepted element, each move counted at once (the next pair sees it); a hot link 
 emptied. Otherwise `choose` gets no load and a host pair's moved subflows are spread over the first
 paths that avoid (what an agent that only receives `avoid_hops` can do). `planner`: one round of the
 global path planner (planner.py) instead: a path for every subflow at once, ports that reach them,
-the links it leaves empty checked by the same limits.
+the links it leaves empty checked by the same limits; with `traced_only` it keeps to the paths of the
+32 candidate ports the agent traced.
 """
 
 from __future__ import annotations
@@ -103,11 +104,12 @@ class Controller:
     def __init__(self, ft: FatTree, job: Job, avail: np.ndarray, background: np.ndarray | None = None,
                  limits: Limits | None = Limits(), candidates: int = 32, congestion_utilization: float = 0.9,
                  load_aware: bool = True, max_rounds: int = 16, min_gain: float = 1e-3, planner: bool = False,
-                 max_split: int = 4):
+                 max_split: int = 4, traced_only: bool = False):
         self.ft, self.avail, self.limits = ft, avail, limits
         self.background = background if background is not None else np.zeros(ft.n_links)
         self.congestion_utilization, self.load_aware, self.max_rounds = congestion_utilization, load_aware, max_rounds
         self.min_gain, self.planner, self.max_split = min_gain, planner, max_split
+        self.traced_only = traced_only  # the planner keeps to the paths of the candidate ports traced
         self.ids = {name: u for u, name in enumerate(ft.names)}
         # host pairs (groups) and each one's candidate source ports and their paths
         H = ft.hosts
@@ -226,7 +228,14 @@ class Controller:
         rows = np.repeat(np.arange(src.size), known_a.shape[1])
         inter = (known_a >= 0).ravel() & (known_c >= 0).ravel()
         prefer_core[rows[inter], known_a.ravel()[inter], known_c.ravel()[inter]] = True
-        p = plan(ft, src, dst, avail, prefer_plane=prefer_plane, prefer_core=prefer_core)
+        # keeping to the traced paths, a plan may need many rates down: more of them, fewer orders each
+        tries = {"max_tries": 40, "attempts": 2, "only_preferred": True} if self.traced_only else {}
+        try:
+            p = plan(ft, src, dst, avail, prefer_plane=prefer_plane, prefer_core=prefer_core, **tries)
+        except RuntimeError:  # no plan down to a quarter of the bound: leave the job as it is
+            result.rounds.append(Round(len(bad), 0, 0, 0, out.min_rate, out.aggregate))
+            result.plan_s = time.perf_counter() - started
+            return result
         drained = self._drained(p.rate)
         accepted, refused = list(drained), {}
         if drained and self.limits is not None:
@@ -235,7 +244,7 @@ class Controller:
             keep = np.zeros(ft.n_links, bool)
             for d in ft.directions(np.array([self.ids[e] for e in refused])):
                 keep[d] = True
-            p = plan(ft, src, dst, avail, keep=keep, prefer_plane=prefer_plane, prefer_core=prefer_core)
+            p = plan(ft, src, dst, avail, keep=keep, prefer_plane=prefer_plane, prefer_core=prefer_core, **tries)
         result.refusals.update(refused)
         ports, traced = ports_for(ft, src, dst, p.plane, p.core, self.cand_port[group], known_a, known_c)
         result.plan_s = time.perf_counter() - started

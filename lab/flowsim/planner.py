@@ -67,26 +67,28 @@ def split_factor(ft: FatTree, src: np.ndarray, dst: np.ndarray, avail: np.ndarra
     return next(m for m, b in zip(splits, bounds) if b >= best * (1 - min_gain))
 
 
-def candidate_rates(ft: FatTree, src: np.ndarray, dst: np.ndarray, avail: np.ndarray) -> np.ndarray:
-    """The rates a whole-subflow plan can be limited at, from the whole-subflow bound down: each
-    fabric link's capacity / a whole number of subflows."""
+def candidate_rates(ft: FatTree, src: np.ndarray, dst: np.ndarray, avail: np.ndarray,
+                    down_to: float = 0.25) -> np.ndarray:
+    """The rates a whole-subflow plan can be limited at, from the whole-subflow bound down to `down_to`
+    of it: each fabric link's capacity / a whole number of subflows."""
     top = whole_subflow_upper_bound(ft, src, dst, avail)
     caps = np.unique(avail[2 * ft.hosts:])
     caps = caps[caps > 0]
-    most = int(caps.max() / top) + 2 if caps.size else 1
+    most = int(caps.max() / (down_to * top)) + 1 if caps.size else 1
     rates = np.unique(np.concatenate([caps / q for q in range(1, most + 1)] + [[top]]))
-    return rates[rates <= top * (1 + EPS)][::-1]
+    return rates[(rates <= top * (1 + EPS)) & (rates >= down_to * top * (1 - EPS))][::-1]
 
 
 def plan(ft: FatTree, src: np.ndarray, dst: np.ndarray, avail: np.ndarray, keep: np.ndarray | None = None,
          prefer_plane: np.ndarray | None = None, prefer_core: np.ndarray | None = None, max_tries: int = 6,
-         attempts: int = 8, seed: int = 0) -> Plan:
+         attempts: int = 8, seed: int = 0, only_preferred: bool = False) -> Plan:
     """Paths for the subflows src[i] -> dst[i] at the highest candidate rate a plan is found for.
     `keep` (directed links): links that keep at least one slot whatever the rate (what the blast-radius
     limits refused to drain). `prefer_plane` (subflows x planes) and `prefer_core` (subflows x planes x
     cores): paths the host already knows a port for, taken among equals. Each rate gets `attempts`
     colourings in different random orders (with uneven slots one order can strand a subflow that
-    another places) before the next lower rate is tried."""
+    another places) before the next lower rate is tried. `only_preferred`: no other path is used (the
+    agent keeps to the ports it has traced)."""
     rates = candidate_rates(ft, src, dst, avail)
     last = None
     for i, rate in enumerate(rates[:max_tries]):
@@ -94,7 +96,7 @@ def plan(ft: FatTree, src: np.ndarray, dst: np.ndarray, avail: np.ndarray, keep:
         if keep is not None:
             s[keep & (avail > 0)] = np.maximum(s[keep & (avail > 0)], 1)
         for attempt in range(attempts):
-            a, c, ok = plan_paths(ft, src, dst, s, prefer_plane, prefer_core, seed + attempt)
+            a, c, ok = plan_paths(ft, src, dst, s, prefer_plane, prefer_core, seed + attempt, only_preferred)
             last = Plan(a, c, float(rate), i + 1)
             if ok:
                 return last
@@ -104,8 +106,10 @@ def plan(ft: FatTree, src: np.ndarray, dst: np.ndarray, avail: np.ndarray, keep:
 
 
 def plan_paths(ft: FatTree, src: np.ndarray, dst: np.ndarray, s: np.ndarray, prefer_plane=None,
-               prefer_core=None, seed: int = 0) -> tuple[np.ndarray, np.ndarray, bool]:
+               prefer_core=None, seed: int = 0, only_preferred: bool = False) -> tuple[np.ndarray, np.ndarray, bool]:
     """(plane, core, every subflow placed) within the slots `s` per directed link."""
+    if only_preferred and (prefer_plane is None or prefer_core is None):
+        raise ValueError("only_preferred needs prefer_plane and prefer_core")
     H, h = ft.hosts, ft.half
     rng = np.random.default_rng(seed)
     es, ed, ps, pd = ft.edge(src), ft.edge(dst), ft.pod(src), ft.pod(dst)
@@ -118,7 +122,11 @@ def plan_paths(ft: FatTree, src: np.ndarray, dst: np.ndarray, s: np.ndarray, pre
     dn_c = s[ft.link(2, 1, np.arange(H))].reshape(ft.k, h, h)
     # a plane is open to an inter-pod subflow only if some core of it has slots at both pods
     core_ok = (up_c[ps[fab]] > 0) & (dn_c[pd[fab]] > 0)                  # [subflow, a, c]
+    if only_preferred:
+        core_ok &= prefer_core[fab]
     allowed = np.where(inter[fab, None], core_ok.any(axis=2), True)
+    if only_preferred:
+        allowed &= prefer_plane[fab]
     # a pod's inter-pod subflows in plane a share its core links of that plane: second-level capacities
     pod_of = (np.where(inter[fab], ps[fab], -1), np.where(inter[fab], pd[fab], -1))
     # (only where the core links hold less than the pod's edge links can send: elsewhere they cannot bind
@@ -134,16 +142,18 @@ def plan_paths(ft: FatTree, src: np.ndarray, dst: np.ndarray, s: np.ndarray, pre
         sub = np.flatnonzero(inter & (a == plane))
         if sub.size:
             pc = None if prefer_core is None else prefer_core[sub, plane]
-            c[sub] = colour(ps[sub], pd[sub], up_c[:, plane], dn_c[:, plane], rng.permutation(sub.size), pc)
+            c[sub] = colour(ps[sub], pd[sub], up_c[:, plane], dn_c[:, plane], rng.permutation(sub.size), pc,
+                            pc if only_preferred else None)
     todo = fab[(a[fab] < 0) | (inter[fab] & (c[fab] < 0))]
     if todo.size:
-        _repair(ft, src, dst, a, c, s, todo)
+        _repair(ft, src, dst, a, c, s, todo, (prefer_plane, prefer_core) if only_preferred else None)
     placed = (a[fab] >= 0).all() and (c[fab][inter[fab]] >= 0).all()
     return a, c, bool(placed)
 
 
-def _repair(ft: FatTree, src, dst, a, c, s, todo) -> None:
-    """Places the subflows in `todo` one by one on any path with a slot free on each of its links."""
+def _repair(ft: FatTree, src, dst, a, c, s, todo, only=None) -> None:
+    """Places the subflows in `todo` one by one on any path with a slot free on each of its links (if
+    `only` = (planes, planes x cores) per subflow is given: one of those)."""
     h = ft.half
     a[todo], c[todo] = -1, -1
     room = s - _usage(ft, src, dst, a, c)
@@ -154,7 +164,8 @@ def _repair(ft: FatTree, src, dst, a, c, s, todo) -> None:
     for f in todo.tolist():
         es, ed, ps, pd = int(src[f]) // h, int(dst[f]) // h, int(src[f]) // (h * h), int(dst[f]) // (h * h)
         edge_room = np.minimum(up_e[es], dn_e[ed])
-        if ps == pd:
+        if only is not None:
+            edge_room = np.where(only[0][f], edge_room, -1)
             best = int(np.argmax(edge_room))
             if edge_room[best] >= 1:
                 a[f] = best
@@ -162,6 +173,8 @@ def _repair(ft: FatTree, src, dst, a, c, s, todo) -> None:
                 dn_e[ed, best] -= 1
             continue
         r = np.minimum(edge_room[:, None], np.minimum(up_c[ps], dn_c[pd]))   # [a, c]
+        if only is not None:
+            r = np.where(only[1][f], r, -1)
         best_a, best_c = np.unravel_index(int(np.argmax(r)), r.shape)
         if r[best_a, best_c] >= 1:
             a[f], c[f] = best_a, best_c
