@@ -334,3 +334,95 @@ def test_load_aware_moves_relieve_links_the_limits_refused():
     names = ft.names
     left = [{names[u] for u in ft.undirected(before.paths[f][2:][before.paths[f][2:] >= 0]).tolist()} for f in moved]
     assert any(not (links & set(accepted)) and links & set(refused) for links in left)
+
+
+# --- the global planner (issue #26): whole-subflow paths for the whole job at once ---------------
+
+
+def test_capacitated_colouring_is_exact_on_a_regular_multigraph_and_keeps_capacities_when_it_is_not():
+    from lab.flowsim.colouring import colour
+    rng = np.random.default_rng(0)
+    n, colours, cap = 24, 6, 4  # every node of degree colours x cap: Konig says it always fits
+    left = np.repeat(np.arange(n), colours * cap)
+    right = rng.permutation(left)
+    col = colour(left, right, np.full((n, colours), cap), np.full((n, colours), cap), rng.permutation(left.size))
+    assert (col >= 0).all()
+    for ends in (left, right):
+        assert np.bincount(ends * colours + col, minlength=n * colours).max() == cap
+    # node 0 may use colour 0 once, node 1 colour 1 once: two edges 0 -> 1 cannot both be coloured
+    caps = np.zeros((2, 2), int)
+    caps[0, 0], caps[1, 1] = 1, 1
+    col = colour(np.array([0, 0]), np.array([1, 1]), caps, caps)
+    assert (col == -1).all()
+
+
+def _plan_case(kind, seed, k=8):
+    ft, job, background, avail = _full_load(kind, seed, k)
+    return ft, job, background, avail, Controller(ft, job, avail, background=background, planner=True).run(job)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_planner_reaches_the_lp_optimum_on_a_clean_full_load_tree(seed):
+    # per-pair moves stop at 0.8 (a link with 5 subflows of 4 left); the planner packs every uplink with 4
+    ft, job, background, avail, res = _plan_case("none", seed)
+    lam = optimum(ft, job.src, job.dst, avail).max_concurrent
+    assert res.split == 1 and res.throughput == pytest.approx(lam)
+    assert Controller(ft, job, avail).run(job).outcome.min_rate < 0.9 * lam
+
+
+@pytest.mark.parametrize("kind,seed", [("failures", 1), ("failures", 3), ("hotspots", 1), ("hotspots", 2)])
+def test_planned_paths_keep_to_alive_links_and_their_slots_and_the_ports_reach_them(kind, seed):
+    from lab.flowsim.planner import plan, ports_for, slots
+    ft, job, background, avail = _full_load(kind, seed)
+    p = plan(ft, job.src, job.dst, avail)
+    paths = ft.path_links(job.src, job.dst, p.plane, p.core)
+    usage = np.bincount(paths[paths >= 0], minlength=ft.n_links)
+    assert (usage[2 * ft.hosts:] <= slots(avail, p.rate)[2 * ft.hosts:]).all()
+    up, down = ft.directions(np.flatnonzero(~ft.alive))
+    assert usage[up].sum() == usage[down].sum() == 0
+    ports, _ = ports_for(ft, job.src, job.dst, p.plane, p.core)
+    a, c = ft.route(job.src, job.dst, ports)
+    assert np.array_equal(a, p.plane) and np.array_equal(c, p.core)
+    assert evaluate(ft, Job(job.src, job.dst, ports), avail).min_rate >= p.rate - 1e-9
+    # and the planner ends at the whole-subflow bound: no whole-subflow routing does better
+    assert p.rate == pytest.approx(whole_subflow_upper_bound(ft, job.src, job.dst, avail))
+
+
+def test_planner_splits_qps_where_whole_subflows_cannot_reach_the_optimum():
+    # k=8 seed 1 with failures: an edge's 16 subflows over 3 uplinks put 6 on one (whole-subflow bound
+    # 66.7 of lambda* 75); as 32 QPs of half the bytes, 11 on one: 72.7 each pair's worth (0.97)
+    ft, job, background, avail, res = _plan_case("failures", 1)
+    lam = optimum(ft, job.src, job.dst, avail).max_concurrent
+    whole = whole_subflow_upper_bound(ft, job.src, job.dst, avail)
+    assert whole < 0.9 * lam
+    assert res.split == 2 and res.job.size == 2 * job.size
+    assert res.throughput >= 0.95 * lam and res.throughput > whole
+    # a clean fabric is not split: whole subflows already reach the optimum there
+    assert _plan_case("none", 1)[4].split == 1
+
+
+def test_planner_drains_a_link_only_where_the_limits_accept_it():
+    # one edge uplink keeps 50 of 400 G: at the planned rate (66.7) it takes no subflow, it is drained
+    ft, job, _, _ = _full_load("none", 1)
+    background = np.zeros(ft.n_links)
+    link = int(ft.link(1, 0, ft.edge_agg(3, 1)))
+    background[link] = 350.0
+    avail = ft.available(background)
+    res = Controller(ft, job, avail, background=background, planner=True, max_split=1).run(job)
+    assert res.drained == 1 and not np.isin(res.outcome.paths, [link]).any()
+    assert res.throughput == pytest.approx(whole_subflow_upper_bound(ft, job.src, job.dst, avail))
+    strict = Controller(ft, job, avail, background=background, planner=True, max_split=1,
+                        limits=Limits(0.1, 1)).run(job)
+    assert strict.drained == 0 and ft.names[int(ft.undirected(link))] in strict.refusals
+
+
+def test_planner_kept_to_the_traced_ports_uses_no_other():
+    # the honest variant: the agent keeps to its 32 traced candidate ports; every planned path is one of them
+    ft, job, background, avail = _full_load("hotspots", 1)
+    res = Controller(ft, job, avail, background=background, planner=True, traced_only=True).run(job)
+    assert res.rounds and not res.rounds[0].rolled_back and res.traced == 1.0
+    ctl = Controller(ft, job, avail, background=background, planner=True)
+    cand = {(int(g), int(p)) for g in range(ctl.cand_port.shape[0]) for p in ctl.cand_port[g]}
+    group = np.repeat(ctl.group_of, res.split)
+    assert all((int(g), int(p)) in cand for g, p in zip(group, res.job.port))
+    assert res.throughput > evaluate(ft, job, avail).min_rate

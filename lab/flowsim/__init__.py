@@ -3,5 +3,6 @@ rates, the LP optimum, and the product's steering core (correlator/actions/steer
 the lab's model of a fabric too big for namespaces (bench/fabric_sim.py, tests/test_fabric_sim.py).
 
 fabric (FatTree, ECMP hashing), maxmin (max-min fair rates, completion time), optimum (the LP
-upper bound), control (the controller round by round).
+upper bound), control (the controller round by round), planner and colouring (the global path planner:
+whole-subflow paths for the whole job at once, issue #26).
 """

@@ -17,20 +17,23 @@ directed links' offered load / capacity: a subflow on a link over capacity moves
 path whose busiest link after the move is least busy, only if that lowers its own, never onto an
 accepted element, each move counted at once (the next pair sees it); a hot link is relieved, not
 emptied. Otherwise `choose` gets no load and a host pair's moved subflows are spread over the first
-paths that avoid (what an agent that only receives `avoid_hops` can do).
+paths that avoid (what an agent that only receives `avoid_hops` can do). `planner`: one round of the
+global path planner (planner.py) instead: a path for every subflow at once, ports that reach them,
+the links it leaves empty checked by the same limits; with `traced_only` it keeps to the paths of the
+32 candidate ports the agent traced.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from correlator.actions.steering import Limits, allowed_avoid, choose, rebalance
-from lab.flowsim.fabric import PAD, FatTree
+from lab.flowsim.fabric import PAD, PORT_BASE, PORT_SPAN, FatTree
 from lab.flowsim.maxmin import maxmin_rates
-
-PORT_BASE, PORT_SPAN = 0xC000, 0x4000  # RoCEv2 source ports from flow labels: 49152..65535
+from lab.flowsim.planner import plan, ports_for, slots, split_factor
 
 
 @dataclass
@@ -77,6 +80,16 @@ class ControlResult:
     outcome: Outcome
     rounds: list[Round] = field(default_factory=list)
     refusals: dict[str, str] = field(default_factory=dict)
+    split: int = 1            # QPs per original subflow (the planner may split them)
+    traced: float = 1.0       # share of the subflows whose port the agent had already traced
+    drained: int = 0          # links the plan leaves empty (the blast-radius limits checked them)
+    plan_s: float = 0.0       # the planner's own time (split, colourings, limits, ports), rates not included
+
+    @property
+    def throughput(self) -> float:
+        """The collective's throughput per original subflow: a pair's bytes go over its QPs in equal
+        shares, so its slowest QP sets its pace (the minimum rate x the split)."""
+        return self.outcome.min_rate * self.split
 
 
 def evaluate(ft: FatTree, job: Job, avail: np.ndarray) -> Outcome:
@@ -90,11 +103,13 @@ def evaluate(ft: FatTree, job: Job, avail: np.ndarray) -> Outcome:
 class Controller:
     def __init__(self, ft: FatTree, job: Job, avail: np.ndarray, background: np.ndarray | None = None,
                  limits: Limits | None = Limits(), candidates: int = 32, congestion_utilization: float = 0.9,
-                 load_aware: bool = True, max_rounds: int = 16, min_gain: float = 1e-3):
+                 load_aware: bool = True, max_rounds: int = 16, min_gain: float = 1e-3, planner: bool = False,
+                 max_split: int = 4, traced_only: bool = False):
         self.ft, self.avail, self.limits = ft, avail, limits
         self.background = background if background is not None else np.zeros(ft.n_links)
         self.congestion_utilization, self.load_aware, self.max_rounds = congestion_utilization, load_aware, max_rounds
-        self.min_gain = min_gain
+        self.min_gain, self.planner, self.max_split = min_gain, planner, max_split
+        self.traced_only = traced_only  # the planner keeps to the paths of the candidate ports traced
         self.ids = {name: u for u, name in enumerate(ft.names)}
         # host pairs (groups) and each one's candidate source ports and their paths
         H = ft.hosts
@@ -105,6 +120,7 @@ class Controller:
         self.cand_port = PORT_BASE + (g_src[:, None] * 7919 + g_dst[:, None] * 104729 + j * 2731) % PORT_SPAN
         cs, cd = np.repeat(g_src, candidates), np.repeat(g_dst, candidates)
         ca, cc = ft.route(cs, cd, self.cand_port.ravel())
+        self.cand_a, self.cand_c = ca.reshape(pairs.size, candidates), cc.reshape(pairs.size, candidates)
         self.cand_links = ft.path_links(cs, cd, ca, cc).reshape(pairs.size, candidates, 6)
         self.fabric = ft.edge(g_src) != ft.edge(g_dst)
         self.groups = {}  # name -> candidate paths (link names), host pairs across the fabric
@@ -161,6 +177,8 @@ class Controller:
         job = Job(job.src, job.dst, job.port.copy())
         out = evaluate(ft, job, self.avail)
         result = ControlResult(job, out)
+        if self.planner:
+            return self._run_planned(job, out, result)
         for _ in range(self.max_rounds):
             bad = self.detect(out)
             if not bad:
@@ -190,6 +208,68 @@ class Controller:
             if not gained:
                 break  # kept (not worse), but another round would churn for next to nothing
         return result
+
+    def _run_planned(self, job: Job, out: Outcome, result: ControlResult) -> ControlResult:
+        """One round of the global planner (lab/flowsim/planner.py): every subflow gets a planned path
+        and a port that reaches it, the pair's QPs split if that raises the whole-subflow bound. The
+        links the plan leaves empty are drained: the blast-radius limits check them like any avoided
+        element, and a refused one keeps a slot. Rolled back if the job gets worse."""
+        bad = self.detect(out)
+        if not bad:
+            return result
+        ft, avail = self.ft, self.avail
+        started = time.perf_counter()
+        m = split_factor(ft, job.src, job.dst, avail, self.max_split)
+        src, dst, group = np.repeat(job.src, m), np.repeat(job.dst, m), np.repeat(self.group_of, m)
+        h = ft.half
+        known_a, known_c = self.cand_a[group], self.cand_c[group]
+        prefer_plane = (known_a[:, :, None] == np.arange(h)).any(axis=1)
+        prefer_core = np.zeros((src.size, h, h), bool)
+        rows = np.repeat(np.arange(src.size), known_a.shape[1])
+        inter = (known_a >= 0).ravel() & (known_c >= 0).ravel()
+        prefer_core[rows[inter], known_a.ravel()[inter], known_c.ravel()[inter]] = True
+        # keeping to the traced paths, a plan may need many rates down: more of them, fewer orders each
+        tries = {"max_tries": 40, "attempts": 2, "only_preferred": True} if self.traced_only else {}
+        try:
+            p = plan(ft, src, dst, avail, prefer_plane=prefer_plane, prefer_core=prefer_core, **tries)
+        except RuntimeError:  # no plan down to a quarter of the bound: leave the job as it is
+            result.rounds.append(Round(len(bad), 0, 0, 0, out.min_rate, out.aggregate))
+            result.plan_s = time.perf_counter() - started
+            return result
+        drained = self._drained(p.rate)
+        accepted, refused = list(drained), {}
+        if drained and self.limits is not None:
+            accepted, refused = allowed_avoid(drained, self._groups_touching(drained), self.limits)
+        if refused:
+            keep = np.zeros(ft.n_links, bool)
+            for d in ft.directions(np.array([self.ids[e] for e in refused])):
+                keep[d] = True
+            p = plan(ft, src, dst, avail, keep=keep, prefer_plane=prefer_plane, prefer_core=prefer_core, **tries)
+        result.refusals.update(refused)
+        ports, traced = ports_for(ft, src, dst, p.plane, p.core, self.cand_port[group], known_a, known_c)
+        result.plan_s = time.perf_counter() - started
+        new_job = Job(src, dst, ports)
+        new_out = evaluate(ft, new_job, avail)
+        step = Round(len(bad), len(accepted), len(refused), src.size, new_out.min_rate * m, new_out.aggregate)
+        result.rounds.append(step)
+        if (new_out.min_rate * m, new_out.aggregate) < (out.min_rate - 1e-9, out.aggregate - 1e-9):
+            step.rolled_back = True
+            return result
+        result.job, result.outcome, result.split = new_job, new_out, m
+        result.traced, result.drained = float(traced.mean()), len(accepted)
+        return result
+
+    def _drained(self, rate: float) -> dict[str, float]:
+        """Fabric links (names) with capacity left but not one slot at `rate`, by badness rate / left."""
+        ft = self.ft
+        fabric = np.arange(2 * ft.hosts, ft.n_links)
+        left = self.avail[fabric]
+        empty = fabric[(left > 0) & (slots(left, rate) == 0)]
+        bad: dict[str, float] = {}
+        for d in empty.tolist():
+            name = ft.names[int(ft.undirected(d))]
+            bad[name] = max(bad.get(name, 0.0), rate / float(self.avail[d]))
+        return bad
 
     def _steer(self, job: Job, out: Outcome, avoid: set[str]) -> tuple[np.ndarray, int]:
         """New ports for the subflows that may move; returns (ports, moved). Avoid-only: those whose

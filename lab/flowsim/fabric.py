@@ -23,6 +23,7 @@ import numpy as np
 
 PAD = -1
 UDP, ROCE_DPORT = 17, 4791
+PORT_BASE, PORT_SPAN = 0xC000, 0x4000  # RoCEv2 source ports from flow labels: 49152..65535
 
 
 def mix64(x: np.ndarray) -> np.ndarray:

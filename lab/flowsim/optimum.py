@@ -18,6 +18,7 @@ over cores c (Y[pod pair, a, c]).
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -180,17 +181,21 @@ def whole_subflow_upper_bound(ft: FatTree, src: np.ndarray, dst: np.ndarray, ava
     H, h = ft.hosts, ft.half
     best = concurrent_upper_bound(ft, src, dst, avail)  # host links: one path each, the fluid bound holds
 
+    @functools.cache
+    def largest_rate(capacities: tuple[float, ...], counts: tuple[int, ...], n: int) -> float:
+        # the largest r = c_i / q with sum floor(c / r) >= n; r only falls with q, so walk the
+        # candidate rates from the top (links of one capacity counted once, with their number)
+        c, m = np.array(capacities), np.array(counts)
+        rates = np.unique((c[:, None] / np.arange(1, n + 1)).ravel())[::-1]
+        fits = (np.floor(c[None, :] / rates[:, None] + 1e-9) * m).sum(axis=1) >= n
+        return float(rates[np.argmax(fits)]) if fits.any() else 0.0
+
     def cut(caps: np.ndarray, users: np.ndarray) -> None:
         nonlocal best
         n = np.bincount(users, minlength=caps.shape[0])
         for g in np.flatnonzero(n):
-            c = caps[g][caps[g] > 0]
-            # the largest r = c_i / q with sum floor(c / r) >= n[g]; r only falls with q, so walk
-            # the candidate rates from the top
-            rates = np.unique(np.concatenate([c / q for q in range(1, int(n[g]) + 1)]))[::-1]
-            fits = np.floor(c[None, :] / rates[:, None] + 1e-9).sum(axis=1) >= n[g]
-            r = float(rates[np.argmax(fits)]) if fits.any() else 0.0
-            best = min(best, r)
+            c, m = np.unique(caps[g][caps[g] > 0], return_counts=True)
+            best = min(best, largest_rate(tuple(c.tolist()), tuple(m.tolist()), int(n[g])))
 
     es, ed = ft.edge(src), ft.edge(dst)
     fab = es != ed
