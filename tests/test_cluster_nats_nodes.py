@@ -327,3 +327,67 @@ def test_correlate_members_are_handed_every_window_once_when_the_stream_leader_d
 
     refused = poll.bounded(run())
     print(f"publishes refused during the election: {refused}")
+
+
+def test_three_correlate_members_take_over_a_dead_ones_partitions_while_a_nats_node_dies(nats3):
+    """Three correlate members on the 3-node cluster; one member and the node leading the probe stream
+    are killed at once (a machine holding both dies): the two others take the dead member's
+    partitions (the rendezvous split of the survivors) and re-read them from the stream through the
+    election; every window of each survivor's partitions is handed to it once."""
+    synth = Synth()
+    urls = [node.url for node in nats3]
+    names = ("corr-a", "corr-b", "corr-c")
+
+    async def run():
+        bus_cfg = BusConfig(servers=urls, prefix="cs", replicas=3)
+        pub_bus = NatsBus(bus_cfg)
+        await pub_bus.connect()
+        await pub_bus.ensure_streams(stream_specs(bus_cfg))
+        publisher = TelemetryPublisher(pub_bus, bus_cfg, CollectorRegistry())
+        sent: list = []
+
+        async def publish(t: int) -> None:
+            windows = synth.windows(T0 + t)
+            while True:
+                try:
+                    await publisher.publish("probe_windows", windows)
+                    break
+                except BusUnavailable:
+                    await asyncio.sleep(0.2)
+            sent.extend(windows)
+
+        correlators = [await shard.Member(urls, name, synth, heartbeat=poll.OUTAGE_HEARTBEAT, replicas=3).start()
+                       for name in names]
+        try:
+            split = correlators[0].feed.partitions
+            expected = {m.name: owned(split, names, m.name) for m in correlators}
+            assert sum(bool(p) for p in expected.values()) >= 2, expected  # the dead one's share must move
+            await poll.until(lambda: all(m.feed.owned == expected[m.name] for m in correlators), 15, "the split")
+            for t in range(3):
+                await publish(t)
+            await poll.until(lambda: not any(m.missing(sent) for m in correlators), 15, "the first windows handed")
+            dead = max(correlators, key=lambda m: len(expected[m.name]))
+            survivors = [m for m in correlators if m is not dead]
+            after = {m.name: owned(split, [s.name for s in survivors], m.name) for m in survivors}
+            leader = (await asyncio.to_thread(_stream_info, urls[0], stream_name("cs", "probe")))[1]
+            victim = next(node for node in nats3 if node.server_name == leader)
+            victim.proc.send_signal(signal.SIGKILL)
+            await dead.kill()
+            victim.proc.wait(10)
+            victim.proc = None
+            for t in range(3, 16):
+                await publish(t)
+                await asyncio.sleep(0.5)
+            await poll.until(lambda: all(m.feed.owned == after[m.name] for m in survivors), 30,
+                             "the survivors to own the dead member's partitions")
+            await poll.until(lambda: not any(m.missing(sent) for m in survivors), 30, "every window to its owners",
+                             step=0.2)
+            assert [m.twice() for m in survivors] == [[], []]
+            return dead.name, sorted(expected[dead.name])
+        finally:
+            for m in correlators:
+                await m.stop()
+            await pub_bus.close()
+
+    dead, parts = poll.bounded(run())
+    print(f"{dead}'s partitions {parts} taken over through a NATS node's death")

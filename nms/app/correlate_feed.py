@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 
 REMEMBERED = 100_000  # stream positions handed, per stream (a redelivery comes within ack_wait)
 STOP_GRACE_S = 5.0
+REPLAY_RETRY_S = 1.0  # a takeover's re-read of the streams, when the bus does not answer, is tried again after
 HISTORY = 256  # ownership changes remembered per stream (older positions are past any replay)
 # a member's consumer that nobody fetched from for this long is deleted by JetStream (a member killed
 # without leaving). A live member fetches every fetch_timeout; an hour outlasts any NATS outage a member
@@ -193,29 +194,49 @@ class CorrelateFeed(Membership):
 
     async def _replay(self, taken: set[str]) -> int:
         """Hand what the streams retain of the taken partitions, up to where the live consumers are, but
-        no record this member handed already."""
-        start_s, count = time.time() - self.replay_s, 0
-        for family in CORRELATED:
-            upto = self._seen[family]
-            if not upto:
-                continue
-            consumer = await self.bus.replay(stream_name(self.prefix, family), family_subjects(self.prefix, family),
-                                             start_s)
+        no record this member handed already. A bus that does not answer (a NATS node died and its
+        streams elect new leaders) is asked again every REPLAY_RETRY_S, from where the re-read got:
+        the partitions are taken once they are re-read, never left without an owner."""
+        start_s, count, done = time.time() - self.replay_s, 0, {}  # done: family -> last position handed
+        failing = False
+        while True:
             try:
-                reached = False
-                while not reached:
-                    batch = await consumer.fetch(self.cfg.batch_messages, self.cfg.fetch_timeout)
-                    if not batch:
-                        break  # the rest is gone (the stream's retention)
-                    for msg in batch:
-                        if msg.seq > upto:  # the live consumer hands it, with the new share
-                            reached = True
-                            break
-                        count += await self._replay_one(family, msg, taken)
-                        reached = msg.seq == upto
-            finally:
-                await consumer.close()
+                for family in CORRELATED:
+                    count += await self._replay_family(family, taken, start_s, done)
+                break
+            except (BusUnavailable, TimeoutError) as e:
+                if not failing:
+                    failing = True
+                    log.warning("correlate feed: re-reading partitions %s: %s; asking again every %g s",
+                                _names(taken), e or "no answer", REPLAY_RETRY_S)
+                await asyncio.sleep(REPLAY_RETRY_S)
         self.replayed.inc(count)
+        return count
+
+    async def _replay_family(self, family: str, taken: set[str], start_s: float, done: dict[str, int]) -> int:
+        upto, count = self._seen[family], 0
+        if not upto or done.get(family, 0) >= upto:
+            return 0
+        consumer = await self.bus.replay(stream_name(self.prefix, family), family_subjects(self.prefix, family),
+                                         start_s)
+        try:
+            reached = False
+            while not reached:
+                batch = await consumer.fetch(self.cfg.batch_messages, self.cfg.fetch_timeout)
+                if not batch:
+                    break  # the rest is gone (the stream's retention)
+                for msg in batch:
+                    if msg.seq > upto:  # the live consumer hands it, with the new share
+                        reached = True
+                        break
+                    if msg.seq > done.get(family, 0):  # not handed by an earlier try of this re-read
+                        count += await self._replay_one(family, msg, taken)
+                        done[family] = msg.seq
+                    reached = msg.seq == upto
+        finally:
+            with contextlib.suppress(BusError, TimeoutError):
+                await consumer.close()
+        done[family] = upto
         return count
 
     async def _replay_one(self, family: str, msg: Message, taken: set[str]) -> int:
