@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from nms.app.correlate_partitions import CORE, WHOLE, Split, owned, owned_findings, partitions, partitions_of
 from nms.config.models import CorrelateFeedConfig, FabricConfig
-from nms.records import ClockEdge, Finding, GenericPoint, HostNicSample, PortSample
+from nms.records import ClockEdge, Finding, GenericPoint, HostNicSample, PortSample, ProbeWindow
 from tests._fabric_synth import Synth
 
 
@@ -62,9 +62,50 @@ def test_ownership_splits_partitions_over_members_and_a_leaving_member_moves_onl
 
 def test_unknown_split_is_refused_naming_the_field():
     with pytest.raises(ValidationError, match="partitions"):
-        CorrelateFeedConfig.model_validate({"partitions": "pod"})
+        CorrelateFeedConfig.model_validate({"partitions": "rack"})
     with pytest.raises(ValueError, match="cluster.correlate.partitions"):
-        partitions(FabricConfig(), "pod")
+        partitions(FabricConfig(), "rack")
+
+
+def three_tier() -> FabricConfig:
+    """2 pods (2 leaves and 2 spines each, every leaf to both its spines), 2 superspines (every
+    spine to both), a host on each leaf."""
+    switches, links = [], []
+    for s in ("ss1", "ss2"):
+        switches.append({"name": s, "mgmt_address": "192.0.2.1", "role": "superspine"})
+    for p in (1, 2):
+        for s in (1, 2):
+            switches.append({"name": f"p{p}s{s}", "mgmt_address": "192.0.2.1", "role": "spine"})
+            links += [{"a": f"p{p}s{s}:up{u}", "b": f"ss{u}:p{p}s{s}"} for u in (1, 2)]
+            for leaf in (1, 2):
+                links.append({"a": f"p{p}l{leaf}:up{s}", "b": f"p{p}s{s}:l{leaf}"})
+        for leaf in (1, 2):
+            switches.append({"name": f"p{p}l{leaf}", "mgmt_address": "192.0.2.1", "role": "leaf"})
+    hosts = [{"name": f"h{p}{leaf}",
+              "nics": [{"name": "eth0", "address": f"10.{p}.{leaf}.1", "switch": f"p{p}l{leaf}"}]}
+             for p in (1, 2) for leaf in (1, 2)]
+    return FabricConfig.model_validate({"switches": switches, "hosts": hosts, "links": links})
+
+
+def test_pod_split_keeps_each_pods_leaves_spines_and_hosts_together_and_superspines_in_core():
+    fabric = three_tier()
+    assert partitions(fabric, "pod") == {"pod:p1l1": {"p1l1", "p1l2", "p1s1", "p1s2", "h11", "h12"},
+                                         "pod:p2l1": {"p2l1", "p2l2", "p2s1", "p2s2", "h21", "h22"},
+                                         "core": {"ss1", "ss2"}}
+    split = Split(fabric, "pod")
+    window = ProbeWindow(src_host="h11", src_nic="eth0", dst_host="h12", dst_nic="eth0", path_id="0",
+                         window_start=1, sent=10, received=10)
+    assert split.of_record("probe_windows", window) == {"pod:p1l1"}  # within a pod: no superspine
+    across = window.model_copy(update={"dst_host": "h21"})
+    assert split.of_record("probe_windows", across) == {"pod:p1l1", "pod:p2l1", "core"}
+    owners = {e: split.owner(k, e) for k, e in [("link", "p1l2:up1--p1s1:l2"), ("link", "p2s2:up1--ss1:p2s2"),
+                                                ("device", "p1s2"), ("device", "ss2"), ("nic", "h22:eth0"),
+                                                ("link", "h11:eth0--p1l1:swp1")]}
+    assert owners == {"p1l2:up1--p1s1:l2": "pod:p1l1", "p2s2:up1--ss1:p2s2": "pod:p2l1", "p1s2": "pod:p1l1",
+                      "ss2": "core", "h22:eth0": "pod:p2l1", "h11:eth0--p1l1:swp1": "pod:p1l1"}
+    # a 2-tier fabric is one pod (with nothing in core)
+    flat = partitions(Synth().fabric, "pod")
+    assert len(flat) == 2 and flat["core"] == set()
 
 
 RAILS = FabricConfig.model_validate({

@@ -7,6 +7,10 @@ cluster.correlate.partitions:
   on several leaves, e.g. one NIC per rail, is in each), and `core`: the spines, superspines and
   other switches. In a 2-tier fabric a path between two leaves crosses exactly its two leaves and a
   spine, so a probe window concerns its ends' leaves, and `core` when they differ: no trace needed.
+- `pod`: one partition per pod of a 3-tier fabric (`pod:<its first switch>`: the leaves and spines the
+  configured cables connect below the superspines, and their hosts), and `core`: the superspines. A
+  path between two pods crosses its two pods and the superspines; within a pod, the pod only: the
+  same rule as `leaf`. A 2-tier fabric is one pod.
 Ownership is rendezvous hashing (nms/rendezvous.py) over the live members, as for switches.
 """
 
@@ -33,15 +37,43 @@ def partitions(fabric: FabricConfig, by: str) -> dict[str, set[str]]:
     """partition name -> the devices (switches and hosts) in it."""
     if by == WHOLE:
         return {WHOLE: {s.name for s in fabric.switches} | {h.name for h in fabric.hosts}}
-    if by != "leaf":
-        raise ValueError(f"cluster.correlate.partitions: unknown split {by!r} (fabric, leaf)")
-    parts: dict[str, set[str]] = {f"leaf:{s.name}": {s.name} for s in fabric.switches if s.role == "leaf"}
-    parts[CORE] = {s.name for s in fabric.switches if s.role != "leaf"}
+    if by == "leaf":
+        groups = {f"leaf:{s.name}": {s.name} for s in fabric.switches if s.role == "leaf"}
+    elif by == "pod":
+        groups = _pods(fabric)
+    else:
+        raise ValueError(f"cluster.correlate.partitions: unknown split {by!r} (fabric, leaf, pod)")
+    grouped = set().union(*groups.values())
+    parts = {**groups, CORE: {s.name for s in fabric.switches if s.name not in grouped}}
+    part_of = {switch: name for name, switches in groups.items() for switch in switches}
     for host in fabric.hosts:
         for nic in host.nics:
-            if nic.switch is not None and f"leaf:{nic.switch}" in parts:
-                parts[f"leaf:{nic.switch}"].add(host.name)
+            if nic.switch in part_of:
+                parts[part_of[nic.switch]].add(host.name)
     return parts
+
+
+def _pods(fabric: FabricConfig) -> dict[str, set[str]]:
+    """The pods of a 3-tier fabric: the switches below the superspines that the configured cables
+    connect (leaves and their spines), each named after its first switch; the superspines are core.
+    A 2-tier fabric is one pod."""
+    below = {s.name for s in fabric.switches if s.role != "superspine"}
+    pod = {name: name for name in below}  # union-find: switch -> a switch of its pod
+
+    def root(name: str) -> str:
+        while pod[name] != name:
+            pod[name] = pod[pod[name]]
+            name = pod[name]
+        return name
+
+    for link in fabric.links:
+        a, b = link.a.split(":", 1)[0], link.b.split(":", 1)[0]
+        if a in below and b in below:
+            pod[root(a)] = root(b)
+    groups: dict[str, set[str]] = {}
+    for name in below:
+        groups.setdefault(root(name), set()).add(name)
+    return {f"pod:{min(members)}": members for members in groups.values()}
 
 
 def owned(parts: Iterable[str], members: Iterable[str], member: str) -> set[str]:
@@ -66,8 +98,12 @@ class Split:
         for name, devices in self.parts.items():
             for device in devices:
                 self.of_device.setdefault(device, set()).add(name)
-        self.of_nic = {(h.name, n.name): f"leaf:{n.switch}" for h in fabric.hosts for n in h.nics
-                       if f"leaf:{n.switch}" in self.parts}
+        # a switch -> its partition, where it is not core (a leaf's own; a pod's leaves and spines)
+        switches = {s.name for s in fabric.switches}
+        self.switch_part = {d: name for name, devices in self.parts.items() if name != CORE
+                            for d in devices & switches}
+        self.of_nic = {(h.name, n.name): self.switch_part[n.switch] for h in fabric.hosts for n in h.nics
+                       if n.switch in self.switch_part}
 
     def _end(self, host: str, nic: str | None) -> set[str]:
         if nic is not None and (host, nic) in self.of_nic:
@@ -103,24 +139,26 @@ class Split:
         return side if side in self.of_device else None
 
     def owner(self, element_kind: str, element: str) -> str:
-        """The one partition whose owner opens incidents of this element: a link with a leaf end (a
-        leaf-spine link, a host's access link) the leaf's; a NIC its leaf's; a leaf its own; a host
-        its first leaf's (in name order); a spine and anything else (core-only links, jobs, host
-        pairs, roles, what the inventory does not name) `core`."""
+        """The one partition whose owner opens incidents of this element: a link with a switch end
+        outside core (a leaf-spine link, a host's access link: the leaf's; in a pod split a spine's
+        link to a superspine too: the pod's) that switch's partition (the first in name order); a
+        NIC its switch's; a switch its own; a host its first partition (in name order); core
+        switches and anything else (core-only links, jobs, host pairs, roles, what the inventory
+        does not name) `core`."""
         if self.by == WHOLE:
             return WHOLE
         if element_kind == "link":
             ends = [(d, side[len(d) + 1:]) for side in element.split("--") if (d := self._device_in(side)) is not None]
-            leaves = sorted(f"leaf:{d}" for d, _ in ends if f"leaf:{d}" in self.parts)
+            switches = sorted(self.switch_part[d] for d, _ in ends if d in self.switch_part)
             hosts = sorted(p for d, port in ends for p in self._end(d, port) if p != CORE)  # a host's NIC end
-            return (leaves or hosts or [CORE])[0]
+            return (switches or hosts or [CORE])[0]
         if element_kind == "nic":
             host, _, nic = element.partition(":")
             ends = sorted(self._end(host, nic) - {CORE})
             return ends[0] if ends else CORE
         if element_kind in ("device", "host"):
-            if f"leaf:{element}" in self.parts:
-                return f"leaf:{element}"
+            if element in self.switch_part:
+                return self.switch_part[element]
             ends = sorted(self.of_device.get(element, set()) - {CORE})
             return ends[0] if ends else CORE
         return CORE

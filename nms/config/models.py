@@ -660,8 +660,9 @@ class CorrelateFeedConfig(Strict):
     # its correlator those of its partitions); a restarted member re-reads `replay` of the streams
     group: SubjectToken = "correlate"
     # how the fabric is split into partitions that the live members own (nms/app/correlate_partitions.py):
-    # the whole fabric (one member correlates, the others stand by), or one per leaf plus `core`
-    partitions: Literal["fabric", "leaf"] = "fabric"
+    # the whole fabric (one member correlates, the others stand by), one per leaf plus `core`, or one
+    # per pod of a 3-tier fabric plus `core` (the superspines)
+    partitions: Literal["fabric", "leaf", "pod"] = "fabric"
     member: SubjectToken | None = None  # this member's name in the bus; default: <hostname>-<pid>
     # membership in `<prefix>_members_correlate`, as for poll members: a dead member's partitions are
     # taken within 1.375 heartbeats
