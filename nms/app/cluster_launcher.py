@@ -291,6 +291,7 @@ def make_bus(base: dict[str, Any], nats_urls: list[str], token: str | None, coun
     cluster's proposal, which took longer than a member's `publish_timeout` on a loaded machine when
     every member made them at its start; and after a restart of the nodes a stream answers nothing
     until its replicas elected a leader (a request sent before is never answered: asked again)."""
+    from nms.app import member_health
     from nms.app.membership import bucket_spec
     from nms.app.telemetry_bus import stream_specs
     from nms.bus import BusError, BusUnavailable
@@ -306,6 +307,7 @@ def make_bus(base: dict[str, Any], nats_urls: list[str], token: str | None, coun
     assert cfg.bus is not None
     heartbeats = {"poll": cfg.poll.heartbeat, "correlate": cfg.correlate.heartbeat}
     buckets = [bucket_spec(cfg.bus, role, heartbeats[role]) for role in heartbeats if counts.get(role, 0)]
+    buckets.append(bucket_spec(cfg.bus, member_health.ROLE, member_health.HEARTBEAT_S))  # every member's health
 
     async def make() -> None:
         bus = NatsBus(cfg.bus)  # type: ignore[arg-type]
@@ -406,11 +408,15 @@ def status(path: str | os.PathLike) -> list[dict[str, Any]]:
     if not cdir.state.exists():
         raise ClusterError(f"no cluster in {cdir.root} (no state.json)")
     rows = []
-    for m in cdir.members():
+    members = cdir.members()
+    entries = _member_entries(cdir, [m for m in members if m.role == "api" and m.alive()])
+    for m in members:
         is_alive = m.alive()
         health: str
         if not is_alive:
             health = "dead"
+        elif m.name in entries:
+            health = _summary(entries[m.name])
         elif m.role == "api":
             try:
                 r = httpx.get(f"{m.url}/health", timeout=2.0)
@@ -424,3 +430,27 @@ def status(path: str | os.PathLike) -> list[dict[str, Any]]:
         rows.append({"name": m.name, "role": m.role, "pid": m.pid, "url": m.url, "log": m.log,
                      "state": "alive" if is_alive else "dead", "health": health})
     return rows
+
+
+def _member_entries(cdir: ClusterDir, apis: list[Member]) -> dict[str, dict[str, Any]]:
+    """The members' health entries in the bus (GET /cluster/members of the first API worker answering)."""
+    token = cdir.secrets / "api-token"
+    for api in apis:
+        try:
+            r = httpx.get(f"{api.url}/cluster/members", timeout=2.0,
+                          headers={"Authorization": f"Bearer {token.read_text().strip()}"})
+            if r.status_code == 200:
+                return {e["member"]: e for e in r.json()}
+        except (httpx.HTTPError, OSError, ValueError):
+            continue
+    return {}
+
+
+def _summary(entry: dict[str, Any]) -> str:
+    """One line of a member's health entry: ok or degraded, what is down, its share."""
+    h = entry.get("health") or {}
+    down = [name for name in ("store", "bus", "state") if h.get(f"{name}_ok") is False]
+    share = [f"{h['switches']} switches" if "switches" in h else "",
+             f"partitions {','.join(h['partitions'])}" if h.get("partitions") else ""]
+    words = ["ok" if h.get("ok") else "degraded", *(f"{d} down" for d in down), *filter(None, share)]
+    return ", ".join(words)

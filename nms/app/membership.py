@@ -67,6 +67,7 @@ class Membership:
         self.bus, self.role, self.member, self.heartbeat_s = bus, role, member, heartbeat_s
         self.spec = bucket_spec(bus_cfg, role, heartbeat_s)
         self.members: tuple[str, ...] = ()
+        self.latest: dict[str, bytes] = {}  # the live entries as last read (member -> its entry's JSON)
         self.members_gauge = members_gauge(registry)
         self.bus_errors = errors
         self.log_name, self.what, self.verb = log_name, what, verb  # "poll shard", "switches", "polling"
@@ -116,8 +117,8 @@ class Membership:
         if kv is not None:
             try:
                 await asyncio.wait_for(kv.delete(self.member), self.spec.ttl_s)
-                log.info("%s: member %s left; its %d %s go to the others", self.log_name, self.member,
-                         self.share_size(), self.what)
+                share = f"; its {self.share_size()} {self.what} go to the others" if self.what else ""
+                log.info("%s: member %s left%s", self.log_name, self.member, share)
             except (BusError, TimeoutError) as e:
                 log.warning("%s: could not leave cleanly (%s); the entry expires in %.1f s", self.log_name,
                             str(e) or f"no answer within {self.spec.ttl_s:g} s", self.spec.ttl_s)
@@ -154,15 +155,16 @@ class Membership:
         self.bus_errors.inc()
         if self._bus_ok:
             self._down_since = time.monotonic()
-            log.warning("%s: the bus does not answer (%s); %s keeps %s its %d %s", self.log_name,
-                        str(error) or f"nothing within {self.heartbeat_s / 2:g} s", self.member, self.verb,
-                        self.share_size(), self.what)
+            keeps = f"; {self.member} keeps {self.verb} its {self.share_size()} {self.what}" if self.what else ""
+            log.warning("%s: the bus does not answer (%s)%s", self.log_name,
+                        str(error) or f"nothing within {self.heartbeat_s / 2:g} s", keeps)
         self._bus_ok = False
 
     async def refresh(self, initial: bool = False) -> None:
         """Read the live members; call changed() when the set is not what it was."""
         try:
-            live = set(await self._ask(self._kv.items(), patient=initial))
+            self.latest = await self._ask(self._kv.items(), patient=initial)
+            live = set(self.latest)
         except (BusError, TimeoutError) as e:
             self._bus_down(e)
             return

@@ -24,6 +24,7 @@ from nms.app.correlate_feed import CorrelateFeed
 from nms.app.correlate_partitions import owned_findings
 from nms.app.correlation import MIN_GAP_S, CorrelationService
 from nms.app.dashboards.incident_points import IncidentPoints
+from nms.app.member_health import MemberHealth
 from nms.app.membership import default_member
 from nms.app.metrics import ServiceMetrics
 from nms.app.notify import Notifier
@@ -131,9 +132,32 @@ class Service:
                                           self._to_correlator if in_process else None, config.cluster.correlate.replay)
         self.poller.on_records = self._polled
         # `poll` members share the switches (nms/app/poll_shard.py); without a bus, this process polls all
+        # every member's health in the bus, whatever its roles (nms/app/member_health.py)
+        self.member_name = (os.environ.get("NMS_CLUSTER_MEMBER") or config.cluster.poll.member
+                            or config.cluster.correlate.member or default_member())
+        self.member_health = (MemberHealth(self.bus, bus_cfg, self.member_name, self.roles, self.health,
+                                           self.metrics.registry)
+                              if self.bus is not None and bus_cfg is not None else None)
         self.poll_shard = (PollShard(self.bus, bus_cfg, config.cluster.poll, self.poller, self.metrics.registry)
                            if self.bus is not None and bus_cfg is not None and "poll" in self.roles
                            and config.polling.enabled else None)
+
+    def health(self) -> dict:
+        """This process's health for its cluster entry (blocking: a store's ping, a state query)."""
+        out: dict = {"store_ok": bool(self.store.health().get("ok"))}
+        if self.bus is not None:
+            out["bus_ok"] = bool(self.bus.health().get("ok"))
+        try:
+            self.state.last_command_id()
+            out["state_ok"] = True
+        except StateUnavailable as e:
+            out["state_ok"], out["state_error"] = False, e.reason
+        if self.poll_shard is not None:
+            out["switches"] = len(self.poller.owned or ())
+        if self.correlate_feed is not None:
+            out["partitions"] = sorted(self.correlate_feed.owned)
+        out["ok"] = all(out[k] for k in ("store_ok", "bus_ok", "state_ok") if k in out)
+        return out
 
     def _to_correlator(self, records: list) -> None:
         self.correlation.add(records, "collectors")  # type: ignore[union-attr]
@@ -214,6 +238,9 @@ class Service:
         if self.bus is not None:
             await self.bus.connect()
             await self.bus.ensure_streams(stream_specs(self.config.cluster.bus))  # type: ignore[arg-type]
+        if self.member_health is not None:
+            await self.member_health.join()
+            self.member_health.keep()
         if self.writer is not None:
             await self.writer.start()
         if self.correlate_feed is not None:
@@ -381,6 +408,8 @@ class Service:
             await asyncio.to_thread(self.correlation.wait_idle)  # a step's worker thread runs on
         if self.poll_shard is not None:
             await self.poll_shard.stop()
+        if self.member_health is not None:
+            await self.member_health.leave()
         await self.poller.close()
         if self.polled is not None:
             await self.polled.close()

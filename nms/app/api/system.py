@@ -1,13 +1,16 @@
-"""Liveness, version, the telemetry store's state (and its quarantine) and the service's own
-Prometheus metrics."""
+"""Liveness, version, the telemetry store's state (and its quarantine), the cluster's members and the
+service's own Prometheus metrics."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import platform
+import socket
 import time
 from typing import Any
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
@@ -77,6 +80,29 @@ def store_state(store: StoreDep, limit: int = Query(20, ge=0, le=1000, descripti
              responses=AUTH_RESPONSES, summary="Send the quarantined points again (after fixing their cause)")
 def replay_quarantine(store: StoreDep) -> Replayed:
     return Replayed(replayed=store.replay_quarantine())
+
+
+class ClusterMember(BaseModel):
+    member: str
+    roles: list[str]
+    host: str
+    pid: int
+    since: float = Field(description="when the member started, epoch seconds")
+    health: dict[str, Any] = Field(description="ok, store_ok, bus_ok, state_ok (and state_error), and its share: "
+                                               "switches polled, partitions correlated")
+
+
+@router.get("/cluster/members", response_model=list[ClusterMember], dependencies=[Depends(require("read"))],
+            responses=AUTH_RESPONSES, summary="Every live cluster member's roles and health, as it put them in the bus")
+async def cluster_members(request: Request) -> list[dict[str, Any]]:
+    """From the bus's member entries (renewed every 5 s, gone 12.5 s after a member's last renewal);
+    a process without a bus lists itself."""
+    service = request.app.state.service
+    if service.member_health is not None:
+        return service.member_health.entries()
+    health = await asyncio.to_thread(service.health)
+    return [{"member": service.member_name, "roles": sorted(service.roles), "host": socket.gethostname(),
+             "pid": os.getpid(), "since": service.started_at, "health": health}]
 
 
 @router.get("/metrics", dependencies=[Depends(require("read"))], response_class=Response,
