@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from datetime import datetime
+from typing import Any
 
 import httpx
 import nats.errors
@@ -266,6 +267,30 @@ def test_poll_members_keep_their_switches_when_their_buckets_leader_dies(nats3, 
     poll.bounded(run())
 
 
+async def _windows_publisher(urls: list[str]) -> tuple[NatsBus, Any]:
+    """The publishers' own connection to the 3-node cluster (streams made, 3 replicas), and
+    publish(synth, t, sent) -> publishes refused: second t's windows, sent again until acknowledged
+    (as the agents' spools do), added to `sent` once they were."""
+    bus_cfg = BusConfig(servers=urls, prefix="cs", replicas=3)
+    pub_bus = NatsBus(bus_cfg)
+    await pub_bus.connect()
+    await pub_bus.ensure_streams(stream_specs(bus_cfg))
+    publisher = TelemetryPublisher(pub_bus, bus_cfg, CollectorRegistry())
+
+    async def publish(synth: Synth, t: int, sent: list) -> int:
+        windows, refused = synth.windows(T0 + t), 0
+        while True:
+            try:
+                await publisher.publish("probe_windows", windows)
+                break
+            except BusUnavailable:
+                refused += 1
+                await asyncio.sleep(0.2)
+        sent.extend(windows)
+        return refused
+    return pub_bus, publish
+
+
 def test_correlate_members_are_handed_every_window_once_when_the_stream_leader_dies(nats3):
     """Two correlate members (tests/test_correlate_shard.py: `partitions: leaf` on the synthetic
     fabric) on the 3-node cluster, streams and bucket on 3 replicas. Windows are published second by
@@ -276,25 +301,13 @@ def test_correlate_members_are_handed_every_window_once_when_the_stream_leader_d
     urls = [node.url for node in nats3]
 
     async def run():
-        bus_cfg = BusConfig(servers=urls, prefix="cs", replicas=3)
-        pub_bus = NatsBus(bus_cfg)
-        await pub_bus.connect()
-        await pub_bus.ensure_streams(stream_specs(bus_cfg))
-        publisher = TelemetryPublisher(pub_bus, bus_cfg, CollectorRegistry())
+        pub_bus, publish_windows = await _windows_publisher(urls)
         sent: list = []
         refused = 0
 
         async def publish(t: int) -> None:
             nonlocal refused
-            windows = synth.windows(T0 + t)
-            while True:
-                try:
-                    await publisher.publish("probe_windows", windows)
-                    break
-                except BusUnavailable:
-                    refused += 1
-                    await asyncio.sleep(0.2)
-            sent.extend(windows)
+            refused += await publish_windows(synth, t, sent)
 
         correlators = [await shard.Member(urls, name, synth, heartbeat=poll.OUTAGE_HEARTBEAT, replicas=3).start()
                    for name in ("corr-a", "corr-b")]
@@ -339,22 +352,11 @@ def test_three_correlate_members_take_over_a_dead_ones_partitions_while_a_nats_n
     names = ("corr-a", "corr-b", "corr-c")
 
     async def run():
-        bus_cfg = BusConfig(servers=urls, prefix="cs", replicas=3)
-        pub_bus = NatsBus(bus_cfg)
-        await pub_bus.connect()
-        await pub_bus.ensure_streams(stream_specs(bus_cfg))
-        publisher = TelemetryPublisher(pub_bus, bus_cfg, CollectorRegistry())
+        pub_bus, publish_windows = await _windows_publisher(urls)
         sent: list = []
 
         async def publish(t: int) -> None:
-            windows = synth.windows(T0 + t)
-            while True:
-                try:
-                    await publisher.publish("probe_windows", windows)
-                    break
-                except BusUnavailable:
-                    await asyncio.sleep(0.2)
-            sent.extend(windows)
+            await publish_windows(synth, t, sent)
 
         correlators = [await shard.Member(urls, name, synth, heartbeat=poll.OUTAGE_HEARTBEAT, replicas=3).start()
                        for name in names]
