@@ -37,7 +37,7 @@ from nms.app.cluster_launcher import make_bus
 from nms.app.correlate_partitions import owned
 from nms.app.local_daemons import nats_cluster, start_nats_cluster
 from nms.app.telemetry_bus import FAMILIES, TelemetryPublisher, stream_name, stream_specs
-from nms.bus import BusUnavailable
+from nms.bus import BusError, BusUnavailable
 from nms.bus.nats import NatsBus
 from nms.config.models import BusConfig
 from nms.rendezvous import assign
@@ -274,7 +274,15 @@ async def _windows_publisher(urls: list[str]) -> tuple[NatsBus, Any]:
     bus_cfg = BusConfig(servers=urls, prefix="cs", replicas=3)
     pub_bus = NatsBus(bus_cfg)
     await pub_bus.connect()
-    await pub_bus.ensure_streams(stream_specs(bus_cfg))
+    deadline = time.monotonic() + 30
+    while True:  # a loaded machine: the nodes may not all be JetStream peers yet ("no suitable peers")
+        try:
+            await pub_bus.ensure_streams(stream_specs(bus_cfg))
+            break
+        except BusError as e:
+            if "no suitable peers" not in str(e) or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
     publisher = TelemetryPublisher(pub_bus, bus_cfg, CollectorRegistry())
 
     async def publish(synth: Synth, t: int, sent: list) -> int:
