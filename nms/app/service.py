@@ -108,12 +108,15 @@ class Service:
         self.bus = open_bus(bus_cfg) if bus_cfg is not None and self.roles & bus_roles else None
         self.publisher = (TelemetryPublisher(self.bus, bus_cfg, self.metrics.registry)
                           if self.bus is not None and bus_cfg is not None and "api" in self.roles else None)
+        # this member's name in the bus (`nms cluster up` sets NMS_CLUSTER_MEMBER and the roles' names alike)
+        self.member_name = (os.environ.get("NMS_CLUSTER_MEMBER") or config.cluster.poll.member
+                            or config.cluster.correlate.member or default_member())
         # `poll` members hand their switch records to the correlate members on the bus (nms/app/polled.py)
         self.polled = None
         if self.bus is not None and bus_cfg is not None and "poll" in self.roles and config.polling.enabled:
             publisher = self.publisher or TelemetryPublisher(self.bus, bus_cfg, self.metrics.registry)
             self.polled = PolledPublisher(publisher, lambda device: self.poller.recent.addresses.get(device, ()),
-                                          self.metrics.registry, config.cluster.poll.member or default_member())
+                                          self.metrics.registry, self.member_name)
             self.poller.on_status = self.polled.submit_status
         self.writer = (BusWriter(self.bus, bus_cfg, config.cluster.write, self.store, self.metrics.registry)
                        if self.bus is not None and bus_cfg is not None and "write" in self.roles else None)
@@ -131,13 +134,11 @@ class Service:
             self.polled_view = PolledView(self.bus, bus_cfg, self.poller, self.metrics.registry,
                                           self._to_correlator if in_process else None, config.cluster.correlate.replay)
         self.poller.on_records = self._polled
-        # `poll` members share the switches (nms/app/poll_shard.py); without a bus, this process polls all
         # every member's health in the bus, whatever its roles (nms/app/member_health.py)
-        self.member_name = (os.environ.get("NMS_CLUSTER_MEMBER") or config.cluster.poll.member
-                            or config.cluster.correlate.member or default_member())
         self.member_health = (MemberHealth(self.bus, bus_cfg, self.member_name, self.roles, self.health,
                                            self.metrics.registry)
                               if self.bus is not None and bus_cfg is not None else None)
+        # `poll` members share the switches (nms/app/poll_shard.py); without a bus, this process polls all
         self.poll_shard = (PollShard(self.bus, bus_cfg, config.cluster.poll, self.poller, self.metrics.registry)
                            if self.bus is not None and bus_cfg is not None and "poll" in self.roles
                            and config.polling.enabled else None)
