@@ -107,6 +107,9 @@ class IncidentManager:
         self._open: dict[str, Incident] = {}  # by dedup key; the same as the state store's open rows
         self._announced: dict[int, Incident] = {}  # by id: as of its last opened/updated event
         self._shared = False  # subscribers follow the shared state's events (share_stream), not `apply`'s
+        # other correlators write incidents to the same state (a cluster's sharded correlate members):
+        # each window starts from what is stored for the keys at hand (nms.app.service sets it)
+        self.follows_others = False
         self._cursor = 0  # the newest event id handed to them then
         for incident in reversed(state.list_incidents(state="open", limit=None)):  # a restart: they continue
             self._open[incident.dedup_key] = incident
@@ -121,6 +124,8 @@ class IncidentManager:
         with self._lock:
             if not best and not self._open:
                 return []
+            if self.follows_others:
+                self._sync({k for f in best.values() for k in f.explains})
             now_open, announced, emitted = dict(self._open), {}, []
             with self.state.incident_batch() as batch:
 
@@ -169,6 +174,17 @@ class IncidentManager:
                     self._announced.pop(item.event.incident.id, None)
             self._dispatch(emitted)
         return [item.event for item in emitted]
+
+    def _sync(self, explained: set[str]) -> None:
+        """The incidents this manager holds as stored (another member may have adopted one under its
+        parent, or resolved it), and the open ones its findings explain that another member opened
+        (its children to adopt: one failure, one page, in a sharded cluster too)."""
+        stored = self.state.open_incidents_keyed(set(self._open) | explained)
+        for key in [k for k in self._open if k not in stored]:
+            del self._open[key]
+        for key, incident in stored.items():
+            if key in self._open or key in explained:
+                self._open[key] = incident
 
     def _parents(self, best: dict[str, Finding], now_open: dict[str, Incident], window_ns: int, refreshed, keep
                  ) -> set[str]:

@@ -314,3 +314,38 @@ def test_acknowledging_a_parent_acknowledges_its_children(state):
                                                                      opened.incident.id: "noc-alice"}
     m.acknowledge(opened.incident.id, "noc-bob")  # the first ack stands, for both
     assert len(heard) == 2
+
+
+@pytest.mark.parametrize("links_first", [True, False])
+def test_a_parent_in_one_member_adopts_the_children_another_member_opened(open_state, links_first):
+    """Sharded correlation (docs/cluster.md): the owner of a leaf's partition opens a link's incident,
+    the owner of `core` opens the spine's death that explains it. Before, the spine's incident listed
+    the link but the link stayed top-level (the leaf's member wrote it back without a parent at its
+    next window): two pages for one failure. Each member on its own connection to one state."""
+    leaf_state, core_state = open_state(), open_state()
+    leaf, core = IncidentManager(leaf_state, resolve_after=2), IncidentManager(core_state, resolve_after=2)
+    leaf.follows_others = core.follows_others = True
+    link = finding("link_down", "leaf1:swp1--spine1:swp1")
+    spine = finding("device_down", "spine1", element_kind="device", summary="switch down",
+                    explains=[link.dedup_key])
+    t = T0
+    if links_first:
+        [opened] = leaf.apply([link], t)
+        t += W
+        events = core.apply([spine, link], t)  # the core member sees the link too: it goes with its parent
+    else:
+        events = core.apply([spine, link], t)
+        t += W
+        leaf.apply([link], t)
+    parent = next(e.incident for e in events if e.incident.kind == "device_down")
+    for _ in range(3):  # both go on judging: the leaf's member keeps the link under the parent
+        t += W
+        leaf.apply([link], t)
+        core.apply([spine, link], t)
+    stored = {i.kind: i for i in leaf_state.list_incidents(state="open")}
+    assert stored["link_down"].parent_id == parent.id and stored["device_down"].children == [stored["link_down"].id]
+    assert [i.kind for i in leaf_state.list_incidents(state="open", top_level=True)] == ["device_down"]
+    if links_first:
+        assert next(e for e in events if e.incident.kind == "device_down").absorbed == [opened.incident.id]
+    leaf_state.close()
+    core_state.close()

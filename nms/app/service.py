@@ -127,6 +127,7 @@ class Service:
                                and "api" not in self.roles else None)
         if self.correlate_feed is not None:
             self.correlate_feed.on_owned = self._own_partitions
+            self.incidents.follows_others = True  # the other correlate members write incidents too
         # the switches other members poll, in this member's API and topology (nms/app/polled_view.py)
         self.polled_view = None
         if self.bus is not None and bus_cfg is not None and self.roles & {"api", "correlate"}:

@@ -4,7 +4,7 @@ their lifecycle; the database keeps at most one open incident per dedup key (mig
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from nms.records import Incident, IncidentEvent, IncidentState
@@ -96,6 +96,19 @@ class IncidentTables:
             return db.execute(
                 "DELETE FROM incidents WHERE state = 'resolved' AND resolved_ns < ?", (before_ns,)
             ).rowcount
+
+    def open_incidents_keyed(self, keys: Iterable[str]) -> dict[str, Incident]:
+        """The open incidents of these dedup keys as stored (other correlators' writes included)."""
+        wanted, out = sorted(set(keys)), {}
+        with self._db.read() as db:
+            for i in range(0, len(wanted), 500):
+                chunk = wanted[i:i + 500]
+                rows = db.execute(f"SELECT body FROM incidents WHERE state = 'open' AND dedup_key IN "
+                                  f"({', '.join('?' * len(chunk))})", chunk).fetchall()
+                for (body,) in rows:
+                    incident = Incident.model_validate_json(body)
+                    out[incident.dedup_key] = incident
+        return out
 
     def get_incident(self, incident_id: int) -> Incident | None:
         with self._db.read() as db:
