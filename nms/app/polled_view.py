@@ -86,9 +86,10 @@ class PolledView:
                 consumer = await self.bus.replay(stream, subjects, start_s)
                 while True:
                     batch = await consumer.fetch(FETCH_MESSAGES, FETCH_TIMEOUT_S)
-                    start_s = time.time() - OVERLAP_S
                     for msg in batch:
                         self._file(msg.subject, msg.data)
+                    if not batch or batch[-1].pending == 0:  # caught up: a restart re-reads from about here
+                        start_s = time.time() - OVERLAP_S
                     if self._failing:
                         self._failing = False
                         log.info("polled view: following the other poll members' switches again")
