@@ -255,6 +255,10 @@ class Steering:
         traced |= self.trace([(h, p) for h, p in pairs if (p.local, p.addr) not in traced], dport)
         result: dict[str, dict] = {}
         routes: dict[str, list[int]] = {}
+        # the planner's loads plus the ports this steer placed already: the paths to every dst share
+        # our leaf's uplinks, so a dst's ports count where the next dst's go (else each dst's ports
+        # land on the same least loaded spine: the herd that placing by load is there to avoid)
+        loads = dict(parsed["hop_loads"])
         for host, peer in pairs:
             addr = peer.addr
             found = traced.get((peer.local, addr), [])
@@ -264,11 +268,12 @@ class Steering:
             paths = [frozenset(h) if h is not None and len(h) == full else frozenset({"?"}) for _, h in found]
             unknown = {"?"}  # a trace with a silent router could cross anything
             # least loaded first, by the busiest hop (hop_loads: the planner's view of the links)
-            keep = choose(
-                paths, parsed["avoid_hops"] | unknown, load=parsed["hop_loads"], n=self.settings.ports_per_dst
-            )
+            keep = choose(paths, parsed["avoid_hops"] | unknown, load=loads, n=self.settings.ports_per_dst)
             if parsed["hop_loads"]:
-                keep = self.place_by_load(paths, keep, parsed["hop_loads"], parsed["avoid_hops"] | unknown)
+                keep = self.place_by_load(paths, keep, loads, parsed["avoid_hops"] | unknown)
+                for i in keep:
+                    for hop in paths[i]:
+                        loads[hop] = loads.get(hop, 0.0) + self.settings.port_load
             ports = sorted(found[i][0] for i in keep)
             entry = result.setdefault(host, {"ports": [], "candidates": 0, "kept": 0})
             entry["ports"] += ports

@@ -192,3 +192,26 @@ def test_kept_ports_never_take_the_avoided_spine_even_when_all_others_are_full(t
     assert ports and all((p - 1) % 4 + 1 != 1 for p in ports)
     with pytest.raises(ValueError, match="port_load"):
         SteeringSettings(port_load=-0.1)
+
+
+def test_the_ports_of_one_steer_count_for_its_next_destinations(tmp_path):
+    # two dsts behind the same uplinks (spines 10.2-10.4 after avoiding 10.1, all at 0.2): the first
+    # dst's 2 ports (0.25 each) load the spines they take, so the second dst's go to the others, not
+    # onto the same ones again
+    from hostprobe.steer import Peer
+    s = MappedSteering(tmp_path, spines=4)
+    done = []
+    args = {**GOOD, "avoid_hops": ["10.1.0.1"], "expires_ns": time.time_ns() + 10**10, "dsts": ["host3", "host4"],
+            "hop_loads": {"10.2.0.1": 0.2, "10.3.0.1": 0.2, "10.4.0.1": 0.2}}
+    peers = {"host3": [Peer("198.19.1.1", "198.19.2.1", routers=3)],
+             "host4": [Peer("198.19.1.1", "198.19.2.2", routers=3)]}
+    s.start_steer(args, peers, lambda *a: done.append(a))
+    deadline = time.monotonic() + 5
+    while not done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert done and done[0][0] == "done", done
+    spines = {h: [f"10.{(p - 1) % 4 + 1}.0.1" for p in d["ports"]] for h, d in done[0][2]["dsts"].items()}
+    every = spines["host3"] + spines["host4"]
+    assert "10.1.0.1" not in every
+    assert max(every.count(x) for x in set(every)) <= 2  # 4 ports over 3 spines: 2, 1, 1 (herded: 4 on one)
+    assert set(spines["host3"]) != set(spines["host4"]) or len(set(every)) == 3
