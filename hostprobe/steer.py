@@ -151,6 +151,9 @@ class Steering:
         # [(port, hops or None)]): a steer answers from it without tracing (docs/steering.md)
         self.known: dict[tuple[str, str, int], tuple[float, frozenset[str], list]] = {}
         self._warming = False
+        # action id -> the hops its steer avoids: a later steer to the same dst replaces the dst's
+        # ports, so they avoid the earlier actions' hops too (else it puts flows back onto them)
+        self.avoiding: dict[int, frozenset[str]] = {}
 
     # -- the table ---------------------------------------------------------------------------------
     def _update(self, change: Callable[[dict], None]) -> dict:
@@ -177,6 +180,7 @@ class Steering:
                     if not entry["action_ids"]:
                         del routes[dst]
         self._update(change)
+        self.avoiding.pop(action_id, None)
         return "done", f"action {action_id}: steering removed for {len(removed)} destination(s)"
 
     # -- steer -------------------------------------------------------------------------------------
@@ -259,6 +263,8 @@ class Steering:
         # our leaf's uplinks, so a dst's ports count where the next dst's go (else each dst's ports
         # land on the same least loaded spine: the herd that placing by load is there to avoid)
         loads = dict(parsed["hop_loads"])
+        self.avoiding[parsed["action_id"]] = frozenset(parsed["avoid_hops"])
+        steered = read_table(self.path)["routes"]
         for host, peer in pairs:
             addr = peer.addr
             found = traced.get((peer.local, addr), [])
@@ -267,10 +273,13 @@ class Steering:
             full = max((len(h) for _, h in found if h is not None), default=0)
             paths = [frozenset(h) if h is not None and len(h) == full else frozenset({"?"}) for _, h in found]
             unknown = {"?"}  # a trace with a silent router could cross anything
+            # and what the live actions that steer this dst already avoid (their ports are replaced)
+            earlier = (steered.get(addr) or {}).get("action_ids") or []
+            avoid = set(parsed["avoid_hops"]).union(*(self.avoiding.get(a, ()) for a in earlier))
             # least loaded first, by the busiest hop (hop_loads: the planner's view of the links)
-            keep = choose(paths, parsed["avoid_hops"] | unknown, load=loads, n=self.settings.ports_per_dst)
+            keep = choose(paths, avoid | unknown, load=loads, n=self.settings.ports_per_dst)
             if parsed["hop_loads"]:
-                keep = self.place_by_load(paths, keep, loads, parsed["avoid_hops"] | unknown)
+                keep = self.place_by_load(paths, keep, loads, avoid | unknown)
                 for i in keep:
                     for hop in paths[i]:
                         loads[hop] = loads.get(hop, 0.0) + self.settings.port_load
@@ -278,7 +287,7 @@ class Steering:
             entry = result.setdefault(host, {"ports": [], "candidates": 0, "kept": 0})
             entry["ports"] += ports
             entry["candidates"] += len(found)
-            entry["kept"] += sum(1 for p in paths if not (p & (parsed["avoid_hops"] | unknown)))
+            entry["kept"] += sum(1 for p in paths if not (p & (avoid | unknown)))
             if ports:
                 routes[addr] = ports
 

@@ -132,17 +132,6 @@ def test_an_element_already_avoided_gets_nothing_new_but_a_drain_may_join_a_rero
     assert [x.kind for x in p.proposals] == ["drain_link"], p.notes
 
 
-def test_a_reroute_keeps_avoiding_what_live_reroutes_avoid():
-    # a steer replaces a destination's ports: the second reroute's must avoid the first one's link too
-    second = incident("congestion", element=uplink("leaf1", 2))
-    p = plan(second, topology(4), addresses(4), avoided={uplink("leaf1", 1): {"host_reroute"}})
-    [reroute] = p.proposals
-    assert reroute.params["avoid_hops"] == ["10.1.1.0", "10.1.1.1", "10.1.2.0", "10.1.2.1"]
-    # a drain takes the link out of the switches' ECMP groups itself: nothing for the hosts to avoid
-    p = plan(second, topology(4), addresses(4), avoided={uplink("leaf1", 1): {"drain_link"}})
-    assert p.proposals[0].params["avoid_hops"] == ["10.1.2.0", "10.1.2.1"]
-
-
 def test_no_addresses_no_reroute():
     p = plan(incident("congestion"), topology(4), [])
     assert p.proposals == [] and "no interface address" in p.notes[0]

@@ -215,3 +215,27 @@ def test_the_ports_of_one_steer_count_for_its_next_destinations(tmp_path):
     assert "10.1.0.1" not in every
     assert max(every.count(x) for x in set(every)) <= 2  # 4 ports over 3 spines: 2, 1, 1 (herded: 4 on one)
     assert set(spines["host3"]) != set(spines["host4"]) or len(set(every)) == 3
+
+
+def test_a_later_steer_to_a_dst_keeps_avoiding_what_the_earlier_one_avoids(tmp_path):
+    # a steer replaces a dst's ports: action 4 (off 10.2) must not put host3's flows back on 10.1,
+    # which action 3 steers them off; once action 3 is undone, a new steer may use 10.1 again
+    from hostprobe.steer import Peer
+    s = MappedSteering(tmp_path, spines=4)
+    peers = {"host3": [Peer("198.19.1.1", "198.19.2.1", routers=3)]}
+
+    def steer(action_id: int, avoid: str) -> set[str]:
+        done = []
+        args = {**GOOD, "action_id": action_id, "avoid_hops": [avoid], "expires_ns": time.time_ns() + 10**10}
+        s.start_steer(args, peers, lambda *a: done.append(a))
+        deadline = time.monotonic() + 5
+        while not done and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert done and done[0][0] == "done", done
+        return {f"10.{(p - 1) % 4 + 1}.0.1" for p in done[0][2]["dsts"]["host3"]["ports"]}
+
+    assert "10.1.0.1" not in steer(3, "10.1.0.1")
+    assert not steer(4, "10.2.0.1") & {"10.1.0.1", "10.2.0.1"}
+    s.unsteer({"action_id": 3})
+    assert steer(5, "10.3.0.1") & {"10.1.0.1"}  # 10.1 free again; 10.2 still avoided (action 4)
+    assert not steer(6, "10.4.0.1") & {"10.2.0.1", "10.4.0.1"}

@@ -254,14 +254,7 @@ def plan(incident: Incident, topology: FabricTopology, addresses: Iterable[Inter
         else:
             out.notes.append(f"{element} has no switch end to drain")
     if pairs and "host_reroute" in kinds:
-        addresses = list(addresses)
         hops = avoid_hops(element, topology, addresses)
-        if hops:
-            # an agent's steer replaces a destination's ports: they must keep avoiding what the live
-            # reroutes avoid too, or this one puts flows back onto their element
-            for other, other_kinds in sorted((avoided or {}).items()):
-                if other != element and "host_reroute" in other_kinds:
-                    hops = sorted(set(hops) | set(avoid_hops(other, topology, addresses)))
         if not hops:
             out.notes.append(f"host_reroute not proposed: no interface address known for the switch ends of {element}")
         else:

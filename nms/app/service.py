@@ -87,8 +87,7 @@ class Service:
         actuators = build_actuators(self.agents, self.poller, config.agents.command_ttl)
         self.actions = ActionManager(config.actions, config.fabric, self.state, actuators,
                                      self._action_context, self.store, self.metrics.registry,
-                                     window_ns=int(config.correlator.interval * 1e9),
-                                     port_loads=self._port_loads if config.actions.load_aware else None)
+                                     window_ns=int(config.correlator.interval * 1e9), port_loads=self._port_loads)
         self.incidents.add_listener(self.actions.on_incident)
         # jobs, collective bandwidth and slowdowns from the NCCL plugin's records (correlator/jobs_nccl.py)
         self.nccl_jobs = NcclJobs(self.state, lambda perfs: self.store.write([p.to_point() for p in perfs]))
