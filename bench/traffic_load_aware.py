@@ -33,7 +33,7 @@ from pathlib import Path
 
 from lab.agent_procs import agents_dir
 from lab.control_trials import wait_mapped
-from lab.load_trials import Trial, job_flows, new_lab, quiet, set_mode, trial, uplink_counts
+from lab.load_trials import RATE, Trial, job_flows, new_lab, quiet, set_mode, trial, uplink_counts
 
 CASES = [("A", "clean"), ("A", "degraded"), ("B", "clean"), ("B", "degraded")]
 
@@ -46,13 +46,15 @@ def main() -> None:
     ap.add_argument("--modes", default="ecmp,avoid,load")
     ap.add_argument("--cases", default=",".join(f"{s}-{f}" for s, f in CASES))
     ap.add_argument("--hot", type=float, default=0.8, help="clean: share of leaf1's cross flows on spine1")
+    ap.add_argument("--rate", type=float, default=RATE / 1e6, help="Mbit/s per flow (and the agents' port_load)")
     ap.add_argument("--prefix", default="nmsx-")
     ap.add_argument("--mgmt", default="198.18.240.0/24")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the lab comes down (finally) on kill too
     began = time.monotonic()
     cases = [tuple(c.split("-")) for c in args.cases.split(",")]
-    mesh = new_lab(args.prefix, args.mgmt)
+    rate = int(args.rate * 1e6)
+    mesh = new_lab(args.prefix, args.mgmt, rate)
     workdir = Path(tempfile.mkdtemp(prefix="nms-load-aware-"))
     results: list[Trial] = []
     print(f"lab dir {mesh.dir.root}", flush=True)
@@ -63,7 +65,8 @@ def main() -> None:
         print(f"lab up in {time.monotonic() - began:.0f} s; logs under {workdir}", flush=True)
         layouts = {}
         for scenario, fault in cases:
-            flows, owner = job_flows(mesh.topo, scenario, "collide" if fault == "clean" else "balanced", args.hot)
+            flows, owner = job_flows(mesh.topo, scenario, "collide" if fault == "clean" else "balanced", args.hot,
+                                     rate)
             layouts[(scenario, fault)] = (flows, owner)
             print(f"{scenario}-{fault}: {len(flows)} flows, own ports put per leaf "
                   f"{uplink_counts(mesh.topo, flows, {f.id: f.sport for f in flows})} on spine1..4", flush=True)

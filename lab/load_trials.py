@@ -53,10 +53,10 @@ MODES = {"ecmp": {"dry_run": True}, "avoid": {"dry_run": False, "load_aware": Fa
          "load": {"dry_run": False, "load_aware": True}}
 
 
-def new_lab(prefix: str, mgmt: str) -> MeshLab:
-    """The agents keep QPS ports per destination, each counted as RATE / LINK_RATE of a link's load
+def new_lab(prefix: str, mgmt: str, rate: int = RATE) -> MeshLab:
+    """The agents keep QPS ports per destination, each counted as `rate` / LINK_RATE of a link's load
     (what an operator sets from the job's per-QP rate: the agent does not measure it)."""
-    steering = {"ports_per_dst": QPS, "port_load": round(RATE / LINK_RATE, 3)}
+    steering = {"ports_per_dst": QPS, "port_load": round(rate / LINK_RATE, 3)}
     return MeshLab(prefix, mgmt, link_rate_bps=LINK_RATE, snmp_interval="1s",
                    service_config={**SERVICE, "actions": ACTIONS}, agent_config={"steering": steering},
                    spines=SPINES, leaves=LEAVES, hosts_per_leaf=HOSTS_PER_LEAF)
@@ -72,7 +72,8 @@ def job_pairs(kind: str, hosts: list[str]) -> list[tuple[str, str]]:
     return [(hosts[i], hosts[(i + 1) % len(hosts)]) for i in range(len(hosts))]  # ring
 
 
-def job_flows(topo, scenario: str, layout: str, hot: float = 0.8) -> tuple[list[Flow], dict[int, str]]:
+def job_flows(topo, scenario: str, layout: str, hot: float = 0.8,
+              rate: int = RATE) -> tuple[list[Flow], dict[int, str]]:
     """(flows, {flow id: job}) with their home ports picked for `layout` (collide | balanced)."""
     specs = [(job, s, d, q) for job, kind, hosts in JOBS[scenario] for s, d in job_pairs(kind, hosts)
              if leaf_of(topo, s) != leaf_of(topo, d) for q in range(QPS)]
@@ -96,7 +97,7 @@ def job_flows(topo, scenario: str, layout: str, hot: float = 0.8) -> tuple[list[
         spine = target[i]
         sport = paths.sport_via(topo, s, d, str(spine), "udp", 4791, HOME_BASE, avoid=used)
         used.add(sport)
-        flows.append(Flow(i, s, d, topo.host_port(s).ip, topo.host_port(d).ip, sport, RATE))
+        flows.append(Flow(i, s, d, topo.host_port(s).ip, topo.host_port(d).ip, sport, rate))
         owner[i] = job
     return flows, owner
 
