@@ -130,6 +130,7 @@ def parse_steer(args: dict) -> dict:
         raise SteerError("bad hop_loads: want {address: utilization >= 0}")
     out = {"action_id": _int(args, "action_id", 0, 2**63), "avoid_hops": set(hops), "dsts": dsts,
            "hop_loads": {k: float(v) for k, v in loads.items()},
+           "rank": _int({"rank": args.get("rank", 0)}, "rank", 0, 1 << 16),
            "dport": _int({"dport": args.get("dport", ROCE_V2_PORT)}, "dport", 1, 65535),
            "expires_ns": _int(args, "expires_ns", 0, 2**63), "element": str(args.get("element", ""))}
     if out["expires_ns"] <= time.time_ns():
@@ -151,6 +152,9 @@ class Steering:
         # [(port, hops or None)]): a steer answers from it without tracing (docs/steering.md)
         self.known: dict[tuple[str, str, int], tuple[float, frozenset[str], list]] = {}
         self._warming = False
+        # action id -> the hops its steer avoids: a later steer to the same dst replaces the dst's
+        # ports, so they avoid the earlier actions' hops too (else it puts flows back onto them)
+        self.avoiding: dict[int, frozenset[str]] = {}
 
     # -- the table ---------------------------------------------------------------------------------
     def _update(self, change: Callable[[dict], None]) -> dict:
@@ -177,6 +181,7 @@ class Steering:
                     if not entry["action_ids"]:
                         del routes[dst]
         self._update(change)
+        self.avoiding.pop(action_id, None)
         return "done", f"action {action_id}: steering removed for {len(removed)} destination(s)"
 
     # -- steer -------------------------------------------------------------------------------------
@@ -255,6 +260,13 @@ class Steering:
         traced |= self.trace([(h, p) for h, p in pairs if (p.local, p.addr) not in traced], dport)
         result: dict[str, dict] = {}
         routes: dict[str, list[int]] = {}
+        # the planner's loads plus the ports this steer placed already: the paths to every dst share
+        # our leaf's uplinks, so a dst's ports count where the next dst's go (else each dst's ports
+        # land on the same least loaded spine: the herd that placing by load is there to avoid)
+        loads = dict(parsed["hop_loads"])
+        self.avoiding[parsed["action_id"]] = frozenset(parsed["avoid_hops"])
+        steered = read_table(self.path)["routes"]
+        candidates = []
         for host, peer in pairs:
             addr = peer.addr
             found = traced.get((peer.local, addr), [])
@@ -262,18 +274,24 @@ class Steering:
             # shorter one lost a hop (it may be the avoided one): as unknown as a silent router
             full = max((len(h) for _, h in found if h is not None), default=0)
             paths = [frozenset(h) if h is not None and len(h) == full else frozenset({"?"}) for _, h in found]
-            unknown = {"?"}  # a trace with a silent router could cross anything
-            # least loaded first, by the busiest hop (hop_loads: the planner's view of the links)
-            keep = choose(
-                paths, parsed["avoid_hops"] | unknown, load=parsed["hop_loads"], n=self.settings.ports_per_dst
-            )
-            if parsed["hop_loads"]:
-                keep = self.place_by_load(paths, keep, parsed["hop_loads"], parsed["avoid_hops"] | unknown)
+            # a trace with a silent router could cross anything; and what the live actions that
+            # steer this dst already avoid is avoided too (this steer replaces their ports)
+            earlier = (steered.get(addr) or {}).get("action_ids") or []
+            avoid = {"?"}.union(parsed["avoid_hops"], *(self.avoiding.get(a, ()) for a in earlier))
+            candidates.append((host, addr, found, paths, avoid))
+        # every mover of the action places its ports on the same loads at the same time: placed
+        # alone, they all take the same least loaded spines. The movers ranked before this agent
+        # are modelled as placing first, as this agent would (its own paths stand for theirs)
+        for _ in range(parsed["rank"] if parsed["hop_loads"] else 0):
+            for _host, _addr, _found, paths, avoid in candidates:
+                self.place(paths, avoid, loads, True)
+        for host, addr, found, paths, avoid in candidates:
+            keep = self.place(paths, avoid, loads, bool(parsed["hop_loads"]))
             ports = sorted(found[i][0] for i in keep)
             entry = result.setdefault(host, {"ports": [], "candidates": 0, "kept": 0})
             entry["ports"] += ports
             entry["candidates"] += len(found)
-            entry["kept"] += sum(1 for p in paths if not (p & (parsed["avoid_hops"] | unknown)))
+            entry["kept"] += sum(1 for p in paths if not (p & avoid))
             if ports:
                 routes[addr] = ports
 
@@ -287,6 +305,18 @@ class Steering:
         log.info("steer %d off %s: %s (table version %d)", parsed["action_id"], parsed["element"],
                  {h: r["ports"] for h, r in result.items()}, table["version"])
         return {"dsts": result}
+
+    def place(self, paths: list[frozenset[str]], avoid: set[str], loads: dict[str, float], by_load: bool) -> list[int]:
+        """The kept candidates of one dst: the least loaded that avoid (`choose`), placed by load
+        (`place_by_load`) when `by_load`, their weight then counted into `loads` (the paths to every
+        dst share our leaf's uplinks: the next dst's ports see these)."""
+        keep = choose(paths, avoid, load=loads, n=self.settings.ports_per_dst)
+        if by_load:
+            keep = self.place_by_load(paths, keep, loads, avoid)
+            for i in keep:
+                for hop in paths[i]:
+                    loads[hop] = loads.get(hop, 0.0) + self.settings.port_load
+        return keep
 
     def place_by_load(self, paths: list[frozenset[str]], keep: list[int], hop_loads: dict[str, float],
                       avoid: set[str]) -> list[int]:

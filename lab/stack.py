@@ -50,7 +50,7 @@ def expected_paths(spec: Spec, peers_random: int = PEERS_RANDOM, sports: int = S
 class LabStack:
     def __init__(self, prefix: str, mgmt: str, link_rate_bps: int = 100_000_000, root: str | None = None,
                  snmp_interval: str | None = None, service_config: dict | None = None,
-                 gnmi_interval: str | None = None, **shape):
+                 gnmi_interval: str | None = None, agent_config: dict | None = None, **shape):
         self.prefix = prefix
         self.spec = Spec(link_rate_bps=link_rate_bps, mgmt_subnet=mgmt, prefix=prefix, **shape)
         self.dir = LabDir(root or tempfile.mkdtemp(prefix="nms-lab-stack-"))  # under /tmp: lldpd needs access
@@ -61,6 +61,7 @@ class LabStack:
         self.service: subprocess.Popen | None = None
         self.service_started_ns = 0  # when the running service was started (wait_service_ready's `since`)
         self.probe_options: dict = {}  # the agents' extra probe settings (up(probe_options=))
+        self.agent_config = agent_config or {}  # more top-level sections of every agent's config (e.g. steering)
 
     def up(self, rate: float | None = None, start_agents: bool = True, probe_options: dict | None = None) -> LabStack:
         cleanup.remove(self.prefix, self.dir)
@@ -130,7 +131,7 @@ class LabStack:
 
     def start_agents(self, rate: float | None = None, hosts: list[str] | None = None,
                      probe_options: dict | None = None) -> None:
-        agent_procs.start(self.dir, self.agent_url, hosts, rate, probe_options)
+        agent_procs.start(self.dir, self.agent_url, hosts, rate, probe_options, self.agent_config)
 
     def down(self) -> None:
         try:

@@ -65,7 +65,8 @@ class Rig:
         fabric = FabricConfig(switches=[SwitchConfig(name=n, mgmt_address=f"192.0.2.{i}", role=n[:-1])
                                         for i, n in enumerate(["leaf1", "leaf2", "spine1", "spine2"], 1)])
         self.manager = ActionManager(cfg, fabric, self.state, {k: self.actuator for k in Recording.kinds},
-                                     lambda: (topology(spines), addresses(spines)), clock=self.clock)
+                                     lambda: (topology(spines), addresses(spines)), clock=self.clock,
+                                     port_loads=lambda: {("spine2", "leaf2"): 0.5})
         self.incidents.add_listener(self.manager.on_incident)
 
     def window(self, *findings):
@@ -97,6 +98,14 @@ def test_auto_applies_and_the_audit_log_says_who_what_why_before_after(open_stat
     # the next window with the same finding proposes nothing new
     rig.window(finding())
     assert len(rig.actions()) == 1
+
+
+@pytest.mark.parametrize("load_aware", [True, False])
+def test_a_reroute_carries_hop_loads_unless_load_aware_is_off(open_state, load_aware):
+    rig = Rig(open_state, load_aware=load_aware, **AUTO)
+    rig.window(finding())
+    (action,) = rig.actions()
+    assert action.params["hop_loads"] == ({"10.2.2.0": 0.5} if load_aware else {})  # off: avoid_hops alone
 
 
 def test_dry_run_records_and_sends_nothing(open_state):

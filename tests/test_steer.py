@@ -192,3 +192,88 @@ def test_kept_ports_never_take_the_avoided_spine_even_when_all_others_are_full(t
     assert ports and all((p - 1) % 4 + 1 != 1 for p in ports)
     with pytest.raises(ValueError, match="port_load"):
         SteeringSettings(port_load=-0.1)
+
+
+def test_the_ports_of_one_steer_count_for_its_next_destinations(tmp_path):
+    # two dsts behind the same uplinks (spines 10.2-10.4 after avoiding 10.1, all at 0.2): the first
+    # dst's 2 ports (0.25 each) load the spines they take, so the second dst's go to the others, not
+    # onto the same ones again
+    from hostprobe.steer import Peer
+    s = MappedSteering(tmp_path, spines=4)
+    done = []
+    args = {**GOOD, "avoid_hops": ["10.1.0.1"], "expires_ns": time.time_ns() + 10**10, "dsts": ["host3", "host4"],
+            "hop_loads": {"10.2.0.1": 0.2, "10.3.0.1": 0.2, "10.4.0.1": 0.2}}
+    peers = {"host3": [Peer("198.19.1.1", "198.19.2.1", routers=3)],
+             "host4": [Peer("198.19.1.1", "198.19.2.2", routers=3)]}
+    s.start_steer(args, peers, lambda *a: done.append(a))
+    deadline = time.monotonic() + 5
+    while not done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert done and done[0][0] == "done", done
+    spines = {h: [f"10.{(p - 1) % 4 + 1}.0.1" for p in d["ports"]] for h, d in done[0][2]["dsts"].items()}
+    every = spines["host3"] + spines["host4"]
+    assert "10.1.0.1" not in every
+    assert max(every.count(x) for x in set(every)) <= 2  # 4 ports over 3 spines: 2, 1, 1 (herded: 4 on one)
+    assert set(spines["host3"]) != set(spines["host4"]) or len(set(every)) == 3
+
+
+def test_a_later_steer_to_a_dst_keeps_avoiding_what_the_earlier_one_avoids(tmp_path):
+    # a steer replaces a dst's ports: action 4 (off 10.2) must not put host3's flows back on 10.1,
+    # which action 3 steers them off; once action 3 is undone, a new steer may use 10.1 again
+    from hostprobe.steer import Peer
+    s = MappedSteering(tmp_path, spines=4)
+    peers = {"host3": [Peer("198.19.1.1", "198.19.2.1", routers=3)]}
+
+    def steer(action_id: int, avoid: str) -> set[str]:
+        done = []
+        args = {**GOOD, "action_id": action_id, "avoid_hops": [avoid], "expires_ns": time.time_ns() + 10**10}
+        s.start_steer(args, peers, lambda *a: done.append(a))
+        deadline = time.monotonic() + 5
+        while not done and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert done and done[0][0] == "done", done
+        return {f"10.{(p - 1) % 4 + 1}.0.1" for p in done[0][2]["dsts"]["host3"]["ports"]}
+
+    assert "10.1.0.1" not in steer(3, "10.1.0.1")
+    assert not steer(4, "10.2.0.1") & {"10.1.0.1", "10.2.0.1"}
+    s.unsteer({"action_id": 3})
+    assert steer(5, "10.3.0.1") & {"10.1.0.1"}  # 10.1 free again; 10.2 still avoided (action 4)
+    assert not steer(6, "10.4.0.1") & {"10.2.0.1", "10.4.0.1"}
+
+
+def test_the_movers_of_one_action_spread_by_rank_instead_of_all_taking_the_same_spines(tmp_path):
+    # 4 hosts under one leaf steer 2 dsts x 2 ports each off 10.1 at once, on the same loads: placed
+    # alone each takes the same two spines (8 + 8 + 0 of 16 ports); each modelling the movers ranked
+    # before it first, they spread over the three spines that avoid
+    from collections import Counter
+
+    from hostprobe.steer import Peer
+    peers = {"host3": [Peer("198.19.1.1", "198.19.2.1", routers=3)],
+             "host4": [Peer("198.19.1.1", "198.19.2.2", routers=3)]}
+
+    done: list = []
+
+    def record(*answer) -> None:
+        done.append(answer)
+
+    def spines(ranked: bool) -> Counter:
+        count: Counter = Counter()
+        for rank in range(4):
+            s = MappedSteering(tmp_path / f"{ranked}-{rank}", spines=4)
+            (tmp_path / f"{ranked}-{rank}").mkdir()
+            done.clear()
+            args = {**GOOD, "avoid_hops": ["10.1.0.1"], "expires_ns": time.time_ns() + 10**10,
+                    "dsts": ["host3", "host4"], "rank": rank if ranked else 0,
+                    "hop_loads": {"10.2.0.1": 0.2, "10.3.0.1": 0.2, "10.4.0.1": 0.2}}
+            s.start_steer(args, peers, record)
+            deadline = time.monotonic() + 5
+            while not done and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert done and done[0][0] == "done", done
+            count.update(f"10.{(p - 1) % 4 + 1}.0.1" for d in done[0][2]["dsts"].values() for p in d["ports"])
+        return count
+
+    alone, ranked = spines(False), spines(True)
+    assert sum(alone.values()) == sum(ranked.values()) == 16 and "10.1.0.1" not in alone | ranked
+    assert max(alone.values()) == 8  # the herd
+    assert max(ranked.values()) <= 6 and len(ranked) == 3

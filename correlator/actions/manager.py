@@ -75,7 +75,9 @@ class ActionManager:
         self.state = state
         self.actuators = actuators
         self.context = context
-        self.port_loads = port_loads or dict  # (device, port) -> inbound utilization now, for host_reroute
+        # (device, port) -> inbound utilization now, for host_reroute's hop_loads; none when not load_aware
+        # (the agents then keep the first ports that avoid: avoid-only steering)
+        self.port_loads = (port_loads if config.load_aware else None) or dict
         self.store = store
         self.clock = clock
         self.window_ns = window_ns

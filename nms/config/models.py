@@ -435,6 +435,9 @@ class ActionsConfig(Strict):
     worse_grace: int = Field(3, ge=0)
     worse_factor: float = Field(1.5, gt=1)  # the incident's loss % or delay inflation rising this much is worse
     dport: int = Field(4791, ge=1, le=65535)  # the traffic host_reroute steers (RoCE v2)
+    # host_reroute sends the moved-to links' utilization (`hop_loads`), and the agents place their
+    # ports by load; false: only `avoid_hops` (avoid-only steering: the first ports that avoid)
+    load_aware: bool = True
 
     @field_validator("policies")
     @classmethod

@@ -36,10 +36,14 @@ class HostRerouteActuator(Actuator):
             raise ActuatorError(f"no agent registered on {', '.join(missing)}")
         p = action.params
         commands = {}
-        for host in action.targets:
+        for rank, host in enumerate(action.targets):
             args = {"action_id": action.id, "element": action.element, "avoid_hops": list(p.get("avoid_hops", [])),
                     "dsts": list(p.get("dsts", {}).get(host, [])), "proto": p.get("proto", "udp"),
-                    "dport": p.get("dport", 4791), "expires_ns": action.expires_ns or 0}
+                    "dport": p.get("dport", 4791), "expires_ns": action.expires_ns or 0,
+                    # the moved-to links' loads: the agent places its ports by them (docs/steering.md)
+                    "hop_loads": dict(p.get("hop_loads") or {}),
+                    # the agents placing by load at once: each models those ranked before it first
+                    "rank": rank}
             (cmd,) = await self.agents.issue([host], "steer", args, f"action {action.id}")
             commands[host] = cmd.id
         return await self._outcome(commands, "steer")
