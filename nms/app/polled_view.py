@@ -41,6 +41,7 @@ FETCH_TIMEOUT_S = 1.0
 RETRY_S = 2.0  # after the bus failed a consumer, wait this long and start it again
 OVERLAP_S = 5.0  # a consumer started again re-reads from this long before its last answer
 STOP_GRACE_S = 5.0
+PRUNE_EVERY_S = 1.0
 
 
 def backlogs(recent_window_s: float, backoff_max_s: float) -> dict[str, float]:
@@ -65,6 +66,7 @@ class PolledView:
         self._tasks: list[asyncio.Task[None]] = []
         self._filed_events: dict[tuple[str, str], int] = {}  # (device, port) -> the newest event filed
         self._failing = False
+        self._pruned = 0.0  # monotonic: when the recent window was last pruned of what aged out
         self.records = Counter("nms_polled_view_records", "other members' switch records filed into this "
                                "member's view of the fabric, by kind", ["kind"], registry=registry)
 
@@ -115,6 +117,9 @@ class PolledView:
             return
         file_records(self.poller, kind, elsewhere, self._filed_events)
         self.records.labels(kind).inc(len(elsewhere))
+        if (now := time.monotonic()) >= self._pruned + PRUNE_EVERY_S:  # a scan of every port: not per message
+            self._pruned = now
+            self.poller.recent.prune(time.time_ns())
         if self.to_correlator is not None and kind not in VIEW_KINDS:
             since = time.time_ns() - int(self.correlator_since_s * 1e9)
             if recent := [r for r in elsewhere if r.ts >= since]:
@@ -154,7 +159,6 @@ def file_records(poller: Poller, kind: str, records: Sequence[Any], filed_events
             last = recent.facts.get(facts.device)
             if last is None or facts.ts > last.ts:
                 recent.facts[facts.device] = facts
-    recent.prune(time.time_ns())
 
 
 def _newer(status: DeviceStatus, last: DeviceStatus | None) -> bool:
