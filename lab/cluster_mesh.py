@@ -13,6 +13,7 @@ from lab import agent_procs
 from lab.mesh import MeshLab
 from nms.app import cluster_launcher
 from nms.app.cluster_launcher import Member
+from nms.app.local_daemons import stop_pid
 
 
 class ClusterMesh(MeshLab):
@@ -55,6 +56,15 @@ class ClusterMesh(MeshLab):
         self.killed.add(name)
         if self.members[name].role == "api":
             self._use_api()
+
+    def stop_member(self, name: str) -> str:
+        """Stop one member as systemd would (SIGTERM: it delivers what it holds, then exits)."""
+        m = self.members[name]
+        return stop_pid(m.pid, m.started, timeout=30)
+
+    def ledger(self, name: str) -> dict | None:
+        """What InfluxDB acknowledged to the member (its store's ledger: nms/store/influx.py)."""
+        return cluster_launcher.member_ledger(cluster_launcher.ClusterDir(self.cluster_dir), name)
 
     def stop_service(self) -> None:
         if self.members:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -112,11 +113,16 @@ def test_up_ingest_through_one_worker_read_through_another_kill_down_up_again(cl
                       why=lambda: (cluster / "members" / "write-1" / "serve.log").read_text()[-2000:])
     assert sorted(seqs) == list(range(50))
 
-    os.kill(members["api-2"]["pid"], signal.SIGKILL)
-    wait_until(lambda: not running(members["api-2"]["pid"]), 10, what="api-2 gone")
+    for name in ("api-2", "write-1"):
+        os.kill(members[name]["pid"], signal.SIGKILL)
+        wait_until(lambda name=name: not running(members[name]["pid"]), 10, what=f"{name} gone")
     rc, after = status(cluster)
     assert rc == 1 and after["api-2"]["state"] == "dead" and after["api-2"]["health"] == "dead"
-    assert all(m["state"] == "alive" for name, m in after.items() if name != "api-2")
+    # a dead member's store ledger (nms/store/influx.py): what InfluxDB had acknowledged to the writer
+    assert after["write-1"]["state"] == "dead", after["write-1"]
+    stored = re.fullmatch(r"dead; InfluxDB acknowledged ([\d,]+) points to it", after["write-1"]["health"])
+    assert stored and int(stored[1].replace(",", "")) >= 50, after["write-1"]
+    assert all(m["state"] == "alive" for name, m in after.items() if name not in ("api-2", "write-1"))
 
     r = nms("up", "--dir", str(cluster))
     assert r.returncode == 1 and "holds a running cluster" in r.stderr and "nms cluster down" in r.stderr

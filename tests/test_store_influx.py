@@ -17,7 +17,7 @@ from _influx import INFLUXD, SKIP_REASON, InfluxServer, free_port
 
 from nms.config.models import InfluxStoreConfig, NmsConfig
 from nms.store.base import Point, Query, StoreError, StoreUnavailable
-from nms.store.influx import InfluxStore
+from nms.store.influx import InfluxStore, read_ledger
 from nms.store.lineprotocol import encode_point
 from nms.store.spool import Spool, SpoolFull
 from tests.helpers import wait_until
@@ -401,6 +401,10 @@ def assert_exactly_once(store: InfluxStore, server: InfluxServer, written: list[
     series = store.query(Query(measurement="out", start=T0, end=T0 + 10 * n * 1000 + 1, limit=1_000_000))
     got = [row[0] for s in series for row in s.values]
     assert len(got) == n and set(got) == set(written)
+    # the ledger on disk says what InfluxDB acknowledged: every point once, nothing in flight or spooled
+    ledger = read_ledger(store._spool.directory)
+    assert ledger is not None and (ledger["points_written"], ledger["points_in_flight"], ledger["spool_points"]) == (
+        n, 0, 0), ledger
 
 
 def test_outage_loses_nothing_and_duplicates_nothing(own_influxd, tmp_path):
@@ -414,6 +418,7 @@ def test_outage_loses_nothing_and_duplicates_nothing(own_influxd, tmp_path):
         writer.wait_more(500, "writes during the outage")
         during = store.stats()
         assert during["spool_segments"] >= 2 and during["spool_points"] >= 400 and during["write_errors"] >= 1
+        assert read_ledger(store._spool.directory)["spool_points"] >= during["spool_points"]  # spooled: kept on disk
         assert store.health()["ok"] is False
         own_influxd.start()
         wait_until(lambda: store.stats()["spool_bytes"] == 0, 20, 0.02, what="the spool to drain")
@@ -491,6 +496,9 @@ def test_server_errors_and_timeouts_lose_and_duplicate_nothing(flaky, influxd, t
         flaky.mode = "slow"  # replays reach influxd, but their answers come too late
         errors = store.stats()["write_errors"]
         wait_until(lambda: store.stats()["write_errors"] >= errors + 2, 15, 0.02, what="timed-out replays")
+        # a batch waiting for its answer is on the ledger as in flight (a process killed then may have stored it)
+        wait_until(lambda: (read_ledger(store._spool.directory) or {}).get("points_in_flight", 0) > 0, 10, 0.005,
+                   what="the ledger to show a batch in flight")
         assert "Timeout" in store.health()["last_error"]
         assert store.stats()["spool_segments"] >= 1
         flaky.mode = "pass"

@@ -52,6 +52,7 @@ from nms.app.local_daemons import (
     stop_pid,
     which,
 )
+from nms.store.influx import read_ledger
 
 ROLES = ("api", "poll", "correlate", "write")
 NATS_NODES = (1, 3)  # one nats-server, or a JetStream cluster of three (streams with replicas 3)
@@ -414,7 +415,7 @@ def status(path: str | os.PathLike) -> list[dict[str, Any]]:
         is_alive = m.alive()
         health: str
         if not is_alive:
-            health = "dead"
+            health = "dead" + _stored_words(member_ledger(cdir, m.name))
         elif m.name in entries:
             health = _summary(entries[m.name])
         elif m.role == "api":
@@ -430,6 +431,22 @@ def status(path: str | os.PathLike) -> list[dict[str, Any]]:
         rows.append({"name": m.name, "role": m.role, "pid": m.pid, "url": m.url, "log": m.log,
                      "state": "alive" if is_alive else "dead", "health": health})
     return rows
+
+
+def member_ledger(cdir: ClusterDir, name: str) -> dict[str, Any] | None:
+    """What InfluxDB acknowledged to the member (its store's ledger, nms/store/influx.py), dead or alive."""
+    return read_ledger(cdir.member_dir(name) / "data" / "spool")
+
+
+def _stored_words(ledger: dict[str, Any] | None) -> str:
+    if not ledger or not any(ledger[k] for k in ("points_written", "points_in_flight", "spool_points")):
+        return ""
+    words = f"; InfluxDB acknowledged {ledger['points_written']:,} points to it"
+    if ledger["points_in_flight"]:
+        words += f", {ledger['points_in_flight']:,} were on their way when it stopped"
+    if ledger["spool_points"]:
+        words += f", {ledger['spool_points']:,} wait in its spool (start it again to deliver them)"
+    return words
 
 
 def _member_entries(cdir: ClusterDir, apis: list[Member]) -> dict[str, dict[str, Any]]:

@@ -20,6 +20,10 @@ Declared unsigned fields (counters) are written as unsigned integers where the s
 (found at start by a write it must refuse either way, so nothing is written), else as the signed
 integer with the same 64 bits; reads turn them back into the exact counter through the declared
 types (nms.store.base.declared_fields).
+
+What InfluxDB acknowledged to this process is also kept on disk after every batch (LEDGER_FILE in
+the spool directory: points written, the batch in flight, points spooled), so that what a process
+killed with SIGKILL had stored can still be counted (`nms cluster status`, the cluster lab test).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -57,7 +62,7 @@ from nms.store.base import (
 from nms.store.influx_downsampling import reconcile as reconcile_downsampling
 from nms.store.lineprotocol import encode_point, parse_line, split_batch, unsigned_from_signed
 from nms.store.quarantine import Quarantine
-from nms.store.spool import Spool
+from nms.store.spool import LEDGER_FILE, Spool
 
 if TYPE_CHECKING:
     from nms.config.models import InfluxStoreConfig, NmsConfig
@@ -75,6 +80,15 @@ _UNSIGNED_PROBE = b"nms_capability_probe unsigned=1u 9223372036854775807\n"
 
 # Outcomes of one POST /write.
 _OK, _RETRY, _SETTLED = "ok", "retry", "settled"
+
+
+def read_ledger(spool_dir: Path) -> dict[str, Any] | None:
+    """A store's ledger (see the module's doc), or None where it wrote none."""
+    try:
+        ledger: dict[str, Any] = json.loads((Path(spool_dir) / LEDGER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return ledger
 
 
 class _Retry(Exception):
@@ -186,6 +200,9 @@ class InfluxStore(TimeSeriesStore):
 
         self._counts: Counter[str] = Counter()
         self._dropped_by_reason: Counter[str] = Counter()
+        self._ledger_file = self._spool.directory / LEDGER_FILE
+        self._started_ns, self._ledger_failed = time.time_ns(), False
+        self._note_ledger(0)
         self._thread = threading.Thread(target=self._run, name="influx-sender", daemon=True)
         self._thread.start()
 
@@ -430,6 +447,7 @@ class InfluxStore(TimeSeriesStore):
             return True
         try:
             self._spool.push(body, points)
+            self._note_ledger(0)
             return True
         except (StoreUnavailable, OSError) as e:
             self._last_error = f"cannot spool: {e}"
@@ -499,6 +517,13 @@ class InfluxStore(TimeSeriesStore):
         return status is None or status >= 500 or status in _RETRYABLE_4XX
 
     def _post(self, body: bytes, points: int) -> str:
+        self._note_ledger(points)
+        try:
+            return self._post_batch(body, points)
+        finally:
+            self._note_ledger(0)
+
+    def _post_batch(self, body: bytes, points: int) -> str:
         status, message = self._send(body)
         if status is None or self._must_retry(status):  # None: no answer (_must_retry says retry too)
             return _RETRY
@@ -513,6 +538,20 @@ class InfluxStore(TimeSeriesStore):
             return _RETRY
         self._counts["points_written"] += len(lines) - quarantined
         return _SETTLED
+
+    def _note_ledger(self, in_flight: int) -> None:
+        """The ledger on disk (the module's doc); replaced whole, so a kill leaves the last one."""
+        data = {"pid": os.getpid(), "started_ns": self._started_ns, "points_written": self._counts["points_written"],
+                "points_in_flight": in_flight, "spool_points": self._spool.points}
+        tmp = self._ledger_file.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, self._ledger_file)
+            self._ledger_failed = False
+        except OSError as e:
+            if not self._ledger_failed:
+                log.warning("InfluxDB write ledger not kept in %s: %s", self._ledger_file, e)
+            self._ledger_failed = True
 
     def _isolate(self, lines: list[bytes], message: str) -> int:
         """Quarantine the points of a refused batch that InfluxDB refuses and make sure the others

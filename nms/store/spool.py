@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 
 _SEGMENT = re.compile(r"^(\d{20})-(\d+)\.lp$")
 # Files the InfluxDB backend keeps beside the segments (besides quarantine.*: nms/store/quarantine.py).
-_NEIGHBOURS = {".lock", "capabilities.json"}
+LEDGER_FILE = "write_ledger.json"  # the InfluxDB store's (nms/store/influx.py)
+_NEIGHBOURS = {".lock", "capabilities.json", LEDGER_FILE}
 
 
 class SpoolFull(StoreUnavailable):

@@ -6,7 +6,8 @@ the correlate member owning the failed link's partition and the poll member poll
 the API worker the agents use and a writer; then a NATS node. Each time the incident opens once,
 `link_down` of the failed cable, and resolves after the heal; no other incident opens. Before the
 kills a spine dies: one `device_down` (its links, judged by the leaves' members, nested under it). At the end
-the points in InfluxDB equal the records the agents were answered 202 for."""
+the points in InfluxDB equal the records the agents were answered 202 for, and the switch records
+InfluxDB acknowledged to the poll members (their stores' ledgers, the killed one's included)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ pytestmark = pytest.mark.root
 # what the lab's agents send (hostprobe): probe windows, path events, traces, clock edges, NIC
 # counters, the agents' own stats (clock solutions are the correlate members')
 AGENT_MEASUREMENTS = ("probe_window", "path_event", "probe_path", "clock_edge", "host_nic", "agent_stats")
+# what the correlate members write themselves (every other measurement is the poll members')
+CORRELATE_MEASUREMENTS = ("clock_solution", "incident_event")
 COUNTS = {"api": 2, "poll": 2, "correlate": 2, "write": 2}
 HEARTBEAT = "1s"
 FOUND_S = 30.0  # a takeover re-reads the streams before it correlates (the single process: 10 s)
@@ -100,11 +103,14 @@ def failure(m: ClusterMesh, link, victims, kind: str = "link-down") -> dict:
                     for i in opened if i["element"] != element or i["kind"] != want]}
 
 
-def influx_rows(m: ClusterMesh, measurement: str, since_ns: int) -> int:
-    r = httpx.get(f"{m.members['influxd'].url}/query", timeout=30,
-                  params={"db": "nms", "q": f'SELECT * FROM "{measurement}" WHERE time >= {since_ns}'})
+def influx(m: ClusterMesh, q: str) -> list[dict]:
+    r = httpx.get(f"{m.members['influxd'].url}/query", timeout=30, params={"db": "nms", "q": q})
     r.raise_for_status()
-    return sum(len(s["values"]) for res in r.json()["results"] for s in res.get("series", []))
+    return [s for res in r.json()["results"] for s in res.get("series", [])]
+
+
+def influx_rows(m: ClusterMesh, measurement: str, since_ns: int = 0) -> int:
+    return sum(len(s["values"]) for s in influx(m, f'SELECT * FROM "{measurement}" WHERE time >= {since_ns}'))
 
 
 def test_each_failure_opens_one_incident_while_members_of_each_role_are_killed(cluster):
@@ -147,3 +153,23 @@ def test_each_failure_opens_one_incident_while_members_of_each_role_are_killed(c
     time.sleep(2)
     assert stored() == acknowledged, {name: influx_rows(cluster, name, since) for name in AGENT_MEASUREMENTS}
     print(f"cluster lab: {acknowledged} records acknowledged to the agents, as many points in InfluxDB")
+
+    # the switch records InfluxDB acknowledged to the poll members are all there: the survivor stops as
+    # systemd stops it (what it holds is delivered), the killed one's ledger has what InfluxDB answered
+    # before the kill and the batch it was sending (stored or not: it was never acknowledged)
+    pollers = sorted(n for n, member in cluster.members.items() if member.role == "poll")
+    for name in pollers:
+        if name not in cluster.killed:
+            assert cluster.stop_member(name) == "stopped", name
+    ledgers = {name: cluster.ledger(name) for name in pollers}
+    assert all(ledgers.values()) and not any(led["spool_points"] for led in ledgers.values()), ledgers
+    written = sum(led["points_written"] for led in ledgers.values())
+    in_flight = sum(led["points_in_flight"] for led in ledgers.values())
+    assert written > 0 and all(ledgers[name]["points_in_flight"] == 0 for name in pollers
+                               if name not in cluster.killed), ledgers
+    switch_measurements = [row[0] for s in influx(cluster, "SHOW MEASUREMENTS") for row in s["values"]
+                           if row[0] not in AGENT_MEASUREMENTS + CORRELATE_MEASUREMENTS]
+    by_measurement = {name: influx_rows(cluster, name) for name in switch_measurements}
+    assert written <= sum(by_measurement.values()) <= written + in_flight, (ledgers, by_measurement)
+    print(f"cluster lab: {written} switch records acknowledged to the poll members ({in_flight} in flight at the "
+          f"kill), {sum(by_measurement.values())} in InfluxDB: {by_measurement}")
