@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import psycopg
@@ -20,10 +21,12 @@ from _influx import free_port
 from typer.testing import CliRunner
 
 from correlator.incidents import IncidentManager
+from nms.app.service import Service
 from nms.config.loader import ConfigError, parse_config
 from nms.records import Finding, Incident
 from nms.state import SchemaError, StateStore, StateUnavailable
 from nms.state.migrations import LATEST, MIGRATIONS, Migration, migrate
+from tests._fabric_synth import Synth
 from tests.helpers import api_client, auth, make_config, wait_until
 
 T0 = 1_700_000_000_000_000_000
@@ -318,3 +321,55 @@ def test_passwords_are_taken_out_of_state_errors_given_to_clients():
                              "user=nms' and postgresql://nms:hunter3@db2/nms failed")
     assert error.reason == ("state store at postgresql://nms@db1:5432/nms: dsn 'host=db1 password=*** user=nms' "
                             "and postgresql://nms:***@db2/nms failed")
+
+
+def test_windows_judged_while_postgresql_is_down_are_written_when_it_returns(
+        tmp_path, postgres_server, postgres_database):
+    """A link fails and heals while PostgreSQL is down (the synthetic fabric of
+    tests/test_correlation_service.py, stepped per second as the service does): the correlator judges
+    each window meanwhile and keeps its findings (nms/app/correlation.py); once PostgreSQL answers the
+    windows are written in order, so the failure has its incident, opened at the failure and resolved
+    after the heal, both before PostgreSQL came back. Before, nothing of it was ever written."""
+    synth = Synth()
+    cable = "--".join(sorted(synth.up_link(2, 1).split("->")))
+    cfg = make_config(tmp_path, fabric=synth.fabric.model_dump(mode="json", exclude_none=True),
+                      polling={"enabled": False}, thresholds={"resolve_after_clean_windows": 2},
+                      state={"backend": "postgresql", "dsn": postgres_database()})
+    service = Service(cfg)
+    now = time.time_ns() // W
+    fails, heals, back = now + 2, now + 6, now + 14
+
+    def second(t: int) -> list:
+        service.on_ingest("probe_windows", synth.windows(t))
+        return service.correlation.step((t + 1) * W)
+    try:
+        service.correlation.add(synth.inventory_records(now - 20, with_paths=False), "test")  # the poller's part
+        service.on_ingest("probe_paths", [r for r in synth.inventory_records(now - 20) if r.measurement == "probe_path"])
+        for t in range(now - 15, now):  # a clean past: delay baselines, no finding
+            assert second(t) == []
+        postgres_server.stop()
+        refused = 0
+        try:
+            for t in range(now, back):
+                if t == fails:
+                    synth.down.add(cable)
+                elif t == heals:
+                    synth.down.clear()
+                try:
+                    assert second(t) == []
+                except StateUnavailable:
+                    refused += 1
+        finally:
+            postgres_server.start()
+        assert refused >= heals - fails  # every window with the failure in it (and the clean ones after)
+        events = second(back)
+        assert [(e.event, e.incident.kind, e.incident.element) for e in events] == [
+            ("opened", "link_down", cable), ("resolved", "link_down", cable)], events
+        opened, resolved = (e.ts // W for e in events)
+        assert fails < opened <= fails + 3 and heals < resolved < back, (fails, opened, heals, resolved, back)
+        [stored] = service.state.list_incidents()
+        assert stored.state == "resolved" and stored.opened_ns // W == opened and stored.resolved_ns // W == resolved
+        assert second(back + 1) == []  # nothing left waiting, nothing written twice
+    finally:
+        service.store.close()
+        service.state.close()

@@ -132,6 +132,9 @@ class ActionManager:
         inc = event.incident
         if event.event == "opened":
             await self._check_moved_to(inc)
+        if event.event in ("opened", "updated") and (now := self.state.get_incident(inc.id)) is not None \
+                and now.state != "open":
+            inc = now  # a window written late (after a state store outage): its incident has ended since
         if inc.state != "open":
             await self._withdraw(inc.id, set(), f"incident {inc.id} is {inc.state}")
             return

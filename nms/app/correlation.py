@@ -11,6 +11,11 @@ events, probe paths, host NIC samples; via Service.on_ingest) and the switch col
 (port samples and rates, link events, LLDP, interface addresses; via Poller.on_records). The step
 itself runs in a worker thread; the reconciled topology is taken on the event loop first, because
 the poller mutates what it is built from there.
+
+While the state store does not answer (PostgreSQL down), the correlator steps on (with the jobs known
+last) and each window's findings wait in memory, UNWRITTEN_MAX windows at most; once it answers they
+are written in order before the current window, UNWRITTEN_BUDGET_S of them a step, so a fault that
+began, or began and ended, during the outage has its incident with the times it really had.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -28,14 +34,16 @@ from correlator.engine import Correlator
 from correlator.incidents import IncidentManager
 from correlator.job_impact import SlowdownJoin
 from nms.config import NmsConfig
-from nms.records import FabricTopology, IncidentEvent
-from nms.state import StateStore
+from nms.records import FabricTopology, Finding, IncidentEvent, Job
+from nms.state import StateStore, StateUnavailable
 
 log = logging.getLogger(__name__)
 
 TOPOLOGY_EVERY_NS = 5 * 10**9  # LLDP and oper state change at polling pace, not per step
 SETTLE_S = 0.15  # after the first agent's windows of a second, wait this long for the others'
 MIN_GAP_S = 0.25  # never two steps closer than this
+UNWRITTEN_MAX = 3600  # windows kept while the state store is down (an hour at 1 s); beyond, the oldest go
+UNWRITTEN_BUDGET_S = 0.5  # a step writes waiting windows for this long at most (then the current one waits)
 
 
 class StepStats(BaseModel):
@@ -69,6 +77,11 @@ class CorrelationService:
         self._events = Counter("nms_incident_events", "incident events", ["event"], registry=registry)
         self._focus: tuple[list[str], dict[str, list[str]]] = ([], {})
         self._focus_lock = threading.Lock()  # not the step's: taking them must not wait for a step
+        self._jobs: list[Job] = []  # as last read from the state store
+        self._unwritten: deque[tuple[int, list[Finding]]] = deque()  # (window, findings) not yet in the state
+        self._dropping = False
+        self._dropped = Counter("nms_correlator_unwritten_dropped_windows", "correlator windows dropped "
+                                "unwritten after UNWRITTEN_MAX waited for the state store", registry=registry)
 
     def add(self, records: Iterable, source: str) -> None:
         """Hand records to the correlator (any thread); agents' windows and path events trigger a step."""
@@ -111,6 +124,28 @@ class CorrelationService:
             self._topology_ns = now_ns
             self.correlator.set_topology(build())
 
+    def _write_windows(self) -> list[IncidentEvent]:
+        """The windows waiting to be written, oldest first (only this step's but after an outage).
+        StateUnavailable when none could be written: they wait for the next step."""
+        events: list[IncidentEvent] = []
+        written, deadline = 0, time.perf_counter() + UNWRITTEN_BUDGET_S
+        while self._unwritten and (not written or time.perf_counter() < deadline):
+            window_ns, findings = self._unwritten[0]
+            try:
+                events += self.incidents.apply(findings, window_ns)
+            except StateUnavailable:
+                if not written:
+                    raise
+                break
+            self._unwritten.popleft()
+            written += 1
+        if written > 1:
+            log.info("the state store answers: %d correlator windows written late, %d still waiting", written,
+                     len(self._unwritten))
+        if not self._unwritten:
+            self._dropping = False
+        return events
+
     def take_focus(self) -> tuple[list[str], dict[str, list[str]]]:
         """The suspected links and the paths per host to probe faster that the steps since the last
         call asked for (Correlator.focus_requests); the service sends them to the agents."""
@@ -123,18 +158,29 @@ class CorrelationService:
         now_ns = time.time_ns() if now_ns is None else now_ns
         with self._lock:
             started = time.perf_counter()
-            jobs = self.state.list_jobs(active_at=now_ns)
-            findings = self.correlator.step(now_ns, jobs)
+            try:
+                self._jobs = self.state.list_jobs(active_at=now_ns)
+            except StateUnavailable:
+                pass  # judged with the jobs known last; the window waits to be written (the module's doc)
+            findings = self.correlator.step(now_ns, self._jobs)
             if self.job_slowdowns is not None:
                 findings = self._join_slowdowns(findings, self.job_slowdowns(), now_ns,
                                                 self.incidents.open_incidents())
-            events = self.incidents.apply(findings, now_ns)
             links, paths = self.correlator.focus_requests(now_ns)
             if paths:  # kept until the service takes them (take_focus), merged with any not taken yet
                 with self._focus_lock:
                     waiting = self._focus[1]
                     self._focus = (self._focus[0] + links, {h: sorted({*waiting.get(h, ()), *paths.get(h, ())})
                                                             for h in {*waiting, *paths}})
+            if len(self._unwritten) >= UNWRITTEN_MAX:
+                self._unwritten.popleft()
+                if not self._dropping:
+                    self._dropping = True
+                    log.error("the state store has not answered for %d correlator windows: the oldest are dropped "
+                              "unwritten (nms_correlator_unwritten_dropped_windows counts them)", UNWRITTEN_MAX)
+                self._dropped.inc()
+            self._unwritten.append((now_ns, findings))
+            events = self._write_windows()
             duration = time.perf_counter() - started
         self._duration.observe(duration)
         self._findings.set(len(findings))
