@@ -344,7 +344,8 @@ def test_windows_judged_while_postgresql_is_down_are_written_when_it_returns(
         return service.correlation.step((t + 1) * W)
     try:
         service.correlation.add(synth.inventory_records(now - 20, with_paths=False), "test")  # the poller's part
-        service.on_ingest("probe_paths", [r for r in synth.inventory_records(now - 20) if r.measurement == "probe_path"])
+        paths = [r for r in synth.inventory_records(now - 20) if r.measurement == "probe_path"]
+        service.on_ingest("probe_paths", paths)
         for t in range(now - 15, now):  # a clean past: delay baselines, no finding
             assert second(t) == []
         postgres_server.stop()
