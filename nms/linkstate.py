@@ -48,6 +48,11 @@ class LinkStateTracker:
                          previous=prev.oper_status, transitions=transitions, flaps_in_window=count,
                          flapping=count > self.flap_count)
 
+    def forget(self, device: str) -> None:
+        """The device's last samples dropped (its next sample is a first one); its flaps are kept."""
+        for key in [k for k in self._last if k[0] == device]:
+            del self._last[key]
+
     def record(self, event: LinkEvent) -> None:
         """An event another process derived (a cluster member's view of a switch it does not poll):
         its flap counts here as in update()."""

@@ -17,6 +17,14 @@ A poll may report several devices: a fabric manager (UFM) is polled as one devic
 records of the switches it manages. The devices a poll covers are the ones its DeviceFacts name
 (the polled device's own facts come first); each gets its facts and LLDP neighbours filed under its
 own name, and counts as reachable while the polled device's last poll succeeded.
+
+In a cluster a `poll` member polls its share of the devices (nms/app/poll_shard.py: set_owned). A device
+it gives away is forgotten here once no poll of it is under way: its ports' previous samples and link
+states (those of the switches a fabric manager reported with it too) and the collector's session and
+state of it (Collector.forget: a CLI device's SSH session, a UFM server's client and event cursor). The
+member that takes it starts from its first poll, and so does this one if it takes the device back later:
+never from state that the other member's polls made stale (a rate spanning the other member's tenure,
+a link change it reported already).
 """
 
 from __future__ import annotations
@@ -177,6 +185,7 @@ class Poller:
         self.status: dict[tuple[str, str], _Status] = {}
         self._streams: dict[tuple[str, str], asyncio.Task] = {}  # streaming collectors' open streams
         self._read_by: dict[str, list[str]] = {}  # device -> the collectors that read it
+        self._polling: set[tuple[str, str]] = set()  # (collector, device) polls under way
         # the devices this process polls: None for all of them (one process); a cluster member's
         # share otherwise (nms/app/poll_shard.py sets it through set_owned)
         self.owned: set[str] | None = None
@@ -224,11 +233,34 @@ class Poller:
             self._scheduler.remove_job(f"collect-{key[0]}-{key[1]}")
         st = self.status[key]
         st.state, st.next_attempt_ns, st.consecutive_failures = "pending", None, 0  # polled elsewhere now
+        if key not in self._polling:  # else once that poll ended (poll())
+            await self._forget(key)
+
+    async def _forget(self, key: tuple[str, str]) -> None:
+        """A device given to another member: what this process knew of it dropped, so that taking it back
+        later starts as a member new to it would, not from state the other member's polls made stale
+        (a rate over a stretch the other member's rates cover, a link change it reported already, a
+        UFM event cursor behind its). Its counters' previous samples and link states (those of the
+        switches a fabric manager reported with it too, unless another device polled here reports
+        them), and the collector's session and state (Collector.forget)."""
+        collector, device = key
+        kept = self.owned or set()
+        here = {d for (_, polled) in self.status if polled in kept
+                for d in {polled} | self.recent.covered.get(polled, set())}
+        for d in {device} | self.recent.covered.get(device, set()):
+            self.rates[collector].forget(d)
+            if d not in here:
+                self.links.forget(d)
+        try:
+            await self.collectors[collector].forget(device)
+        except Exception:
+            log.exception("collector %s: forgetting %s", collector, device)
 
     async def set_owned(self, devices: set[str], spread_s: float = 0.0) -> tuple[set[str], set[str]]:
         """Poll only `devices` from now on (a cluster member's share; call after schedule()): the
         jobs and streams of the devices given away stop (a poll already running finishes), those of
-        the devices taken start at once, spread over spread_s. Returns (taken, given)."""
+        the devices taken start at once, spread over spread_s; what this process knew of the devices
+        given away is dropped (_forget). Returns (taken, given)."""
         configured = {device for _, device in self.status}
         before = configured if self.owned is None else self.owned & configured
         self.owned = set(devices)
@@ -258,18 +290,25 @@ class Poller:
         st.polls += 1
         st.last_poll_ns = now
         started = time.perf_counter()
+        key = (collector_name, device_name)
+        self._polling.add(key)
         try:
-            result = await collector.collect_with_deadline(st.device, st.deadline_s)
-        except Exception as e:
-            if self.owned is None or device_name in self.owned:
-                self._failed(st, e, time.perf_counter() - started)
-            return
-        st.last_duration_s = round(time.perf_counter() - started, 4)
-        self.metrics.seconds.labels(collector_name).observe(st.last_duration_s)
-        await self.ingest(result)
-        if self.owned is not None and device_name not in self.owned:
-            return  # given to another member while this poll ran: its records count, its state is theirs
-        self._succeeded(st, result)
+            try:
+                result = await collector.collect_with_deadline(st.device, st.deadline_s)
+            except Exception as e:
+                if self.owned is None or device_name in self.owned:
+                    self._failed(st, e, time.perf_counter() - started)
+                return
+            st.last_duration_s = round(time.perf_counter() - started, 4)
+            self.metrics.seconds.labels(collector_name).observe(st.last_duration_s)
+            await self.ingest(result)
+            if self.owned is not None and device_name not in self.owned:
+                return  # given to another member while this poll ran: its records count, its state is theirs
+            self._succeeded(st, result)
+        finally:
+            self._polling.discard(key)
+            if self.owned is not None and device_name not in self.owned and self._scheduler is not None:
+                await self._forget(key)  # given away while this poll ran
 
     async def _keep_streaming(self, collector_name: str, device_name: str) -> None:
         """A streaming collector's stream for one device, reopened after failures with the poll backoff.
