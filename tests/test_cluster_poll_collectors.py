@@ -152,6 +152,8 @@ def test_ufm_and_cli_devices_are_split_and_a_killed_members_are_polled_afresh_wi
             took = time.monotonic() - killed
             assert took <= 2 * HEARTBEAT, f"took {took:.2f} s, more than 2 heartbeats ({2 * HEARTBEAT} s)"
             assert b.shard.owned == set(DEVICES) and b.scheduled() == set(DEVICES)
+            # its status (on the bus for the other members' views) names the switches ufm-1's poll reported
+            assert b.poller.status[("ufm", UFM)].snapshot().covers == sorted(SWITCH_NAMES)
 
             # records keep flowing from poll-b, with rates over its own samples only
             def after(kind, key) -> list:

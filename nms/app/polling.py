@@ -96,6 +96,7 @@ class _Status:
     problems: int = 0
     last_problem_count: int = 0
     last_problems: list[PollProblem] = field(default_factory=list)
+    covers: list[str] = field(default_factory=list)  # the other devices its last successful poll reported
 
     def snapshot(self) -> DeviceStatus:
         return DeviceStatus(device=self.device.name, collector=self.collector, address=self.device.mgmt_address,
@@ -105,7 +106,7 @@ class _Status:
                             last_duration_s=self.last_duration_s, last_error_kind=self.last_error_kind,
                             last_error=self.last_error, next_attempt_ns=self.next_attempt_ns, records=self.records,
                             problems=self.problems, last_problem_count=self.last_problem_count,
-                            last_problems=list(self.last_problems))
+                            last_problems=list(self.last_problems), covers=list(self.covers))
 
 
 @dataclass
@@ -338,6 +339,7 @@ class Poller:
     def _succeeded(self, st: _Status, result) -> None:
         st.state, st.consecutive_failures, st.next_attempt_ns = "ok", 0, None
         st.last_success_ns = time.time_ns()
+        st.covers = sorted(self.recent.covered.get(st.device.name, ()))  # ingest() set it
         st.records = len(result.records)
         found = list(result.problems)
         st.problems += len(found)
@@ -468,8 +470,11 @@ class Poller:
     # -- views ---------------------------------------------------------------------------------
 
     def polls_here(self, device: str) -> bool:
-        """Whether this process polls the device (all of them in a single process; a poll member's share)."""
-        return self._scheduler is not None and (self.owned is None or device in self.owned)
+        """Whether this process polls the device (all of them in a single process; a poll member's share),
+        or a device that reports it (a fabric manager's switch)."""
+        if self._scheduler is None or self.owned is None or device in self.owned:
+            return self._scheduler is not None
+        return any(device in self.recent.covered.get(polled, ()) for polled in self.owned)
 
     def _status_of(self, key: tuple[str, str]) -> DeviceStatus:
         """Its status here, or, for a device another member polls, the latest that member published;
