@@ -10,7 +10,8 @@ a real nats-server with JetStream (tests/_nats.py), polling
 
 poll-b starts alone and polls all three; poll-a joins and takes ufm-1 and cli-1 (rendezvous hashing,
 nms/rendezvous.py); poll-a is then killed (stops without leaving, as kill -9) and poll-b takes them
-back: the case where the member taking a device knew it before, and what it knew is stale."""
+back: the case where the member taking a device knew it before, and what it knew is stale. And, without
+a bus, a device given away while its poll runs: forgotten once that poll ended."""
 
 from __future__ import annotations
 
@@ -20,8 +21,12 @@ import time
 import pytest
 from _sshd import PORT, SshBox, skip_reason
 from _ufm import SWITCH_NAMES, UfmStandIn, port_name
-from test_cluster_poll import Member, bounded, cluster_config, handovers, until
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from prometheus_client import CollectorRegistry
+from test_cluster_poll import Member, _Store, bounded, cluster_config, handovers, until
 
+from collectors.ufm.collector import UfmCollector
+from nms.app.polling import Poller
 from nms.records import LinkEvent, PortRates, PortSample
 from nms.rendezvous import assign
 
@@ -182,3 +187,45 @@ def test_ufm_and_cli_devices_are_split_and_a_killed_members_are_polled_afresh_wi
 
     taken, took = bounded(run(), timeout=120)
     print(f"poll-a's UFM and CLI devices taken by poll-b {taken:.2f} s and polled {took:.2f} s after the kill")
+
+
+def test_a_device_given_away_during_its_poll_is_forgotten_once_that_poll_ended(ufm, tmp_path):
+    """The poll under way finishes with its session (its records count) and only then is the device
+    forgotten: its ports' previous samples (that poll's included) and the collector's client."""
+    class Gated(UfmCollector):
+        gate: asyncio.Event
+
+        async def collect(self, device):
+            await self.gate.wait()
+            return await super().collect(device)
+
+    config = cluster_config(tmp_path, "nats://127.0.0.1:1", [{"name": UFM, "mgmt_address": "127.0.0.1", "collectors": {
+        "ufm": {"url": ufm.url, "username": "admin", "password": "ufm-stand-in-password", "interval": 60}}}])
+    collector = Gated()
+    poller = Poller(config, _Store(), CollectorRegistry(), collectors={"ufm": collector})
+    seen: list = []
+    poller.on_records = seen.extend
+
+    async def run():
+        collector.gate = asyncio.Event()
+        collector.gate.set()
+        poller.owned = {UFM}
+        poller.schedule(AsyncIOScheduler(timezone="UTC"))  # not started: the test polls
+        try:
+            await poller.poll("ufm", UFM)
+            collector.gate.clear()
+            ufm.advance(FED_PORT, "Infiniband_MBIn", WORDS_PER_TICK)
+            polling = asyncio.create_task(poller.poll("ufm", UFM))
+            await until(lambda: ("ufm", UFM) in poller._polling, 5, "the second poll to begin")
+            await poller.set_owned(set())
+            await asyncio.sleep(0.1)
+            assert collector._clients.kept(UFM) is not None  # not while its poll runs
+            collector.gate.set()
+            await polling
+            await until(lambda: collector._clients.kept(UFM) is None, 5, "the client closed")
+        finally:
+            await poller.close()
+
+    bounded(run(), timeout=60)
+    assert any(isinstance(r, PortRates) and (r.device, r.port) == FED for r in seen)  # the second poll counted
+    assert not poller.rates["ufm"]._last_port and poller.status[("ufm", UFM)].state == "pending"

@@ -187,6 +187,8 @@ class Poller:
         self._streams: dict[tuple[str, str], asyncio.Task] = {}  # streaming collectors' open streams
         self._read_by: dict[str, list[str]] = {}  # device -> the collectors that read it
         self._polling: set[tuple[str, str]] = set()  # (collector, device) polls under way
+        self._to_forget: list[tuple[str, str]] = []  # given away: the collectors forget them (_forget)
+        self._forgetting: asyncio.Task | None = None
         # the devices this process polls: None for all of them (one process); a cluster member's
         # share otherwise (nms/app/poll_shard.py sets it through set_owned)
         self.owned: set[str] | None = None
@@ -234,28 +236,40 @@ class Poller:
             self._scheduler.remove_job(f"collect-{key[0]}-{key[1]}")
         st = self.status[key]
         st.state, st.next_attempt_ns, st.consecutive_failures = "pending", None, 0  # polled elsewhere now
-        if key not in self._polling:  # else once that poll ended (poll())
-            await self._forget(key)
 
-    async def _forget(self, key: tuple[str, str]) -> None:
-        """A device given to another member: what this process knew of it dropped, so that taking it back
-        later starts as a member new to it would, not from state the other member's polls made stale
-        (a rate over a stretch the other member's rates cover, a link change it reported already, a
-        UFM event cursor behind its). Its counters' previous samples and link states (those of the
-        switches a fabric manager reported with it too, unless another device polled here reports
-        them), and the collector's session and state (Collector.forget)."""
-        collector, device = key
-        kept = self.owned or set()
-        here = {d for (_, polled) in self.status if polled in kept
-                for d in {polled} | self.recent.covered.get(polled, set())}
-        for d in {device} | self.recent.covered.get(device, set()):
-            self.rates[collector].forget(d)
-            if d not in here:
-                self.links.forget(d)
-        try:
-            await self.collectors[collector].forget(device)
-        except Exception:
-            log.exception("collector %s: forgetting %s", collector, device)
+    def _forget(self, keys: list[tuple[str, str]]) -> None:
+        """Devices given to another member, no poll of them under way: what this process knew of them
+        dropped, so that taking one back later starts as a member new to it would, not from state the
+        other member's polls made stale (a rate over a stretch the other member's rates cover, a link
+        change it reported already, a UFM event cursor behind its). Their counters' previous samples and
+        link states now (those of the switches a fabric manager reported with them too, unless a device
+        still polled here reports them), the collectors' sessions and state (Collector.forget) in the
+        background, one device after the other, each unless taken back meanwhile."""
+        kept = self.owned
+        keys = [k for k in keys if kept is not None and k[1] not in kept]
+        if not keys or kept is None:
+            return
+        here = kept | {d for polled, covers in self.recent.covered.items() if polled in kept for d in covers}
+        gone: dict[str, set[str]] = {}
+        for collector, device in keys:
+            gone.setdefault(collector, set()).update({device} | self.recent.covered.get(device, set()))
+        for collector, devices in gone.items():
+            self.rates[collector].forget(devices)
+        self.links.forget(set().union(*gone.values()) - here)
+        self._to_forget.extend(keys)
+        if self._forgetting is None or self._forgetting.done():
+            self._forgetting = asyncio.get_running_loop().create_task(self._forget_in_collectors(),
+                                                                      name="poller-forget")
+
+    async def _forget_in_collectors(self) -> None:
+        while self._to_forget:
+            key = self._to_forget.pop(0)
+            if self.owned is None or key[1] in self.owned or key in self._polling:
+                continue  # taken back, or polled again (given again, it comes back here)
+            try:  # its synchronous start (the session dropped) runs before any poll can begin
+                await self.collectors[key[0]].forget(key[1])
+            except Exception:
+                log.exception("collector %s: forgetting %s", *key)
 
     async def set_owned(self, devices: set[str], spread_s: float = 0.0) -> tuple[set[str], set[str]]:
         """Poll only `devices` from now on (a cluster member's share; call after schedule()): the
@@ -270,6 +284,7 @@ class Poller:
         if self._scheduler is not None:
             for key in sorted(k for k in self.status if k[1] in given):
                 await self._stop(key)
+            self._forget([k for k in self.status if k[1] in given and k not in self._polling])  # others: poll()
             now = datetime.now(UTC)
             starting = sorted(k for k in self.status if k[1] in taken)
             for i, key in enumerate(starting):
@@ -309,7 +324,7 @@ class Poller:
         finally:
             self._polling.discard(key)
             if self.owned is not None and device_name not in self.owned and self._scheduler is not None:
-                await self._forget(key)  # given away while this poll ran
+                self._forget([key])  # given away while this poll ran
 
     async def _keep_streaming(self, collector_name: str, device_name: str) -> None:
         """A streaming collector's stream for one device, reopened after failures with the poll backoff.
@@ -474,7 +489,7 @@ class Poller:
         or a device that reports it (a fabric manager's switch)."""
         if self._scheduler is None or self.owned is None or device in self.owned:
             return self._scheduler is not None
-        return any(device in self.recent.covered.get(polled, ()) for polled in self.owned)
+        return any(device in covers for polled, covers in self.recent.covered.items() if polled in self.owned)
 
     def _status_of(self, key: tuple[str, str]) -> DeviceStatus:
         """Its status here, or, for a device another member polls, the latest that member published;
@@ -509,6 +524,8 @@ class Poller:
     async def close(self) -> None:
         await end_tasks(self._streams.values(), STOP_GRACE_S)
         self._streams.clear()
+        if self._forgetting is not None:
+            await end_tasks([self._forgetting], STOP_GRACE_S)
         for collector in self.collectors.values():
             try:
                 await collector.close()
