@@ -32,7 +32,7 @@ and the host agent. The rules (docs/snmp.md explains them with examples):
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nms.records import PortRates, PortSample, QueueRates, QueueSample
@@ -260,8 +260,9 @@ class RateTracker:
             self.dropped += 1
         return result
 
-    def forget(self, devices: Collection[str]) -> None:
+    def forget(self, *names: str) -> None:
         """The devices' previous samples dropped (their next sample is a first one): one pass over the ports."""
+        devices = set(names)
         for key in [k for k in self._last_port if k[0] in devices]:
             del self._last_port[key]
         for queue_key in [k for k in self._last_queue if k[0] in devices]:

@@ -13,7 +13,6 @@ A port is flapping while more than `flap_count` flaps fall within the last `flap
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection
 
 from nms.counters import NS, uptime_restarted
 from nms.records import LinkEvent, PortSample
@@ -49,8 +48,9 @@ class LinkStateTracker:
                          previous=prev.oper_status, transitions=transitions, flaps_in_window=count,
                          flapping=count > self.flap_count)
 
-    def forget(self, devices: Collection[str]) -> None:
+    def forget(self, *names: str) -> None:
         """The devices' last samples dropped (their next sample is a first one); their flaps are kept."""
+        devices = set(names)
         for key in [k for k in self._last if k[0] in devices]:
             del self._last[key]
 

@@ -254,8 +254,9 @@ class Poller:
         for collector, device in keys:
             gone.setdefault(collector, set()).update({device} | self.recent.covered.get(device, set()))
         for collector, devices in gone.items():
-            self.rates[collector].forget(devices)
-        self.links.forget(set().union(*gone.values()) - here)
+            self.rates[collector].forget(*devices)
+        unpolled = set().union(*gone.values()) - here
+        self.links.forget(*unpolled)
         self._to_forget.extend(keys)
         if self._forgetting is None or self._forgetting.done():
             self._forgetting = asyncio.get_running_loop().create_task(self._forget_in_collectors(),
