@@ -80,7 +80,7 @@ async def start(config, name: str, seen: dict[str, list]) -> Member:
     return m
 
 
-def test_ufm_and_cli_devices_are_split_and_a_killed_members_are_polled_afresh_within_two_heartbeats(
+def test_ufm_and_cli_devices_are_split_and_a_killed_members_devices_are_polled_afresh_within_two_heartbeats(
         nats_server, box, ufm, tmp_path):
     config = cluster_config(tmp_path, nats_server.url, collector_switches(box, ufm))
     shares = assign(DEVICES, ["poll-a", "poll-b"])
