@@ -24,6 +24,10 @@ ingests each PollResult the stream emits as it comes; a stream that fails raises
 and is reopened with the same backoff as a failing poll. Its `collect` still answers one-shot polls
 (`nms collect ... --once`).
 
+A device a cluster's `poll` member gives to another is forgotten: `forget(device_name)` releases its
+session and drops what the collector kept of it (nms/app/polling.py), so that polling it again later
+starts afresh.
+
 With several collectors on one device, `link_state_rank` picks the one whose samples give the
 device's link state (events, flaps, the topology's oper status); the others give rates only.
 
@@ -209,6 +213,12 @@ class Collector(ABC):
     async def close(self) -> None:  # noqa: B027  (optional: collectors without resources keep it)
         """Release engines, sockets, sessions."""
 
+    async def forget(self, device_name: str) -> None:  # noqa: B027  (optional, as close)
+        """A device this process no longer polls (a cluster member gave it to another, nms/app/poll_shard.py):
+        release its session and drop what was kept about it (event cursors, previous counters), so that
+        polling it again later starts as a process new to it would, not from state the other member's
+        polls made stale. Called between polls of the device, never during one."""
+
 
 T = TypeVar("T")
 
@@ -244,6 +254,12 @@ class DeviceCache(Generic[T]):
     def kept(self, device_name: str) -> T | None:
         """The device's object as it is now (None when there is none); nothing is made."""
         cached = self._kept.get(device_name)
+        return None if cached is None else cached[2]
+
+    def pop(self, device_name: str) -> T | None:
+        """Forget the device's object and hand it back unreleased (None when there is none); the next
+        get() makes a new one (and calls `forget`)."""
+        cached = self._kept.pop(device_name, None)
         return None if cached is None else cached[2]
 
     def drop_all(self) -> list[T]:

@@ -260,8 +260,10 @@ class RateTracker:
             self.dropped += 1
         return result
 
-    def forget(self, device: str) -> None:
-        for key in [k for k in self._last_port if k[0] == device]:
+    def forget(self, *names: str) -> None:
+        """The devices' previous samples dropped (their next sample is a first one): one pass over the ports."""
+        devices = set(names)
+        for key in [k for k in self._last_port if k[0] in devices]:
             del self._last_port[key]
-        for queue_key in [k for k in self._last_queue if k[0] == device]:
+        for queue_key in [k for k in self._last_queue if k[0] in devices]:
             del self._last_queue[queue_key]

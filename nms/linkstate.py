@@ -48,6 +48,12 @@ class LinkStateTracker:
                          previous=prev.oper_status, transitions=transitions, flaps_in_window=count,
                          flapping=count > self.flap_count)
 
+    def forget(self, *names: str) -> None:
+        """The devices' last samples dropped (their next sample is a first one); their flaps are kept."""
+        devices = set(names)
+        for key in [k for k in self._last if k[0] in devices]:
+            del self._last[key]
+
     def record(self, event: LinkEvent) -> None:
         """An event another process derived (a cluster member's view of a switch it does not poll):
         its flap counts here as in update()."""

@@ -831,6 +831,8 @@ class DeviceStatus(Record):
         description=f"the last successful poll's problems (the first {PROBLEMS_KEPT})")
     member: str | None = Field(None, max_length=128, description="in a cluster, the poll member that polls it "
                                "(None: this process, or not polled yet)")
+    covers: list[Ident] = Field(default_factory=list, description="the other devices its last successful poll "
+                                "reported (a fabric manager's switches), which count as reachable by its state")
 
 
 # --- topology (built by nms.topology from LLDP and the configured inventory) -------------------

@@ -216,11 +216,17 @@ def test_a_member_that_joins_takes_its_share_and_one_that_leaves_hands_it_back(n
     async def run():
         a = await Member(config, "poll-a").start()
         assert a.shard.owned == set(SWITCHES) and a.scheduled() == set(SWITCHES)
+        await until(lambda: all(st.polls for st in a.poller.status.values()), 10, "poll-a to poll every switch")
         b = await Member(config, "poll-b").start()
         try:
             expected = assign(SWITCHES, ["poll-a", "poll-b"])
             await until(lambda: a.scheduled() == expected["poll-a"], 5, "poll-a to give poll-b its share")
             assert b.scheduled() == expected["poll-b"] and b.shard.owned == expected["poll-b"]
+            # what poll-a gave away it forgot (Collector.forget, once a poll under way ended): no SNMP target kept
+            snmp = a.poller.collectors["snmp"]
+            await until(lambda: all(snmp._targets.kept(s) is None for s in expected["poll-b"]), 5,
+                        "poll-a to drop the SNMP targets of poll-b's share")
+            assert all(snmp._targets.kept(s) is not None for s in expected["poll-a"])
             for s in expected["poll-b"]:  # given away: no longer shown as polled here
                 assert a.poller.status[("snmp", s)].state == "pending"
             # nor as unreachable in its topology (the correlator would take it for a dead switch): unknown
@@ -368,9 +374,14 @@ def test_a_gnmi_stream_moves_with_its_switch(nats_server, tmp_path):
             assert expected == {"poll-a": {"spine0"}, "poll-b": {"spine1", "spine2"}}
             await until(lambda: a.scheduled() == expected["poll-a"], 10, "poll-a to close poll-b's streams")
             assert b.scheduled() == expected["poll-b"] and not b.scheduler.get_jobs()  # streams, no jobs
+            # and their channels (Collector.forget)
+            gnmi = a.poller.collectors["gnmi"]
+            await until(lambda: all(gnmi._sessions.kept(s) is None for s in expected["poll-b"]), 5,
+                        "poll-a to close the channels of poll-b's switches")
             since = time.time_ns()
             await until(lambda: streamed_since(a, since) == {"spine0"} and streamed_since(b, since) ==
                         {"spine1", "spine2"}, 10, "each stream to deliver to its owner")
+            assert gnmi._sessions.kept("spine0") is not None and gnmi._sessions.kept("spine1") is None
             await b.kill()
             killed_ns, killed = time.time_ns(), time.monotonic()
             await until(lambda: streamed_since(a, killed_ns) == set(switches), 10,

@@ -14,7 +14,7 @@ from nms.app.polling import Poller
 from nms.app.telemetry_bus import encode
 from nms.config.loader import parse_config
 from nms.config.models import BusConfig
-from nms.records import DeviceStatus, LinkEvent, PortSample
+from nms.records import DeviceStatus, LinkEvent, LldpNeighbor, PortSample
 
 NS = 10**9
 
@@ -80,3 +80,53 @@ def test_an_in_process_correlator_gets_the_recent_records_of_switches_polled_els
             view._file(f"t.tel.polled.{kind}.sw1", body)
     assert handed == [fresh]
     assert set(p.recent.samples) == {("sw1", "swp1"), ("sw1", "swp2")}  # the view files both
+
+
+def ufm_poller(tmp_path) -> Poller:
+    """A fabric manager (UFM: one configured device reporting the switches it manages) and no switch."""
+    cfg = parse_config(yaml.safe_dump({"data_dir": str(tmp_path / "data"), "fabric": {"switches": [
+        {"name": "ufm-1", "mgmt_address": "127.0.0.1", "collectors": {"ufm": {
+            "url": "https://127.0.0.1:1", "username": "admin", "password": "p", "interval": 5}}}]}}))
+    return Poller(cfg, store=None, registry=None)
+
+
+def test_a_fabric_managers_switches_count_as_reachable_by_its_status_from_another_member(tmp_path):
+    """The set a UFM's poll covers goes out with its status (DeviceStatus.covers): a member that does not
+    poll it shows its switches reachable while the polling member's status is ok, unknown once overdue."""
+    p = ufm_poller(tmp_path)
+    t = time.time_ns()
+    ufm = DeviceStatus(device="ufm-1", collector="ufm", address="127.0.0.1", state="ok", interval_s=5.0,
+                       deadline_s=4.0, last_poll_ns=t - NS, member="poll-b", covers=["leaf-1", "spine-1"])
+    file_records(p, "lldp_neighbors", [LldpNeighbor(device="leaf-1", port="1/1/1", ts=t, remote_name="spine-1",
+                                                    remote_port="1/1/1"),
+                                       LldpNeighbor(device="spine-1", port="1/1/1", ts=t, remote_name="leaf-1",
+                                                    remote_port="1/1/1")], {})
+    file_records(p, "device_status", [ufm], {})
+    assert p.recent.covered == {"ufm-1": {"leaf-1", "spine-1"}}
+    topology = p.topology()
+    assert {n.name: n.reachable for n in topology.nodes if n.name != "ufm-1"} == {"leaf-1": True, "spine-1": True}
+    assert [(link.a, link.b) for link in topology.links] == [("leaf-1:1/1/1", "spine-1:1/1/1")]
+    # the polling member died: its status overdue, the switches unknown (not unreachable: their links left
+    # out, not down)
+    file_records(p, "device_status", [ufm.model_copy(update={"last_poll_ns": t - 20 * NS})], {})  # older: kept
+    assert p.topology().links
+    p.remote[("ufm", "ufm-1")] = ufm.model_copy(update={"last_poll_ns": t - 20 * NS})
+    topology = p.topology()
+    assert not topology.links and all(n.reachable is not False for n in topology.nodes)
+
+
+def test_a_member_polling_a_fabric_manager_does_not_file_its_switches_records_back(tmp_path):
+    """Its own records come back on the bus with the others' (api,poll): a UFM's switches are polled here
+    too, so their link events are not filed (and their flaps counted) a second time."""
+    p = ufm_poller(tmp_path)
+    p._scheduler, p.owned = object(), {"ufm-1"}  # this member polls ufm-1 ...
+    p.recent.covered["ufm-1"] = {"leaf-1"}  # ... and its polls report leaf-1
+    assert p.polls_here("leaf-1") and not p.polls_here("spine-1")
+    view = PolledView(None, BusConfig(servers=["nats://127.0.0.1:1"], prefix="t"), p, CollectorRegistry())  # type: ignore[arg-type]
+    t = time.time_ns()
+    events = [LinkEvent(device=d, port="1/1/1", ts=t, state="down", previous="up", transitions=1)
+              for d in ("leaf-1", "spine-1")]
+    for body in encode("link_events", events, 1 << 20):
+        view._file("t.tel.polled.link_events.ufm-1", body)
+    assert [e.device for e in p.recent.events] == ["spine-1"]  # another member's UFM reports spine-1
+    assert p.links.flaps("leaf-1", "1/1/1", t) == 0

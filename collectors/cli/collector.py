@@ -112,6 +112,16 @@ class CliCollector(Collector):
             session.connect()
             return _Poll(session, self).run()
 
+    async def forget(self, device_name: str) -> None:
+        """Given to another member: its session logged out (in the pool), its config snapshot's schedule
+        and the previous snapshot dropped (taken back later, it logs in again and its first snapshot is
+        compared with nothing, as at a member new to it)."""
+        session = self._sessions.pop(device_name)
+        self._config_due.pop(device_name, None)
+        self.configs.forget(device_name)
+        if session is not None:
+            await asyncio.get_running_loop().run_in_executor(self._pool, session.abort)
+
     async def close(self) -> None:
         sessions = self._sessions.drop_all()  # aborted in the pool: closing a socket may block
         self._config_due.clear()

@@ -54,6 +54,9 @@ class ConfigTracker:
     def __init__(self) -> None:
         self._previous: dict[str, tuple[str, str]] = {}  # device -> (sha256, text)
 
+    def forget(self, device: str) -> None:
+        self._previous.pop(device, None)
+
     def snapshot(self, device: str, text: str, ts: int) -> list[GenericPoint]:
         sha = hashlib.sha256(text.encode()).hexdigest()
         previous = self._previous.get(device)

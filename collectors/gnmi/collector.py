@@ -444,6 +444,14 @@ class GnmiCollector(Collector):
             problems = [_queues_refused(session.queues_refused), *problems]
         return self.result(session.device, PollStart(), records, values=values, problems=list(problems))
 
+    async def forget(self, device_name: str) -> None:
+        """Given to another member (its stream already closed by the poller): its kept POLL subscription
+        and its channel closed."""
+        if (poll_call := self._polls.pop(device_name, None)) is not None:
+            poll_call.close()
+        if (session := self._sessions.pop(device_name)) is not None:
+            await session.close()
+
     async def close(self) -> None:
         for poll_call in self._polls.values():
             poll_call.close()

@@ -260,6 +260,13 @@ class SnmpCollector(Collector):
                 for address, if_index, prefix_len in sorted(found, key=_address_order)
                 if if_index in ports and not address.startswith("127.")]
 
+    async def forget(self, device_name: str) -> None:
+        """Given to another member: its target, extra OIDs and sysUpTime dropped (taken back later, its
+        first poll walks its addresses again and judges no reboot, as at a member new to it)."""
+        self._targets.pop(device_name)
+        self._forget(device_name)
+        self._uptimes.pop(device_name, None)
+
     async def close(self) -> None:
         self._engines.close()
         await self._targets.close_all()

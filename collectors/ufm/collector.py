@@ -195,6 +195,15 @@ class UfmCollector(Collector):
             self._link_downed[device] = now
         return {name: n - before[name] for name, n in now.items() if name in before and n > before[name]}
 
+    async def forget(self, device_name: str) -> None:
+        """Given to another member: its client closed, its event cursor, snapshot time and Link Downed
+        counters dropped (taken back later, its first poll starts them again, as at a member new to it)."""
+        client = self._clients.pop(device_name)
+        self._forget(device_name)
+        self._evidence.pop(device_name, None)  # made again with the next client (_forget)
+        if client is not None:
+            await UfmClient.close(client)
+
     async def close(self) -> None:
         await self._clients.close_all()
         self._evidence.clear()

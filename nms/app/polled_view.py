@@ -134,6 +134,8 @@ def file_records(poller: Poller, kind: str, records: Sequence[Any], filed_events
             key = (status.collector, status.device)
             if key in poller.status and _newer(status, poller.remote.get(key)):
                 poller.remote[key] = status
+                if status.covers or status.device in recent.covered:  # a fabric manager's switches
+                    recent.covered[status.device] = set(status.covers)
     elif kind == "port_samples":
         for sample in records:
             _file_sample(recent.samples, sample)

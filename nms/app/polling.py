@@ -17,6 +17,14 @@ A poll may report several devices: a fabric manager (UFM) is polled as one devic
 records of the switches it manages. The devices a poll covers are the ones its DeviceFacts name
 (the polled device's own facts come first); each gets its facts and LLDP neighbours filed under its
 own name, and counts as reachable while the polled device's last poll succeeded.
+
+In a cluster a `poll` member polls its share of the devices (nms/app/poll_shard.py: set_owned). A device
+it gives away is forgotten here once no poll of it is under way: its ports' previous samples and link
+states (those of the switches a fabric manager reported with it too) and the collector's session and
+state of it (Collector.forget: a CLI device's SSH session, a UFM server's client and event cursor). The
+member that takes it starts from its first poll, and so does this one if it takes the device back later:
+never from state that the other member's polls made stale (a rate spanning the other member's tenure,
+a link change it reported already).
 """
 
 from __future__ import annotations
@@ -88,6 +96,7 @@ class _Status:
     problems: int = 0
     last_problem_count: int = 0
     last_problems: list[PollProblem] = field(default_factory=list)
+    covers: list[str] = field(default_factory=list)  # the other devices its last successful poll reported
 
     def snapshot(self) -> DeviceStatus:
         return DeviceStatus(device=self.device.name, collector=self.collector, address=self.device.mgmt_address,
@@ -97,7 +106,7 @@ class _Status:
                             last_duration_s=self.last_duration_s, last_error_kind=self.last_error_kind,
                             last_error=self.last_error, next_attempt_ns=self.next_attempt_ns, records=self.records,
                             problems=self.problems, last_problem_count=self.last_problem_count,
-                            last_problems=list(self.last_problems))
+                            last_problems=list(self.last_problems), covers=list(self.covers))
 
 
 @dataclass
@@ -177,6 +186,9 @@ class Poller:
         self.status: dict[tuple[str, str], _Status] = {}
         self._streams: dict[tuple[str, str], asyncio.Task] = {}  # streaming collectors' open streams
         self._read_by: dict[str, list[str]] = {}  # device -> the collectors that read it
+        self._polling: set[tuple[str, str]] = set()  # (collector, device) polls under way
+        self._to_forget: list[tuple[str, str]] = []  # given away: the collectors forget them (_forget)
+        self._forgetting: asyncio.Task | None = None
         # the devices this process polls: None for all of them (one process); a cluster member's
         # share otherwise (nms/app/poll_shard.py sets it through set_owned)
         self.owned: set[str] | None = None
@@ -225,10 +237,46 @@ class Poller:
         st = self.status[key]
         st.state, st.next_attempt_ns, st.consecutive_failures = "pending", None, 0  # polled elsewhere now
 
+    def _forget(self, keys: list[tuple[str, str]]) -> None:
+        """Devices given to another member, no poll of them under way: what this process knew of them
+        dropped, so that taking one back later starts as a member new to it would, not from state the
+        other member's polls made stale (a rate over a stretch the other member's rates cover, a link
+        change it reported already, a UFM event cursor behind its). Their counters' previous samples and
+        link states now (those of the switches a fabric manager reported with them too, unless a device
+        still polled here reports them), the collectors' sessions and state (Collector.forget) in the
+        background, one device after the other, each unless taken back meanwhile."""
+        kept = self.owned
+        keys = [k for k in keys if kept is not None and k[1] not in kept]
+        if not keys or kept is None:
+            return
+        here = kept | {d for polled, covers in self.recent.covered.items() if polled in kept for d in covers}
+        gone: dict[str, set[str]] = {}
+        for collector, device in keys:
+            gone.setdefault(collector, set()).update({device} | self.recent.covered.get(device, set()))
+        for collector, devices in gone.items():
+            self.rates[collector].forget(*devices)
+        unpolled = set().union(*gone.values()) - here
+        self.links.forget(*unpolled)
+        self._to_forget.extend(keys)
+        if self._forgetting is None or self._forgetting.done():
+            self._forgetting = asyncio.get_running_loop().create_task(self._forget_in_collectors(),
+                                                                      name="poller-forget")
+
+    async def _forget_in_collectors(self) -> None:
+        while self._to_forget:
+            key = self._to_forget.pop(0)
+            if self.owned is None or key[1] in self.owned or key in self._polling:
+                continue  # taken back, or polled again (given again, it comes back here)
+            try:  # its synchronous start (the session dropped) runs before any poll can begin
+                await self.collectors[key[0]].forget(key[1])
+            except Exception:
+                log.exception("collector %s: forgetting %s", *key)
+
     async def set_owned(self, devices: set[str], spread_s: float = 0.0) -> tuple[set[str], set[str]]:
         """Poll only `devices` from now on (a cluster member's share; call after schedule()): the
         jobs and streams of the devices given away stop (a poll already running finishes), those of
-        the devices taken start at once, spread over spread_s. Returns (taken, given)."""
+        the devices taken start at once, spread over spread_s; what this process knew of the devices
+        given away is dropped (_forget). Returns (taken, given)."""
         configured = {device for _, device in self.status}
         before = configured if self.owned is None else self.owned & configured
         self.owned = set(devices)
@@ -237,6 +285,7 @@ class Poller:
         if self._scheduler is not None:
             for key in sorted(k for k in self.status if k[1] in given):
                 await self._stop(key)
+            self._forget([k for k in self.status if k[1] in given and k not in self._polling])  # others: poll()
             now = datetime.now(UTC)
             starting = sorted(k for k in self.status if k[1] in taken)
             for i, key in enumerate(starting):
@@ -258,18 +307,25 @@ class Poller:
         st.polls += 1
         st.last_poll_ns = now
         started = time.perf_counter()
+        key = (collector_name, device_name)
+        self._polling.add(key)
         try:
-            result = await collector.collect_with_deadline(st.device, st.deadline_s)
-        except Exception as e:
-            if self.owned is None or device_name in self.owned:
-                self._failed(st, e, time.perf_counter() - started)
-            return
-        st.last_duration_s = round(time.perf_counter() - started, 4)
-        self.metrics.seconds.labels(collector_name).observe(st.last_duration_s)
-        await self.ingest(result)
-        if self.owned is not None and device_name not in self.owned:
-            return  # given to another member while this poll ran: its records count, its state is theirs
-        self._succeeded(st, result)
+            try:
+                result = await collector.collect_with_deadline(st.device, st.deadline_s)
+            except Exception as e:
+                if self.owned is None or device_name in self.owned:
+                    self._failed(st, e, time.perf_counter() - started)
+                return
+            st.last_duration_s = round(time.perf_counter() - started, 4)
+            self.metrics.seconds.labels(collector_name).observe(st.last_duration_s)
+            await self.ingest(result)
+            if self.owned is not None and device_name not in self.owned:
+                return  # given to another member while this poll ran: its records count, its state is theirs
+            self._succeeded(st, result)
+        finally:
+            self._polling.discard(key)
+            if self.owned is not None and device_name not in self.owned and self._scheduler is not None:
+                self._forget([key])  # given away while this poll ran
 
     async def _keep_streaming(self, collector_name: str, device_name: str) -> None:
         """A streaming collector's stream for one device, reopened after failures with the poll backoff.
@@ -299,6 +355,7 @@ class Poller:
     def _succeeded(self, st: _Status, result) -> None:
         st.state, st.consecutive_failures, st.next_attempt_ns = "ok", 0, None
         st.last_success_ns = time.time_ns()
+        st.covers = sorted(self.recent.covered.get(st.device.name, ()))  # ingest() set it
         st.records = len(result.records)
         found = list(result.problems)
         st.problems += len(found)
@@ -429,8 +486,11 @@ class Poller:
     # -- views ---------------------------------------------------------------------------------
 
     def polls_here(self, device: str) -> bool:
-        """Whether this process polls the device (all of them in a single process; a poll member's share)."""
-        return self._scheduler is not None and (self.owned is None or device in self.owned)
+        """Whether this process polls the device (all of them in a single process; a poll member's share),
+        or a device that reports it (a fabric manager's switch)."""
+        if self._scheduler is None or self.owned is None or device in self.owned:
+            return self._scheduler is not None
+        return any(device in covers for polled, covers in self.recent.covered.items() if polled in self.owned)
 
     def _status_of(self, key: tuple[str, str]) -> DeviceStatus:
         """Its status here, or, for a device another member polls, the latest that member published;
@@ -465,6 +525,8 @@ class Poller:
     async def close(self) -> None:
         await end_tasks(self._streams.values(), STOP_GRACE_S)
         self._streams.clear()
+        if self._forgetting is not None:
+            await end_tasks([self._forgetting], STOP_GRACE_S)
         for collector in self.collectors.values():
             try:
                 await collector.close()
