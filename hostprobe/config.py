@@ -60,7 +60,9 @@ class NicSettings(Strict):
 class ProbeSettings(Strict):
     key: SecretStr  # fabric-wide probe key: packets without its MAC are dropped and counted
     port: int = Field(33434, ge=1, le=65535)  # UDP port every agent answers probes on
-    rate: float = Field(10.0, gt=0, le=10_000)  # exchanges per second per (peer, path); sent as pairs
+    # exchanges per second per (peer, path), sent as pairs. 20: a 1 % loss is proven within 5 s (p99) where
+    # ~24 paths cross a link direction, as in a small fabric (docs/correlator.md, "Time to detect")
+    rate: float = Field(20.0, gt=0, le=10_000)
     # a path with no reply for this long is down (PathEvent at once). 0.9 s, not 1 s: a link can die
     # just after a reply, so detection takes down_after plus a few ms, and the target is 1 s
     down_after: Seconds = 0.9

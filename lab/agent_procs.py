@@ -155,7 +155,7 @@ def _fail(e: Exception):
 def start_cmd(url: Annotated[str | None, typer.Option(help="Service URL the agents report to "
                                                          "(default: http://<mgmt gateway>:8080).")] = None,
               hosts: HostsOpt = None,
-              rate: Annotated[float | None, typer.Option(help="Exchanges/s per path (10).")] = None,
+              rate: Annotated[float | None, typer.Option(help="Exchanges/s per path (default 20).")] = None,
               lab_dir: LabDirOpt = DEFAULT_LAB_DIR) -> None:
     """Start an agent in every host namespace (those already running are left alone)."""
     try:

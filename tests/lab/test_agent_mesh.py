@@ -17,6 +17,7 @@ import pytest
 from lab_helpers import skip_reason
 
 from hostprobe import wire
+from hostprobe.config import ProbeSettings
 from lab import faults, netns, paths, traffic
 from lab.inventory import probe_key_file
 from lab.mesh import MeshLab, legs_through  # the harness the agent benchmarks share
@@ -112,7 +113,7 @@ def test_silent_loss_shows_on_exactly_the_paths_through_the_link(mesh):
         start, end = _settle(5.0)
     finally:
         faults.heal(mesh.dir, f["id"])
-        mesh.command("set_rate", {"rate": 10}, hosts=probers)
+        mesh.command("set_rate", {"rate": ProbeSettings.model_fields["rate"].default}, hosts=probers)
     _closed(mesh, end)
     sport_of = probed_paths(mesh)
     checked = 0
