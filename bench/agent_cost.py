@@ -114,6 +114,7 @@ def baseline_ping(addr: str, peers: list[str], port: int, rate: float, seconds: 
 # --- the run ---------------------------------------------------------------------------------------
 
 def run(rate: float, duration: float, repeat: int) -> None:
+    from hostprobe.config import ProbeSettings
     from lab import agent_procs
     from lab.mesh import MeshLab
 
@@ -160,10 +161,12 @@ def run(rate: float, duration: float, repeat: int) -> None:
     responders = sum(loads[1:])
     print(f"probe agent cost on the fabric lab ({os.cpu_count()} CPUs), {duration:.0f} s per measurement"
           + (f", median of {repeat}" if repeat > 1 else ""))
-    print(f"  host1 agent, default rate (10/s per path, {n_paths} paths): {idle}")
+    default = ProbeSettings.model_fields["rate"].default
+    print(f"  host1 agent, default rate ({default:g}/s per path, {n_paths} paths): {idle}")
     print(f"  host1 agent at {rate:.0f} exchanges/s (its windows: {achieved:.0f}/s sent, loss {lost * 100:.3f} %):")
     print(f"      {loads[0]}, RSS {mem[0]:.1f} MiB, PSS {mem[1]:.1f} MiB")
-    print(f"  responders (host2-4 agents, answering host1 and probing at 10/s): {responders * 100:6.2f} % in all")
+    print(f"  responders (host2-4 agents, answering host1 and probing at {default:g}/s): "
+          f"{responders * 100:6.2f} % in all")
     print(f"  baseline: bare Python UDP ping at {rate:.0f}/s ({out.strip()}):")
     print(f"      {base[0]}, RSS {base_mem[0]:.1f} MiB; bare echoes {sum(base[1:]) * 100:.2f} % in all")
     print(f"  ratio agent / baseline (prober side): {loads[0] / base[0]:.2f}")
