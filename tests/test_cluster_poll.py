@@ -10,6 +10,7 @@ with what it waited for instead of hanging it until pytest-timeout."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -396,3 +397,83 @@ def test_a_gnmi_stream_moves_with_its_switch(nats_server, tmp_path):
             target.stop()
 
     print(f"poll-b's gNMI streams delivering to poll-a {bounded(run()):.2f} s after the kill")
+
+
+class _Cut:
+    """A TCP proxy to nats-server for one member (on the test's event loop): `cut()` drops its
+    connections and refuses new ones, as a member cut off from the bus while the others are not;
+    `mend()` lets it connect again."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port, self.open = target_port, True
+        self._pipes: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        return f"nats://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.open:
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self._pipes |= {writer, up_writer}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError, asyncio.CancelledError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    def cut(self) -> None:
+        self.open = False
+        for w in self._pipes:
+            w.transport.abort()
+        self._pipes.clear()
+
+    def mend(self) -> None:
+        self.open = True
+
+    async def close(self) -> None:
+        self.cut()
+        self.server.close()
+
+
+def test_a_member_cut_off_from_the_bus_keeps_polling_its_share_and_gets_it_back(nats_server, snmpd, tmp_path):
+    """One member loses the bus while the others keep it (its connection goes through a proxy that is
+    cut): it keeps polling its share, the others take that share once its entry expired (a switch
+    polled twice for a while rather than by no one), and when its bus answers again they give it
+    back: each switch polled by one member again, the cut-off member's share as before."""
+    config = cluster_config(tmp_path, nats_server.url, snmp_switches(snmpd), heartbeat=OUTAGE_HEARTBEAT)
+
+    async def run():
+        proxy = _Cut(int(nats_server.url.rsplit(":", 1)[1]))
+        cut_config = config.model_copy(deep=True)
+        cut_config.cluster.bus.servers = [await proxy.start()]
+        members = [await Member(config, "poll-a").start(), await Member(config, "poll-b").start(),
+                   await Member(cut_config, "poll-c").start()]
+        a, b, c = members
+        try:
+            expected = assign(SWITCHES, [m.name for m in members])
+            await until(lambda: all(m.scheduled() == expected[m.name] for m in members), 10, "the shares scheduled")
+            polled = c.polls()
+            proxy.cut()
+            # the others take c's share once its entry expired (1.25 heartbeats, checked every eighth)
+            await until(lambda: a.scheduled() | b.scheduled() == set(SWITCHES), 3 * OUTAGE_HEARTBEAT,
+                        "poll-a and poll-b to take poll-c's share")
+            assert c.scheduled() == expected["poll-c"] and not c.shard._bus_ok  # it keeps its share meanwhile
+            await until(lambda: all(c.polls()[d] > polled[d] for d in expected["poll-c"]), 3 * OUTAGE_HEARTBEAT,
+                        "poll-c polling its share while cut off")
+            proxy.mend()
+            await until(lambda: c.shard._bus_ok, 15, "poll-c's bus answering again")
+            await until(lambda: all(m.scheduled() == expected[m.name] for m in members), 2 * OUTAGE_HEARTBEAT,
+                        "each share back with its member, every switch polled once")
+            assert all(m.shard.members == ("poll-a", "poll-b", "poll-c") for m in members)
+        finally:
+            for m in members:
+                await m.stop()
+            await proxy.close()
+
+    bounded(run())
