@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=5.0, help="goodput over the observation's last seconds")
     ap.add_argument("--modes", default="ecmp,avoid,load")
     ap.add_argument("--cases", default=",".join(f"{s}-{f}" for s, f in CASES))
-    ap.add_argument("--hot", type=float, default=0.8, help="clean: share of leaf1's cross flows on spine1")
+    ap.add_argument("--hot", type=float, default=0.8, help="clean: share of each leaf's cross flows on spine1")
     ap.add_argument("--rate", type=float, default=RATE / 1e6, help="Mbit/s per flow (and the agents' port_load)")
     ap.add_argument("--prefix", default="nmsx-")
     ap.add_argument("--mgmt", default="198.18.240.0/24")

@@ -10,8 +10,9 @@ leaf never meet a spine: left out, they would only load the hosts' access links,
 shapes at the same rate as the spine links; their congestion there is noise to this test). Their own
 source ports are picked with the kernel's `ip route get` (lab/paths.py):
 
-* collide: leaf1 sends `hot` of its cross-leaf flows (both jobs' alike) over spine1, the rest round
-  robin over the other three: an ECMP collision, built (leaf2's flows balanced);
+* collide: each leaf sends `hot` of its cross-leaf flows over spine1, both jobs' alike (their flows
+  taken in turn), the rest round robin over the other three: an ECMP collision, built, polarized as
+  one hash function on every switch polarizes it (the same uplink hot on every leaf);
 * balanced: round robin over the four spines (a pair's QPs on different ones).
 
 A trial is `clean` (collide, no fault: the collision alone is the congestion) or `degraded`
@@ -80,10 +81,14 @@ def job_flows(topo, scenario: str, layout: str, hot: float = 0.8,
     spines = sorted(n.name for n in topo.by_role("spine"))
     leaves = sorted(n.name for n in topo.by_role("leaf"))
     target: dict[int, str] = {}
-    for li, leaf in enumerate(leaves):
+    for leaf in leaves:
         cross = [i for i, (_, s, d, _q) in enumerate(specs) if leaf_of(topo, s) == leaf and leaf_of(topo, d) != leaf]
-        if layout == "collide" and li == 0:
-            cross.sort(key=lambda i: (specs[i][3], specs[i][1], specs[i][2]))  # QP 0 of every pair first
+        if layout == "collide":
+            # QP 0 of every pair first, the jobs' flows in turn: both jobs as hot as each other
+            rank = {i: k for job in {specs[i][0] for i in cross}
+                    for k, i in enumerate(sorted((i for i in cross if specs[i][0] == job),
+                                                 key=lambda i: (specs[i][3], specs[i][1], specs[i][2])))}
+            cross.sort(key=lambda i: (rank[i], specs[i][0]))
             n_hot = math.ceil(hot * len(cross))
             others = spines[1:]
             for k, i in enumerate(cross):
