@@ -200,9 +200,35 @@ class TokenConfig(Strict):
         return self
 
 
+def _config_relative(v: Path, info: ValidationInfo) -> Path:
+    """A path relative to the config file's directory (the loader passes it as `base_dir`; a model made
+    in code has none: relative to the working directory)."""
+    base = (info.context or {}).get("base_dir")
+    path = v.expanduser()
+    if not path.is_absolute() and base is not None:
+        path = Path(base) / path
+    return path
+
+
+def _readable_file(v: Path, info: ValidationInfo) -> Path:
+    """A file the process must read (a CA bundle, a certificate, a key): relative to the config file's
+    directory, and readable now, so a missing or unreadable file is a configuration error naming its
+    field, never a failure at the first connection. The message names the file, never its content."""
+    path = _config_relative(v, info)
+    try:
+        with path.open("rb") as f:
+            f.read(1)
+    except OSError as e:
+        raise ValueError(f"cannot read {str(path)!r}: {e.strerror or e}") from None
+    return path
+
+
+ReadableFile = Annotated[Path, AfterValidator(_readable_file)]
+
+
 class TlsConfig(Strict):
-    cert: Path
-    key: Path
+    cert: Annotated[Path, AfterValidator(_config_relative)]  # relative to the config file
+    key: Annotated[Path, AfterValidator(_config_relative)]
 
 
 class ApiConfig(Strict):
@@ -612,24 +638,6 @@ NatsUrl = Annotated[str, Field(pattern=r"^(nats|tls)://[^/\s]+$")]
 SubjectToken = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_-]+$")]
 
 
-def _readable_file(v: Path, info: ValidationInfo) -> Path:
-    """A file the process must read (a CA bundle, a certificate, a key): relative to the config file's
-    directory (the loader passes it as `base_dir`), and readable now, so a missing or unreadable file
-    is a configuration error naming its field, never a failure at the first connection. The message
-    names the file, never its content."""
-    base = (info.context or {}).get("base_dir")
-    path = v.expanduser()
-    if not path.is_absolute() and base is not None:
-        path = Path(base) / path
-    try:
-        with path.open("rb") as f:
-            f.read(1)
-    except OSError as e:
-        raise ValueError(f"cannot read {str(path)!r}: {e.strerror or e}") from None
-    return path
-
-
-ReadableFile = Annotated[Path, AfterValidator(_readable_file)]
 
 
 class BusTlsConfig(Strict):
