@@ -138,6 +138,30 @@ def test_the_right_ca_connects_over_tls_and_carries_jetstream(tls_server, pki):
     assert data == [b"m1", b"m2"]
 
 
+def test_a_member_reconnects_over_tls_after_the_server_restarted(tls_server, pki):
+    """A reconnection makes the TLS handshake again on the same transport (nms/bus/nats.py keeps its own)."""
+    async def scenario():
+        bus = NatsBus(BusConfig(servers=[tls_server.tls_url], tls={"ca_file": pki.ca}))
+        await bus.connect()
+        try:
+            await bus.ensure_streams([StreamSpec("T_TLS_RE", ("t.tls.re.>",), max_age_s=3600)])
+            await bus.publish("t.tls.re.a", b"before", msg_id="before")
+            await asyncio.to_thread(tls_server.stop)
+            await asyncio.to_thread(tls_server.start)
+            deadline = asyncio.get_running_loop().time() + 20
+            while not bus.health()["ok"]:
+                assert asyncio.get_running_loop().time() < deadline, "no reconnection over TLS"
+                await asyncio.sleep(0.1)
+            ack = await bus.publish("t.tls.re.a", b"after", msg_id="after")
+            return ack.seq, tls_server.connections()
+        finally:
+            await bus.close()
+
+    seq, conns = asyncio.run(scenario())
+    assert seq == 2  # the stream kept the first, the second came over the new connection
+    assert len(conns) == 1 and conns[0]["tls_version"].startswith("1.")
+
+
 def test_a_wrong_ca_the_system_cas_or_a_wrong_name_are_refused_with_the_cause(tls_server, pki, other_pki):
     wrong_ca = _connect_error(BusConfig(servers=[tls_server.tls_url], tls={"ca_file": other_pki.ca}))
     assert wrong_ca == (f"no NATS server answered at {tls_server.tls_url}: TLS: certificate verify failed: "

@@ -638,14 +638,12 @@ NatsUrl = Annotated[str, Field(pattern=r"^(nats|tls)://[^/\s]+$")]
 SubjectToken = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_-]+$")]
 
 
-
-
 class BusTlsConfig(Strict):
     """TLS to the NATS servers (`cluster.bus.tls`; the servers' URLs are then `tls://`): the servers'
     certificates are verified against `ca_file` (default: the system's CAs), and their name (the URL's
     host, or `server_name`) must be in them; `cert_file` + `key_file` present a client certificate
     (the servers' `verify: true`, mutual TLS). `verify_tls: false` accepts any server certificate
-    (a lab's self-signed one; logged as a warning at every connection)."""
+    (a lab's self-signed one; a warning in the log whenever the member connects)."""
 
     ca_file: ReadableFile | None = None  # PEM bundle of the CA(s) the servers' certificates chain to
     cert_file: ReadableFile | None = None  # client certificate (PEM), for servers with `verify: true`
@@ -723,6 +721,10 @@ class BusConfig(Strict):
             raise ValueError("give either token or username/password, not both")
         if self.password is not None and not self.username:
             raise ValueError("password needs a username")
+        return self
+
+    @model_validator(mode="after")
+    def _tls_urls(self) -> BusConfig:
         schemes = {url.split("://", 1)[0] for url in self.servers}
         if len(schemes) > 1:
             raise ValueError("servers: give every URL tls:// (TLS) or every one nats://, not both")
