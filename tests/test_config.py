@@ -138,3 +138,10 @@ def test_cli_config_check_exit_codes(tmp_path):
     assert "line 3: api.port" in failed.stderr
     missing = run(tmp_path / "missing.yaml")
     assert missing.returncode == 1 and "cannot read file" in missing.stderr
+
+
+def test_api_tls_files_are_relative_to_the_config_file(tmp_path):
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "nms.yaml").write_text("api:\n  tls: {cert: tls/server.crt, key: /etc/nms/server.key}\n")
+    tls = load_config(tmp_path / "conf" / "nms.yaml").api.tls
+    assert (tls.cert, tls.key) == (tmp_path / "conf" / "tls" / "server.crt", Path("/etc/nms/server.key"))

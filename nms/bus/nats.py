@@ -9,10 +9,13 @@ import contextlib
 import datetime
 import logging
 import math
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import nats
+import nats.aio.client
+import nats.aio.transport
 import nats.errors
 import nats.js.errors
 from nats.js import api
@@ -159,6 +162,81 @@ class NatsKeyValue:
         return found
 
 
+class TlsMismatch(nats.errors.Error):
+    """The server's INFO and the member's URLs disagree on TLS (raised before anything is sent)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class _Transport(nats.aio.transport.TcpTransport):
+    """nats-py's TCP transport, but a failed TLS handshake (a certificate not verified, a wrong name)
+    does not hang the client: nats-py's own then waits for ever for its plain stream to close (start_tls
+    took the socket over, so that stream never hears of the close), and connect() never returns."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._failed_tls = False
+
+    def __bool__(self) -> bool:
+        return True  # made by _Client and kept (nats-py makes a plain one in place of a falsy transport)
+
+    async def connect(self, *args: Any, **kwargs: Any) -> None:
+        self._failed_tls = False
+        await super().connect(*args, **kwargs)
+
+    async def connect_tls(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            await super().connect_tls(*args, **kwargs)
+        except BaseException:
+            self._failed_tls = True
+            if self._io_writer is not None:
+                self._io_writer.transport.abort()
+            raise
+
+    async def wait_closed(self) -> None:
+        if not self._failed_tls:
+            await super().wait_closed()  # type: ignore[no-untyped-call]
+
+
+class _Client(nats.aio.client.Client):
+    """nats-py's client, held to the member's choice of TLS. nats-py upgrades to TLS only when the
+    server's INFO says `tls_required`, whatever the URL's scheme: a `tls://` member would go on in
+    plaintext, its token or password included, with a server (or anything in between) that does not
+    ask for TLS. This one refuses that server before its CONNECT (at every connection, reconnections
+    included), and a server asking for TLS that a `nats://` member was not configured for (a clear
+    error instead of a certificate check against the system's CAs)."""
+
+    want_tls = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._transport = _Transport()
+
+    async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
+        if initial_connection and self.want_tls and not info.get("tls_required"):
+            raise TlsMismatch("the server does not offer TLS (tls:// wanted; refused before sending anything)")
+        if initial_connection and not self.want_tls and info.get("tls_required"):
+            raise TlsMismatch("the server requires TLS: give tls:// URLs (and cluster.bus.tls.ca_file for a "
+                              "private CA)")
+        await super()._process_info(info, initial_connection)
+
+
+def _why(e: BaseException) -> str:
+    """A connection error, as the operator needs it: TLS certificate problems by name."""
+    if isinstance(e, ssl.SSLCertVerificationError):
+        return f"TLS: certificate verify failed: {e.verify_message}"
+    if isinstance(e, ssl.SSLError):
+        reason = str(e.reason or e)
+        if "ALERT_BAD_CERTIFICATE" in reason or "ALERT_CERTIFICATE_REQUIRED" in reason:
+            return (f"TLS: the server refused this member's client certificate, or its lack of one "
+                    f"(cluster.bus.tls.cert_file/key_file) ({reason})")
+        return f"TLS: {reason}"
+    if isinstance(e, TlsMismatch):
+        return f"TLS: {e}"
+    return f"{type(e).__name__}: {e}"
+
+
 class NatsBus:
     name = "nats"
 
@@ -167,6 +245,7 @@ class NatsBus:
         self._nc: Any = None
         self._js: Any = None
         self._published = 0
+        self._connect_errors: list[BaseException] | None = None  # while connecting: what each try met
 
     @classmethod
     def from_config(cls, config: BusConfig) -> NatsBus:
@@ -186,17 +265,43 @@ class NatsBus:
         elif cfg.username:
             options["user"] = cfg.username
             options["password"] = cfg.password.get_secret_value() if cfg.password else ""
+        if cfg.use_tls:
+            from nms.config.models import BusTlsConfig
+
+            tls = cfg.tls or BusTlsConfig()  # the system's CAs
+            try:
+                options["tls"] = tls.ssl_context()
+            except ValueError as e:  # a file changed since the configuration was loaded
+                raise BusError(f"cluster.bus.tls: {e}") from None
+            if tls.server_name:
+                options["tls_hostname"] = tls.server_name
+            if not tls.verify_tls:
+                log.warning("bus: TLS to %s WITHOUT verifying the servers' certificates (cluster.bus.tls.verify_tls: "
+                            "false): anything in between can read and change the bus", ", ".join(cfg.servers))
+        nc = _Client()
+        nc.want_tls = cfg.use_tls
+        self._connect_errors = []
         try:
-            self._nc = await nats.connect(**options)
-        except (nats.errors.NoServersError, *_UNAVAILABLE) as e:
-            raise BusUnavailable(f"no NATS server answered at {', '.join(cfg.servers)}: {e}") from None
+            await nc.connect(**options)
+        except (nats.errors.NoServersError, TlsMismatch, *_UNAVAILABLE) as e:
+            # the last TLS problem where there was one (a refused client certificate may also show as
+            # a reset connection), else the last error
+            tried = [x for x in self._connect_errors if not isinstance(x, nats.errors.NoServersError)]
+            tls_errors = [x for x in tried if isinstance(x, (ssl.SSLError, TlsMismatch))]
+            raise BusUnavailable(f"no NATS server answered at {', '.join(cfg.servers)}: "
+                                 f"{_why((tls_errors or tried or [e])[-1])}") from None
+        finally:
+            self._connect_errors = None
+        self._nc = nc
         self._nc.options["max_reconnect_attempts"] = -1
         self._nc.options["reconnect_time_wait"] = 1.0
         self._js = self._nc.jetstream(timeout=cfg.publish_timeout)
         log.info("bus: connected to NATS %s", self._nc.connected_url.geturl() if self._nc.connected_url else "?")
 
     async def _on_error(self, e: Exception) -> None:
-        log.warning("bus: NATS error: %s", e)
+        if self._connect_errors is not None:
+            self._connect_errors.append(e)
+        log.warning("bus: NATS error: %s", _why(e))
 
     async def _on_disconnect(self) -> None:
         log.warning("bus: disconnected from NATS; reconnecting")

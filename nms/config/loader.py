@@ -132,7 +132,7 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
     issues = [ConfigIssue(_dotted(p), _nearest_line(lines, p), m) for p, m in ref_issues]
     unresolved = {p for p, _ in ref_issues}
     try:
-        config = model.model_validate(data)
+        config = model.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as e:
         for err in e.errors(include_input=False, include_url=False):
             # Drop pydantic's internal union/validator tags from the location.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import ssl
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Literal
@@ -19,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -198,9 +200,35 @@ class TokenConfig(Strict):
         return self
 
 
+def _config_relative(v: Path, info: ValidationInfo) -> Path:
+    """A path relative to the config file's directory (the loader passes it as `base_dir`; a model made
+    in code has none: relative to the working directory)."""
+    base = (info.context or {}).get("base_dir")
+    path = v.expanduser()
+    if not path.is_absolute() and base is not None:
+        path = Path(base) / path
+    return path
+
+
+def _readable_file(v: Path, info: ValidationInfo) -> Path:
+    """A file the process must read (a CA bundle, a certificate, a key): relative to the config file's
+    directory, and readable now, so a missing or unreadable file is a configuration error naming its
+    field, never a failure at the first connection. The message names the file, never its content."""
+    path = _config_relative(v, info)
+    try:
+        with path.open("rb") as f:
+            f.read(1)
+    except OSError as e:
+        raise ValueError(f"cannot read {str(path)!r}: {e.strerror or e}") from None
+    return path
+
+
+ReadableFile = Annotated[Path, AfterValidator(_readable_file)]
+
+
 class TlsConfig(Strict):
-    cert: Path
-    key: Path
+    cert: Annotated[Path, AfterValidator(_config_relative)]  # relative to the config file
+    key: Annotated[Path, AfterValidator(_config_relative)]
 
 
 class ApiConfig(Strict):
@@ -610,6 +638,64 @@ NatsUrl = Annotated[str, Field(pattern=r"^(nats|tls)://[^/\s]+$")]
 SubjectToken = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_-]+$")]
 
 
+class BusTlsConfig(Strict):
+    """TLS to the NATS servers (`cluster.bus.tls`; the servers' URLs are then `tls://`): the servers'
+    certificates are verified against `ca_file` (default: the system's CAs), and their name (the URL's
+    host, or `server_name`) must be in them; `cert_file` + `key_file` present a client certificate
+    (the servers' `verify: true`, mutual TLS). `verify_tls: false` accepts any server certificate
+    (a lab's self-signed one; a warning in the log whenever the member connects)."""
+
+    ca_file: ReadableFile | None = None  # PEM bundle of the CA(s) the servers' certificates chain to
+    cert_file: ReadableFile | None = None  # client certificate (PEM), for servers with `verify: true`
+    key_file: ReadableFile | None = None  # its private key (PEM, unencrypted; keep it 0600)
+    # the name in the servers' certificates, where not the URL's host (servers named by address)
+    server_name: str | None = Field(None, min_length=1)
+    verify_tls: bool = True
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BusTlsConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            missing = "key_file" if self.key_file is None else "cert_file"
+            raise ValueError(f"{missing}: a client certificate needs both cert_file and key_file, or neither")
+        if not self.verify_tls and (self.ca_file is not None or self.server_name is not None):
+            raise ValueError("verify_tls: false checks no certificate: ca_file and server_name are for "
+                             "verify_tls: true")
+        self.ssl_context()  # a file that is no PEM certificate or key, or a key not of the certificate
+        return self
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The client's context: TLS 1.2 or later, the server's certificate and name verified (unless
+        verify_tls is false), the client certificate loaded. Errors name the field and the file, never
+        the content (OpenSSL's reason, e.g. KEY_VALUES_MISMATCH)."""
+        if self.verify_tls:
+            try:
+                context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH,
+                                                     cafile=str(self.ca_file) if self.ca_file else None)
+            except (OSError, ssl.SSLError) as e:
+                raise ValueError(f"ca_file: {str(self.ca_file)!r} holds no usable CA certificate (PEM): "
+                                 f"{_ssl_reason(e)}") from None
+        else:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self.cert_file is not None and self.key_file is not None:
+            def no_passphrase() -> str:  # never OpenSSL's prompt on the terminal
+                raise ValueError("encrypted")
+            try:
+                context.load_cert_chain(str(self.cert_file), str(self.key_file), password=no_passphrase)
+            except ValueError:
+                raise ValueError(f"key_file: {str(self.key_file)!r} is encrypted: give an unencrypted key "
+                                 "(readable by the service only)") from None
+            except (OSError, ssl.SSLError) as e:
+                raise ValueError(f"cert_file/key_file: {str(self.cert_file)!r} and {str(self.key_file)!r} are not "
+                                 f"a PEM certificate and its private key: {_ssl_reason(e)}") from None
+        return context
+
+
+def _ssl_reason(e: Exception) -> str:
+    return str(getattr(e, "reason", None) or getattr(e, "strerror", None) or type(e).__name__)
+
+
 class BusConfig(Strict):
     """The telemetry bus the roles share (NATS JetStream; the backend is an `nms.buses` entry point)."""
 
@@ -626,6 +712,8 @@ class BusConfig(Strict):
     duplicate_window: Seconds = 120.0  # a batch published twice within it is stored once
     connect_timeout: Seconds = 5.0
     publish_timeout: Seconds = 5.0  # an ingest answers 503 when JetStream did not acknowledge within it
+    # TLS (the servers' URLs tls://); a tls:// URL without it verifies against the system's CAs
+    tls: BusTlsConfig | None = None
 
     @model_validator(mode="after")
     def _one_auth(self) -> BusConfig:
@@ -634,6 +722,20 @@ class BusConfig(Strict):
         if self.password is not None and not self.username:
             raise ValueError("password needs a username")
         return self
+
+    @model_validator(mode="after")
+    def _tls_urls(self) -> BusConfig:
+        schemes = {url.split("://", 1)[0] for url in self.servers}
+        if len(schemes) > 1:
+            raise ValueError("servers: give every URL tls:// (TLS) or every one nats://, not both")
+        if self.tls is not None and schemes != {"tls"}:
+            raise ValueError("servers: with tls, the servers' URLs are tls://")
+        return self
+
+    @property
+    def use_tls(self) -> bool:
+        """TLS is wanted (every URL tls://): a server that does not offer it is refused."""
+        return all(url.startswith("tls://") for url in self.servers)
 
 
 class WriterConfig(Strict):
