@@ -133,12 +133,21 @@ class Agent:
             sum(1 for _, status in self.answers if status == 503)
 
 
+def _wait_current(url: str, when: str) -> None:
+    """Every stream's two followers current, as `url`'s node sees them."""
+    streams = [stream_name(PREFIX, family) for family in FAMILIES]
+    wait_until(lambda: all(len(peers) == 2 and all(ok for _, ok in peers)
+                           for _, _, peers, _ in (_stream_info(url, s) for s in streams)), 60,
+               what=f"every stream's 3 replicas current {when}",
+               ignore=(nats.errors.Error,),  # while a node catches up, a stream info may go unanswered
+               why=lambda: [_stream_info(url, s)[2] for s in streams])
+
+
 def _kill_round(nats3: list, api: Member, writer: Member, round_: int, victim, why: str) -> list[str]:
     """Agents send a round of batches; `victim` is killed once KILL_AFTER of them were acknowledged
     (the agent holds there until it is dead: in a fast round the rest came before the kill, and the
     failover went unmeasured), then started again once the round is through. Returns what was measured."""
     host_stream = stream_name(PREFIX, "host")
-    streams = [stream_name(PREFIX, family) for family in FAMILIES]
     survivors = [node.url for node in nats3 if node is not victim]
     was_leader = victim.server_name == _stream_info(survivors[0], host_stream)[1]
     agent = Agent(api, [(f"h{b % 4}", b) for b in range(round_ * ROUND, (round_ + 1) * ROUND)], KILL_AFTER)
@@ -166,12 +175,7 @@ def _kill_round(nats3: list, api: Member, writer: Member, round_: int, victim, w
     restarted = time.monotonic()
     victim.start()
 
-    def current() -> bool:
-        return all(len(peers) == 2 and all(ok for _, ok in peers)
-                   for _, _, peers, _ in (_stream_info(survivors[0], s) for s in streams))
-    wait_until(current, 60, what="every stream's 3 replicas current after the node's restart",
-               ignore=(nats.errors.Error,),  # while the node catches up, a stream info may go unanswered
-               why=lambda: [_stream_info(survivors[0], s)[2] for s in streams])
+    _wait_current(survivors[0], "after the node's restart")
     measured.append(f"{victim.name} restarted: its replicas current within {time.monotonic() - restarted:.2f} s")
     return measured
 
@@ -203,11 +207,7 @@ def _no_quorum_round(nats3: list, api: Member, writer: Member, round_: int) -> l
     first = min(t for t, status in agent.answers if status == 202 and t > back_at)
     refused = sum(1 for t, status in agent.answers if status == 503 and t > kill_at)
     victims[1].start()
-    streams = [stream_name(PREFIX, family) for family in FAMILIES]
-    survivor = next(node for node in nats3 if node not in victims).url
-    wait_until(lambda: all(len(peers) == 2 and all(ok for _, ok in peers)
-                           for _, _, peers, _ in (_stream_info(survivor, st) for st in streams)), 60,
-               what="every stream's 3 replicas current after both nodes are back", ignore=(nats.errors.Error,))
+    _wait_current(next(node for node in nats3 if node not in victims).url, "after both nodes are back")
     return [f"{' and '.join(n.name for n in victims)} killed at once (no quorum): 503 answered {refused} times, "
             f"the first 202 {first - back_at:.2f} s after {victims[0].name} was started again"]
 

@@ -103,6 +103,10 @@ class ClusterDir:
     def member_dir(self, name: str) -> Path:
         return self.root / "members" / name
 
+    def member_data(self, name: str) -> Path:
+        """The member's `data_dir` (its store's spool is `spool` in it, the InfluxDB store's default)."""
+        return self.member_dir(name) / "data"
+
     def members(self) -> list[Member]:
         if not self.state.exists():
             return []
@@ -149,7 +153,7 @@ def member_config(base: dict[str, Any], cdir: ClusterDir, name: str, port: int, 
               {"name": "cluster-ingest", "scopes": ["ingest"], "token": f"${{file:{cdir.secrets / 'ingest-token'}}}"}]
     urls = [nats_urls] if isinstance(nats_urls, str) else nats_urls
     bus = bus_settings(base, urls, f"${{file:{cdir.secrets / 'nats-token'}}}")
-    own = {"data_dir": str(cdir.member_dir(name) / "data"),
+    own = {"data_dir": str(cdir.member_data(name)),
            "api": {"host": "127.0.0.1", "port": port, "tokens": tokens},
            "store": {"backend": "influxdb", "influxdb": {"url": influx_url, "database": "nms", "flush_interval": 0.2}},
            "state": {"backend": "postgresql", "dsn": pg_dsn},
@@ -339,8 +343,8 @@ def _start_member(cdir: ClusterDir, base: dict[str, Any], role: str, name: str, 
     """Write the member's config and start `nms serve --role <role>`; returns it, its process and where
     this run's log begins."""
     mdir = cdir.member_dir(name)
-    (mdir / "data").mkdir(parents=True, exist_ok=True)
-    shutil.copy2(signing_key, mdir / "data" / "command_signing.key")  # API workers sign agent commands alike
+    cdir.member_data(name).mkdir(parents=True, exist_ok=True)
+    shutil.copy2(signing_key, cdir.member_data(name) / "command_signing.key")  # API workers sign agent commands alike
     port = free_port()
     config = mdir / "nms.yaml"
     _write_private(config, yaml.safe_dump(member_config(base, cdir, name, port, **servers), sort_keys=False))
@@ -435,7 +439,7 @@ def status(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 def member_ledger(cdir: ClusterDir, name: str) -> dict[str, Any] | None:
     """What InfluxDB acknowledged to the member (its store's ledger, nms/store/influx.py), dead or alive."""
-    return read_ledger(cdir.member_dir(name) / "data" / "spool")
+    return read_ledger(cdir.member_data(name) / "spool")
 
 
 def _stored_words(ledger: dict[str, Any] | None) -> str:
