@@ -2,12 +2,13 @@
 table that the job's traffic follows (docs/steering.md).
 
 `steer` {"action_id", "element", "avoid_hops": [ip...], "dsts": [peer host...], "proto": "udp",
-"dport": 4791, "expires_ns", "hop_loads": {ip: utilization}}: for every NIC address of each peer,
+"dport": 4791, "expires_ns", "hop_loads": {ip: utilization}, "rank"}: for every NIC address of each peer,
 Paris-traceroute (hostprobe.trace) each candidate source port with the flow's own 5-tuple (our
-address:port -> peer:dport), or take its path from the port map, keep the least loaded (by
-`hop_loads`, the busiest hop first) of the ports whose forward hops include none of `avoid_hops`
-(correlator.actions.steering.choose: a trace with a silent router in it is unknown and never kept) and
-write them to the steering table. The result:
+address:port -> peer:dport), or take its path from the port map, keep `ports_per_dst` of the ports
+whose forward hops include none of `avoid_hops` (a trace with a silent router in it is unknown and
+never kept): with `hop_loads`, this agent's slots (by its `rank` among the action's targets) of a
+stripe over the avoiding routes by headroom (correlator.actions.steering.stripe), else the lowest,
+and write them to the steering table. The result:
 {"dsts": {host: {"ports": [...], "candidates": n, "kept": k}}}. A dst where no port avoids the
 element gets no entry (its traffic keeps hashing as before) and says so in the result.
 
@@ -34,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from correlator.actions.steering import choose, rebalance
+from correlator.actions.steering import choose, stripe
 from hostprobe.trace import Dest, TraceJob, Tracer, run_blocking
 from hostprobe.tstamp import StampedSocket
 
@@ -260,10 +261,6 @@ class Steering:
         traced |= self.trace([(h, p) for h, p in pairs if (p.local, p.addr) not in traced], dport)
         result: dict[str, dict] = {}
         routes: dict[str, list[int]] = {}
-        # the planner's loads plus the ports this steer placed already: the paths to every dst share
-        # our leaf's uplinks, so a dst's ports count where the next dst's go (else each dst's ports
-        # land on the same least loaded spine: the herd that placing by load is there to avoid)
-        loads = dict(parsed["hop_loads"])
         self.avoiding[parsed["action_id"]] = frozenset(parsed["avoid_hops"])
         steered = read_table(self.path)["routes"]
         candidates = []
@@ -273,25 +270,22 @@ class Steering:
             # ECMP paths are equal-cost, so a full trace has as many hops as the longest one; a
             # shorter one lost a hop (it may be the avoided one): as unknown as a silent router
             full = max((len(h) for _, h in found if h is not None), default=0)
-            paths = [frozenset(h) if h is not None and len(h) == full else frozenset({"?"}) for _, h in found]
+            paths = [tuple(h) if h is not None and len(h) == full else ("?",) for _, h in found]
             # a trace with a silent router could cross anything; and what the live actions that
             # steer this dst already avoid is avoided too (this steer replaces their ports)
             earlier = (steered.get(addr) or {}).get("action_ids") or []
             avoid = {"?"}.union(parsed["avoid_hops"], *(self.avoiding.get(a, ()) for a in earlier))
             candidates.append((host, addr, found, paths, avoid))
-        # every mover of the action places its ports on the same loads at the same time: placed
-        # alone, they all take the same least loaded spines. The movers ranked before this agent
-        # are modelled as placing first, as this agent would (its own paths stand for theirs)
-        for _ in range(parsed["rank"] if parsed["hop_loads"] else 0):
-            for _host, _addr, _found, paths, avoid in candidates:
-                self.place(paths, avoid, loads, True)
-        for host, addr, found, paths, avoid in candidates:
-            keep = self.place(paths, avoid, loads, bool(parsed["hop_loads"]))
+        for j, (host, addr, found, paths, avoid) in enumerate(candidates):
+            # every mover of the action places at once on the same loads: each takes its own slots
+            # of one stripe (docs/steering.md), the movers in `rank` order, this one's pairs in turn
+            slot = (parsed["rank"] * len(candidates) + j) * self.settings.ports_per_dst
+            keep = self.place(paths, avoid, parsed["hop_loads"], slot)
             ports = sorted(found[i][0] for i in keep)
             entry = result.setdefault(host, {"ports": [], "candidates": 0, "kept": 0})
             entry["ports"] += ports
             entry["candidates"] += len(found)
-            entry["kept"] += sum(1 for p in paths if not (p & avoid))
+            entry["kept"] += sum(1 for p in paths if not avoid.intersection(p))
             if ports:
                 routes[addr] = ports
 
@@ -306,39 +300,14 @@ class Steering:
                  {h: r["ports"] for h, r in result.items()}, table["version"])
         return {"dsts": result}
 
-    def place(self, paths: list[frozenset[str]], avoid: set[str], loads: dict[str, float], by_load: bool) -> list[int]:
-        """The kept candidates of one dst: the least loaded that avoid (`choose`), placed by load
-        (`place_by_load`) when `by_load`, their weight then counted into `loads` (the paths to every
-        dst share our leaf's uplinks: the next dst's ports see these)."""
-        keep = choose(paths, avoid, load=loads, n=self.settings.ports_per_dst)
-        if by_load:
-            keep = self.place_by_load(paths, keep, loads, avoid)
-            for i in keep:
-                for hop in paths[i]:
-                    loads[hop] = loads.get(hop, 0.0) + self.settings.port_load
-        return keep
-
-    def place_by_load(self, paths: list[frozenset[str]], keep: list[int], hop_loads: dict[str, float],
-                      avoid: set[str]) -> list[int]:
-        """The kept candidates (indices in `paths`) after `rebalance`: each kept port is a subflow of
-        weight `port_load` on its path, counted into the hops' loads; the ones that put a hop over
-        capacity move to the avoiding path least loaded after the move. Ports stay distinct: a
-        subflow moved onto a path another kept port takes gets another port of that path, if traced."""
-        w = self.settings.port_load
-        if not keep or w <= 0:
-            return keep
-        load = dict(hop_loads)
-        for i in keep:
-            for hop in paths[i]:
-                load[hop] = load.get(hop, 0.0) + w
-        placed = rebalance(paths, keep, load, w, avoid)
-        out: list[int] = []
-        for j in placed:
-            same = [i for i, p in enumerate(paths) if p == paths[j] and i not in out]
-            pick = j if j not in out else (same[0] if same else None)
-            if pick is not None:
-                out.append(pick)
-        return out
+    def place(self, paths: list[tuple[str, ...]], avoid: set[str], hop_loads: dict[str, float], slot: int) -> list[int]:
+        """The kept candidates of one dst: with `hop_loads` (and a `port_load`), this agent's slots of
+        the stripe of every mover's ports over the avoiding routes by headroom (`stripe`); without,
+        the lowest ports that avoid (or, `port_load` 0, the least loaded: `choose`)."""
+        n = self.settings.ports_per_dst
+        if hop_loads and self.settings.port_load > 0:
+            return stripe(paths, avoid, hop_loads, n, slot, self.settings.port_load)
+        return choose([frozenset(p) for p in paths], avoid, load=hop_loads, n=n)
 
     def trace(self, pairs: list[tuple[str, Peer]], dport: int) -> dict[tuple[str, str], list]:
         """Forward hops of every candidate source port to every (local, peer) address pair; the

@@ -1,7 +1,8 @@
 """The controller's pure decision core: which bad elements traffic may be steered off, and which
 paths a flow group keeps. Used by the action planner (correlator/actions/planner.py), the host agent's
-steering (which source ports to use) and the flow-level simulator (bench/fabric_sim.py), so the
-lab, the simulator and production decide alike.
+steering (which source ports to use: `choose`, `stripe`) and the flow-level simulator
+(bench/fabric_sim.py: `rebalance`, which needs each subflow's path and rate, known there and not
+to an agent), so the lab, the simulator and production decide alike.
 
 A flow group is whatever shares a set of candidate paths (a host pair, a job's rank pair); a path
 is the set of element names it crosses (links as `dev:port--dev:port`, NICs, devices).
@@ -77,6 +78,58 @@ def choose(paths: Sequence[frozenset[str]], avoid: set[str], load: Mapping[str, 
             return (max(loads, default=0.0), sum(loads))
         ok.sort(key=key)
     return ok[:n]
+
+
+MAX_SHARE = 16  # a route's share of the stripe at most (in ports that fit): the stripe's length stays small
+
+
+def stripe(paths: Sequence[Sequence[Hashable]], avoid: Collection[Hashable], load: Mapping[Hashable, float],
+           n: int, slot: int, unit: float) -> list[int]:
+    """Indices of up to `n` distinct paths that cross nothing in `avoid`, spread over their distinct
+    routes by headroom: slots `slot` .. `slot + n - 1` of one weighted round robin over the routes.
+
+    For many senders placing at once on the same `load` with no word between them (the movers of
+    an action): each takes its own slots of the same stripe (sender i of m, with k flows each:
+    slots i * k ..), so together they fill the routes in proportion to what fits on each, where
+    each placing alone on the least loaded route would herd onto it. A route's weight is how many
+    flows of `unit` (one flow's load, > 0) fit under its busiest element (at most MAX_SHARE); when
+    none fits anywhere, every route weighs 1. The round robin is the smooth weighted one (nginx's),
+    so a route's slots are spread along the stripe, not bunched. Routes are ordered by their
+    elements in the given order (the hops of a trace, nearest first), which orders them alike on
+    every sender behind the same switch. A route with no unused path left passes its slot to the
+    next one; the stripe used up, the least loaded routes (`choose`'s order) give the rest. Empty
+    when none avoids."""
+    routes: dict[tuple, list[int]] = {}
+    avoid = avoid if isinstance(avoid, (set, frozenset)) else set(avoid)
+    for i, p in enumerate(paths):
+        if not any(e in avoid for e in p):
+            routes.setdefault(tuple(p), []).append(i)
+    order = sorted(routes, key=lambda r: tuple(map(str, r)))
+
+    def busiest(route: tuple) -> tuple[float, float]:
+        loads = [float(load.get(e, 0.0)) for e in route]
+        return max(loads, default=0.0), sum(loads)
+    weight = [min(MAX_SHARE, int((1.0 - busiest(r)[0]) / unit + 1e-9)) for r in order]
+    if not any(w > 0 for w in weight):
+        weight = [1] * len(order)
+    sequence, current = [], [0] * len(order)
+    for _ in range(sum(weight)):  # smooth weighted round robin: the heaviest so far, less the total
+        current = [c + w for c, w in zip(current, weight)]
+        pick = max(range(len(order)), key=lambda k: (current[k], -k))
+        current[pick] -= sum(weight)
+        sequence.append(pick)
+    free = {r: list(routes[r]) for r in order}
+    out: list[int] = []
+    for k in range(n):
+        start = slot + k
+        route = next((order[sequence[(start + s) % len(sequence)]] for s in range(len(sequence))
+                      if free[order[sequence[(start + s) % len(sequence)]]]), None)
+        if route is None:  # every route of the stripe used up: the least loaded of the rest
+            route = min((r for r in order if free[r]), key=busiest, default=None)
+            if route is None:
+                break  # every avoiding path is taken
+        out.append(free[route].pop(0))
+    return out
 
 
 def rebalance(paths: Sequence[Collection[Hashable]], current: Sequence[int], load: Mapping[Hashable, float],
