@@ -13,7 +13,9 @@ controller's collective throughput as a ratio to the whole-subflow bound (what a
 each subflow on one path can reach; lab/flowsim/optimum.py), `s/rnd` the controller's own time per
 round. `plan` is the global path planner (lab/flowsim/planner.py; `QPs` per pair after any split,
 `traced` the share of subflows whose port the agent had traced, `drain` the links it empties, `plan s`
-its own time without the max-min rates). `--no-limits` runs the controllers without the blast-radius
+its own time without the max-min rates). `agents` is what the host agents do with `hop_loads`: the
+moving pairs' subflows striped over their routes by headroom (correlator/actions/steering.py
+`stripe`). `--no-limits` runs the controllers without the blast-radius
 limits (every bad element avoided); `--controllers` picks which run.
 
     .venv/bin/python bench/fabric_sim.py [--k 36] [--qps 4] [--load 0.5,1.0] [--seed 1] [--no-limits]
@@ -58,7 +60,7 @@ def fault(ft: FatTree, kind: str, rng) -> np.ndarray:
 
 
 MODES = {"plan": {"planner": True}, "traced": {"planner": True, "traced_only": True}, "ctl": {"load_aware": True},
-         "avoid": {"load_aware": False}}
+         "avoid": {"load_aware": False}, "agents": {"load_aware": False, "stripe": True}}
 
 
 def scenario(k: int, qps: int, load: float, kind: str, seed: int, limits: Limits | None = Limits(),
@@ -101,6 +103,9 @@ COLUMNS = {  # mode -> (header, row format)
     "ctl": (f"| {'ctl min':>7} {'agg':>5} {'rnd':>3} {'whole':>5} {'s/rnd':>5} ",
             lambda r, q: f"| {r['ctl_min']:7.3f} {r['ctl_agg']:5.3f} {r['ctl_rounds']:3d} {r['ctl_whole']:5.3f} "
                          f"{r['t_ctl'] / max(r['ctl_rounds'], 1):5.1f} "),
+    "agents": (f"| {'agents min':>10} {'agg':>5} {'rnd':>3} {'s/rnd':>5} ",
+               lambda r, q: f"| {r['agents_min']:10.3f} {r['agents_agg']:5.3f} {r['agents_rounds']:3d} "
+                            f"{r['t_agents'] / max(r['agents_rounds'], 1):5.1f} "),
     "avoid": (f"| {'avoid-only min':>14} {'agg':>5} ",
               lambda r, q: f"| {r['avoid_min']:14.3f} {r['avoid_agg']:5.3f} "),
 }
@@ -115,7 +120,7 @@ def main() -> None:
     ap.add_argument("--no-limits", action="store_true", help="no blast-radius limits: every bad element avoided")
     ap.add_argument("--controllers", default="plan,ctl,avoid",
                     help="which to run: plan (global planner), traced (the planner on the traced ports' paths only), "
-                         "ctl (per-pair rebalance), avoid (avoid-only)")
+                         "ctl (per-pair rebalance), agents (the host agents' stripe), avoid (avoid-only)")
     args = ap.parse_args()
     limits = None if args.no_limits else Limits()
     modes = tuple(m for m in args.controllers.split(",") if m)

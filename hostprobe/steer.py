@@ -2,13 +2,13 @@
 table that the job's traffic follows (docs/steering.md).
 
 `steer` {"action_id", "element", "avoid_hops": [ip...], "dsts": [peer host...], "proto": "udp",
-"dport": 4791, "expires_ns", "hop_loads": {ip: utilization}, "rank"}: for every NIC address of each peer,
-Paris-traceroute (hostprobe.trace) each candidate source port with the flow's own 5-tuple (our
+"dport": 4791, "expires_ns", "hop_loads": {ip: utilization}, "rank", "movers"}: for every NIC
+address of each peer, Paris-traceroute (hostprobe.trace) each candidate source port with the flow's own 5-tuple (our
 address:port -> peer:dport), or take its path from the port map, keep `ports_per_dst` of the ports
 whose forward hops include none of `avoid_hops` (a trace with a silent router in it is unknown and
-never kept): with `hop_loads`, this agent's slots (by its `rank` among the action's targets) of a
-stripe over the avoiding routes by headroom (correlator.actions.steering.stripe), else the lowest,
-and write them to the steering table. The result:
+never kept): with `hop_loads`, this agent's slots (by its `rank` among the action's `movers`) of
+one stripe of every mover's ports over the avoiding routes, filled to one level
+(correlator.actions.steering.stripe), else the lowest, and write them to the steering table. The result:
 {"dsts": {host: {"ports": [...], "candidates": n, "kept": k}}}. A dst where no port avoids the
 element gets no entry (its traffic keeps hashing as before) and says so in the result.
 
@@ -134,6 +134,9 @@ def parse_steer(args: dict) -> dict:
            "rank": _int({"rank": args.get("rank", 0)}, "rank", 0, 1 << 16),
            "dport": _int({"dport": args.get("dport", ROCE_V2_PORT)}, "dport", 1, 65535),
            "expires_ns": _int(args, "expires_ns", 0, 2**63), "element": str(args.get("element", ""))}
+    out["movers"] = _int({"movers": args.get("movers", out["rank"] + 1)}, "movers", 1, 1 << 16)
+    if out["rank"] >= out["movers"]:
+        raise SteerError(f"bad rank {out['rank']}: want less than movers ({out['movers']})")
     if out["expires_ns"] <= time.time_ns():
         raise SteerError("expires_ns is in the past")
     return out
@@ -279,8 +282,9 @@ class Steering:
         for j, (host, addr, found, paths, avoid) in enumerate(candidates):
             # every mover of the action places at once on the same loads: each takes its own slots
             # of one stripe (docs/steering.md), the movers in `rank` order, this one's pairs in turn
-            slot = (parsed["rank"] * len(candidates) + j) * self.settings.ports_per_dst
-            keep = self.place(paths, avoid, parsed["hop_loads"], slot)
+            n = self.settings.ports_per_dst
+            keep = self.place(paths, avoid, parsed["hop_loads"], (parsed["rank"] * len(candidates) + j) * n,
+                              parsed["movers"] * len(candidates) * n)
             ports = sorted(found[i][0] for i in keep)
             entry = result.setdefault(host, {"ports": [], "candidates": 0, "kept": 0})
             entry["ports"] += ports
@@ -300,13 +304,14 @@ class Steering:
                  {h: r["ports"] for h, r in result.items()}, table["version"])
         return {"dsts": result}
 
-    def place(self, paths: list[tuple[str, ...]], avoid: set[str], hop_loads: dict[str, float], slot: int) -> list[int]:
+    def place(self, paths: list[tuple[str, ...]], avoid: set[str], hop_loads: dict[str, float], slot: int,
+              slots: int) -> list[int]:
         """The kept candidates of one dst: with `hop_loads` (and a `port_load`), this agent's slots of
-        the stripe of every mover's ports over the avoiding routes by headroom (`stripe`); without,
+        the stripe of all `slots` of the movers' ports over the avoiding routes (`stripe`); without,
         the lowest ports that avoid (or, `port_load` 0, the least loaded: `choose`)."""
         n = self.settings.ports_per_dst
         if hop_loads and self.settings.port_load > 0:
-            return stripe(paths, avoid, hop_loads, n, slot, self.settings.port_load)
+            return stripe(paths, avoid, hop_loads, n, slot, slots, self.settings.port_load)
         return choose([frozenset(p) for p in paths], avoid, load=hop_loads, n=n)
 
     def trace(self, pairs: list[tuple[str, Peer]], dport: int) -> dict[tuple[str, str], list]:

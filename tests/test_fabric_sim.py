@@ -336,6 +336,30 @@ def test_load_aware_moves_relieve_links_the_limits_refused():
     assert any(not (links & set(accepted)) and links & set(refused) for links in left)
 
 
+def test_the_agents_stripe_moves_whole_pairs_off_the_avoided_links():
+    # what the host agents do with hop_loads: every pair with a subflow on an avoided link gets all
+    # its subflows re-placed (a steer replaces a pair's ports), none onto an avoided link, and the
+    # pairs' subflows spread: no pair keeps all of its 4 on one path where it has several
+    ft, job, background, avail = _hotspot_case()
+    ctl = Controller(ft, job, avail, background=background, load_aware=False, stripe=True, max_rounds=1)
+    before = evaluate(ft, job, avail)
+    bad = ctl.detect(before)
+    from correlator.actions.steering import allowed_avoid
+    accepted, _ = allowed_avoid(bad, ctl._groups_touching(bad), Limits())
+    ports, moved = ctl._steer(job, before, set(accepted))
+    after = evaluate(ft, Job(job.src, job.dst, ports), avail)
+    names, avoid = ft.names, set(accepted)
+
+    def links(out, f):
+        return {names[u] for u in ft.undirected(out.paths[f][out.paths[f] >= 0]).tolist()}
+    crossing = {int(ctl.group_of[f]) for f in range(job.size) if links(before, f) & avoid}
+    assert crossing and moved == sum(int((ctl.group_of == g).sum()) for g in crossing)
+    assert all(not links(after, f) & avoid for f in range(job.size) if int(ctl.group_of[f]) in crossing)
+    assert all(ports[f] == job.port[f] for f in range(job.size) if int(ctl.group_of[f]) not in crossing)
+    spread = [len({tuple(after.paths[f]) for f in np.flatnonzero(ctl.group_of == g)}) for g in crossing]
+    assert sum(1 for n in spread if n > 1) >= 0.9 * len(spread)
+
+
 # --- the global planner (issue #26): whole-subflow paths for the whole job at once ---------------
 
 

@@ -22,7 +22,8 @@ def test_parse_steer_names_the_bad_field():
     assert parse_steer({**GOOD, "expires_ns": later})["avoid_hops"] == {"198.19.0.1"}
     for bad, field in [({"avoid_hops": []}, "avoid_hops"), ({"dsts": "host3"}, "dsts"), ({"proto": "tcp"}, "proto"),
                        ({"dport": 0}, "dport"), ({"action_id": True}, "action_id"),
-                       ({"expires_ns": 5}, "expires_ns")]:
+                       ({"expires_ns": 5}, "expires_ns"), ({"rank": 2, "movers": 2}, "rank"),
+                       ({"movers": 0}, "movers")]:
         with pytest.raises(SteerError, match=field):
             parse_steer({**GOOD, "expires_ns": later, **bad})
 
@@ -146,8 +147,8 @@ def test_a_steer_places_its_ports_where_the_loads_leave_room(tmp_path):
     while not done and time.monotonic() < deadline:
         time.sleep(0.01)
     ports = done[0][2]["dsts"]["host3"]["ports"]
-    # flows of 0.25 that fit: 0 on 10.2, 3 on 10.3, 2 on 10.4: rank 0's first two slots
-    assert ports == [49152, 49155]  # via 10.4.0.1 and 10.3.0.1; none on 10.2 (0.9)
+    # its 2 flows of 0.25 poured onto 0.9, 0.2, 0.5: both on 10.3 (0.7; one on 10.4 would be 0.75)
+    assert ports == [49155, 49159]
     with pytest.raises(SteerError, match="hop_loads"):
         parse_steer({**args, "hop_loads": {"10.2.0.1": -1}})
     without = parse_steer({**GOOD, "expires_ns": time.time_ns() + 10**10})
@@ -169,7 +170,7 @@ def _steer_with_loads(s: Steering, hop_loads: dict) -> list[int]:
 def test_kept_ports_spread_by_load_instead_of_herding_onto_one_spine(tmp_path):
     # spines 10.1-10.4 (port p via 10.<(p - 1) % 4 + 1>); 10.1 avoided. By the busiest hop alone
     # (`choose`, what `port_load: 0` keeps) both kept ports take 10.3 (0.6), which their 2 x 0.25
-    # puts at 1.1; by headroom one flow fits on 10.3 and one on 10.4 (0.65), none on 10.2 (0.9)
+    # puts at 1.1; poured to one level, one goes to 10.3 and one to 10.4 (0.65), none to 10.2 (0.9)
     s = MappedSteering(tmp_path, spines=4)
     loads = {"10.2.0.1": 0.9, "10.3.0.1": 0.6, "10.4.0.1": 0.65}
     ports = _steer_with_loads(s, loads)
@@ -255,7 +256,7 @@ def test_the_movers_of_one_action_spread_by_rank_instead_of_all_taking_the_same_
             (tmp_path / f"{ranked}-{rank}").mkdir()
             done.clear()
             args = {**GOOD, "avoid_hops": ["10.1.0.1"], "expires_ns": time.time_ns() + 10**10,
-                    "dsts": ["host3", "host4"], "rank": rank if ranked else 0,
+                    "dsts": ["host3", "host4"], "rank": rank if ranked else 0, "movers": 4 if ranked else 1,
                     "hop_loads": {"10.2.0.1": 0.2, "10.3.0.1": 0.2, "10.4.0.1": 0.2}}
             s.start_steer(args, peers, record)
             deadline = time.monotonic() + 5

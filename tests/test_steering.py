@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from correlator.actions.steering import Limits, allowed_avoid, choose, rebalance, stripe
+from correlator.actions.steering import Limits, allowed_avoid, choose, fill_shares, rebalance, stripe
 
 
 def P(*elements: str) -> frozenset[str]:
@@ -103,41 +103,43 @@ def _uplinks(ports: int, spines: int) -> list[tuple[str, ...]]:
     return [("leaf1", f"spine{i % spines + 1}", "leaf2") for i in range(ports)]
 
 
-def test_stripe_senders_taking_their_own_slots_fill_the_routes_by_what_fits():
-    # 8 senders x 2 ports on 3 routes with room for 4, 4 and 2 flows of 0.1 (spine1 avoided): in
-    # proportion, 6-7 + 6-7 + 3, where each choosing the least loaded alone puts 8 + 8 on two
+def test_stripe_senders_taking_their_own_slots_fill_the_routes_to_one_level():
+    # 8 senders x 2 ports of 0.1 on 3 routes at 0.6, 0.6 and 0.8 (spine1 avoided): poured together
+    # they level at 1.2, so 6 + 6 + 4 of the 16; each choosing the least loaded alone puts 8 + 8 on two
     paths = _uplinks(16, 4)
     load = {"spine2": 0.6, "spine3": 0.6, "spine4": 0.8}
-    placed = [paths[i][1] for rank in range(8) for i in stripe(paths, {"spine1"}, load, 2, rank * 2, 0.1)]
-    counts = {s: placed.count(s) for s in ("spine1", "spine2", "spine3", "spine4")}
-    assert counts["spine1"] == 0 and sum(counts.values()) == 16
-    assert counts["spine4"] == 3 and {counts["spine2"], counts["spine3"]} == {6, 7}
+    placed = [paths[i][1] for rank in range(8) for i in stripe(paths, {"spine1"}, load, 2, rank * 2, 16, 0.1)]
+    assert {s: placed.count(s) for s in ("spine1", "spine2", "spine3", "spine4")} == \
+           {"spine1": 0, "spine2": 6, "spine3": 6, "spine4": 4}
     alone = [paths[i][1] for _ in range(8) for i in choose([frozenset(p) for p in paths], {"spine1"}, load, n=2)]
     assert sorted(alone.count(s) for s in ("spine2", "spine3", "spine4")) == [0, 8, 8]  # the herd
+    assert fill_shares([0.6, 0.6, 0.8], 1.6, 16) == [6, 6, 4]
+    assert fill_shares([0.2, 1.5], 0.4, 4) == [4, 0]  # a route above the level gets none
 
 
 @given(st.integers(2, 6), st.integers(1, 12), st.integers(1, 4))
 @settings(max_examples=60, deadline=None)
 def test_stripe_with_equal_room_spreads_any_number_of_senders_evenly(routes, senders, per_sender):
     paths = _uplinks(8 * routes, routes)
+    total = senders * per_sender
     placed = [paths[i][1] for rank in range(senders)
-              for i in stripe(paths, set(), {}, per_sender, rank * per_sender, 0.05)]
+              for i in stripe(paths, set(), {}, per_sender, rank * per_sender, total, 0.05)]
     counts = [placed.count(f"spine{r + 1}") for r in range(routes)]
-    assert sum(counts) == senders * per_sender and max(counts) - min(counts) <= 1
+    assert sum(counts) == total and max(counts) - min(counts) <= 1
 
 
-def test_stripe_keeps_distinct_paths_avoids_and_falls_back_when_nothing_fits():
+def test_stripe_keeps_distinct_paths_avoids_and_falls_back_when_routes_run_out():
     paths = _uplinks(6, 3)  # two ports per spine
-    assert stripe(paths, {"spine1", "spine2", "spine3"}, {}, 2, 0, 0.1) == []
-    got = stripe(paths, {"spine1"}, {"spine2": 1.0, "spine3": 1.0}, 4, 0, 0.1)  # nothing fits: even
-    assert sorted(got) == [1, 2, 4, 5] and len(set(got)) == 4
-    got = stripe(paths, set(), {"spine1": 0.95, "spine2": 0.5}, 6, 0, 0.1)  # spine1 fits none
-    assert len(got) == 6 and [paths[i][1] for i in got[-2:]] == ["spine1", "spine1"]  # last, when all else is taken
+    assert stripe(paths, {"spine1", "spine2", "spine3"}, {}, 2, 0, 2, 0.1) == []
+    got = stripe(paths, {"spine1"}, {"spine2": 1.0, "spine3": 1.0}, 4, 0, 4, 0.1)  # full alike: even
+    assert sorted(got) == [1, 2, 4, 5]
+    got = stripe(paths, set(), {"spine1": 0.95, "spine2": 0.5}, 6, 0, 6, 0.1)  # spine1 above the level
+    assert len(set(got)) == 6 and [paths[i][1] for i in got[-2:]] == ["spine1", "spine1"]  # only once all else is taken
     # the routes' order is their hops', not the candidates' order: two hosts whose ports hash
     # differently still take the same route for the same slot
     other = list(reversed(paths))
-    assert [paths[i][1] for i in stripe(paths, set(), {}, 3, 5, 0.1)] == \
-           [other[i][1] for i in stripe(other, set(), {}, 3, 5, 0.1)]
+    assert [paths[i][1] for i in stripe(paths, set(), {}, 3, 5, 9, 0.1)] == \
+           [other[i][1] for i in stripe(other, set(), {}, 3, 5, 9, 0.1)]
 
 
 def test_rebalance_relieves_an_overloaded_link_with_as_few_moves_as_it_takes():

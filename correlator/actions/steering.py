@@ -80,52 +80,65 @@ def choose(paths: Sequence[frozenset[str]], avoid: set[str], load: Mapping[str, 
     return ok[:n]
 
 
-MAX_SHARE = 16  # a route's share of the stripe at most (in ports that fit): the stripe's length stays small
+def fill_shares(base: Sequence[float], amount: float, slots: int) -> list[int]:
+    """Water-filling: `amount` poured onto levels `base` (one per route) raises the lowest to one
+    level; each route's part as whole slots of `slots` (largest remainders; together `slots`)."""
+    order = sorted(range(len(base)), key=lambda k: base[k])
+    level, poured = base[order[0]], 0.0
+    for i in range(len(order)):  # raise the i + 1 lowest together until they meet the next
+        top = base[order[i + 1]] if i + 1 < len(order) else float("inf")
+        if poured + (top - level) * (i + 1) >= amount:
+            level += (amount - poured) / (i + 1)
+            break
+        poured += (top - level) * (i + 1)
+        level = top
+    part = [max(0.0, level - b) / amount * slots if amount > 0 else slots / len(base) for b in base]
+    whole = [int(x) for x in part]
+    for k in sorted(range(len(base)), key=lambda k: (whole[k] - part[k], k))[:slots - sum(whole)]:
+        whole[k] += 1
+    return whole
 
 
 def stripe(paths: Sequence[Sequence[Hashable]], avoid: Collection[Hashable], load: Mapping[Hashable, float],
-           n: int, slot: int, unit: float) -> list[int]:
-    """Indices of up to `n` distinct paths that cross nothing in `avoid`, spread over their distinct
-    routes by headroom: slots `slot` .. `slot + n - 1` of one weighted round robin over the routes.
+           n: int, slot: int, slots: int, unit: float) -> list[int]:
+    """Indices of up to `n` distinct paths that cross nothing in `avoid`: slots `slot` ..
+    `slot + n - 1` of one stripe of `slots` over their distinct routes.
 
     For many senders placing at once on the same `load` with no word between them (the movers of
-    an action): each takes its own slots of the same stripe (sender i of m, with k flows each:
-    slots i * k ..), so together they fill the routes in proportion to what fits on each, where
-    each placing alone on the least loaded route would herd onto it. A route's weight is how many
-    flows of `unit` (one flow's load, > 0) fit under its busiest element (at most MAX_SHARE); when
-    none fits anywhere, every route weighs 1. The round robin is the smooth weighted one (nginx's),
-    so a route's slots are spread along the stripe, not bunched. Routes are ordered by their
-    elements in the given order (the hops of a trace, nearest first), which orders them alike on
-    every sender behind the same switch. A route with no unused path left passes its slot to the
-    next one; the stripe used up, the least loaded routes (`choose`'s order) give the rest. Empty
-    when none avoids."""
+    an action): each takes its own slots of the same stripe (sender i of m with k flows each:
+    slots i * k .. of m * k), so together they fill the routes as one would, where each placing
+    alone on the least loaded route would herd onto it. The stripe gives each route the slots that
+    water-filling gives it: the `slots` flows of `unit` (one flow's load) poured onto the routes'
+    busiest elements, so the routes end level; a route already above that level gets none. The
+    order of the slots is the smooth weighted round robin's (nginx's), so any run of them is spread
+    over the routes in proportion, not bunched. Routes are ordered by their elements in the given
+    order (the hops of a trace, nearest first), which orders them alike on every sender behind the
+    same switch. A route with no unused path left passes its slot to the next one. Empty when none
+    avoids."""
     routes: dict[tuple, list[int]] = {}
     avoid = avoid if isinstance(avoid, (set, frozenset)) else set(avoid)
     for i, p in enumerate(paths):
         if not any(e in avoid for e in p):
             routes.setdefault(tuple(p), []).append(i)
+    if not routes:
+        return []
     order = sorted(routes, key=lambda r: tuple(map(str, r)))
-
-    def busiest(route: tuple) -> tuple[float, float]:
-        loads = [float(load.get(e, 0.0)) for e in route]
-        return max(loads, default=0.0), sum(loads)
-    weight = [min(MAX_SHARE, int((1.0 - busiest(r)[0]) / unit + 1e-9)) for r in order]
-    if not any(w > 0 for w in weight):
-        weight = [1] * len(order)
+    slots = max(slots, slot + n, 1)
+    base = [max((float(load.get(e, 0.0)) for e in r), default=0.0) for r in order]
+    weight = fill_shares(base, slots * unit, slots)
     sequence, current = [], [0] * len(order)
-    for _ in range(sum(weight)):  # smooth weighted round robin: the heaviest so far, less the total
+    for _ in range(slots):  # smooth weighted round robin: the heaviest so far, less the total
         current = [c + w for c, w in zip(current, weight)]
         pick = max(range(len(order)), key=lambda k: (current[k], -k))
-        current[pick] -= sum(weight)
+        current[pick] -= slots
         sequence.append(pick)
     free = {r: list(routes[r]) for r in order}
     out: list[int] = []
     for k in range(n):
-        start = slot + k
-        route = next((order[sequence[(start + s) % len(sequence)]] for s in range(len(sequence))
-                      if free[order[sequence[(start + s) % len(sequence)]]]), None)
-        if route is None:  # every route of the stripe used up: the least loaded of the rest
-            route = min((r for r in order if free[r]), key=busiest, default=None)
+        route = next((order[sequence[(slot + k + s) % slots]] for s in range(slots)
+                      if free[order[sequence[(slot + k + s) % slots]]]), None)
+        if route is None:  # the routes with slots used up: the least loaded of the rest
+            route = min((r for r in order if free[r]), key=lambda r: base[order.index(r)], default=None)
             if route is None:
                 break  # every avoiding path is taken
         out.append(free[route].pop(0))

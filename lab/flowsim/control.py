@@ -17,7 +17,11 @@ directed links' offered load / capacity: a subflow on a link over capacity moves
 path whose busiest link after the move is least busy, only if that lowers its own, never onto an
 accepted element, each move counted at once (the next pair sees it); a hot link is relieved, not
 emptied. Otherwise `choose` gets no load and a host pair's moved subflows are spread over the first
-paths that avoid (what an agent that only receives `avoid_hops` can do). `planner`: one round of the
+paths that avoid (what an agent that only receives `avoid_hops` can do). `stripe`: what the host
+agents do with `hop_loads` (hostprobe/steer.py): every host pair with a subflow on an avoided element
+re-places all its subflows with `stripe`, the pairs taking consecutive slots of one stripe over
+their candidate routes filled to one level (offered load / capacity), as the movers of one action
+do by their rank. `planner`: one round of the
 global path planner (planner.py) instead: a path for every subflow at once, ports that reach them,
 the links it leaves empty checked by the same limits; with `traced_only` it keeps to the paths of the
 32 candidate ports the agent traced.
@@ -30,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from correlator.actions.steering import Limits, allowed_avoid, choose, rebalance
+from correlator.actions.steering import Limits, allowed_avoid, choose, rebalance, stripe
 from lab.flowsim.fabric import PAD, PORT_BASE, PORT_SPAN, FatTree
 from lab.flowsim.maxmin import maxmin_rates
 from lab.flowsim.planner import plan, ports_for, slots, split_factor
@@ -104,12 +108,13 @@ class Controller:
     def __init__(self, ft: FatTree, job: Job, avail: np.ndarray, background: np.ndarray | None = None,
                  limits: Limits | None = Limits(), candidates: int = 32, congestion_utilization: float = 0.9,
                  load_aware: bool = True, max_rounds: int = 16, min_gain: float = 1e-3, planner: bool = False,
-                 max_split: int = 4, traced_only: bool = False):
+                 max_split: int = 4, traced_only: bool = False, stripe: bool = False):
         self.ft, self.avail, self.limits = ft, avail, limits
         self.background = background if background is not None else np.zeros(ft.n_links)
         self.congestion_utilization, self.load_aware, self.max_rounds = congestion_utilization, load_aware, max_rounds
         self.min_gain, self.planner, self.max_split = min_gain, planner, max_split
         self.traced_only = traced_only  # the planner keeps to the paths of the candidate ports traced
+        self.stripe = stripe  # the agents' placement (load_aware off)
         self.ids = {name: u for u, name in enumerate(ft.names)}
         # host pairs (groups) and each one's candidate source ports and their paths
         H = ft.hosts
@@ -291,6 +296,8 @@ class Controller:
         by_group: dict[int, list[int]] = {}
         for f in np.flatnonzero(crossing).tolist():
             by_group.setdefault(int(self.group_of[f]), []).append(f)
+        if self.stripe:
+            return self._stripe(job, util, by_group, np.flatnonzero(mask), ports)
         if not self.load_aware:
             moved = 0
             for g, subflows in by_group.items():
@@ -336,6 +343,33 @@ class Controller:
                 util[np.array(paths[j], np.int64)] += weight[f]
                 ports[f] = self.cand_port[g, j] if j < first else job.port[subflows[j - first]]
                 moved += 1
+        return ports, moved
+
+    def _stripe(self, job: Job, util: np.ndarray, by_group: dict[int, list[int]], avoided: np.ndarray,
+                ports: np.ndarray) -> tuple[np.ndarray, int]:
+        """The host agents' placement: each moving pair's subflows (all of them: a steer replaces a
+        pair's ports) take the next slots of one stripe, pairs in (source, destination) order."""
+        ft = self.ft
+        weight = self.potential / ft.capacity[2 * ft.hosts]
+        up, down = ft.directions(avoided)
+        avoid = frozenset(up.tolist()) | frozenset(down.tolist())
+        members: dict[int, list[int]] = {}
+        for f, g in enumerate(self.group_of.tolist()):
+            if g in by_group:
+                members.setdefault(g, []).append(f)
+        slot = moved = 0
+        slots = sum(len(flows) for flows in members.values())
+        for g in sorted(members):  # group ids follow (src, dst) order
+            flows = members[g]
+            paths = [tuple(x for x in row if x != PAD) for row in self.cand_links[g, :, 2:].tolist()]
+            elements = {e for p in paths for e in p}
+            load = {e: float(util[e]) for e in elements}
+            picks = stripe(paths, avoid, load, len(flows), slot, slots, float(weight[flows].mean()))
+            slot += len(flows)
+            for i, f in enumerate(flows):
+                if picks:
+                    ports[f] = self.cand_port[g, picks[i % len(picks)]]
+                    moved += 1
         return ports, moved
 
     @staticmethod

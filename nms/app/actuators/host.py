@@ -42,8 +42,8 @@ class HostRerouteActuator(Actuator):
                     "dport": p.get("dport", 4791), "expires_ns": action.expires_ns or 0,
                     # the moved-to links' loads: the agent places its ports by them (docs/steering.md)
                     "hop_loads": dict(p.get("hop_loads") or {}),
-                    # the agents placing by load at once: each models those ranked before it first
-                    "rank": rank}
+                    # the agents placing by load at once take their own slots of one stripe
+                    "rank": rank, "movers": len(action.targets)}
             (cmd,) = await self.agents.issue([host], "steer", args, f"action {action.id}")
             commands[host] = cmd.id
         return await self._outcome(commands, "steer")
