@@ -134,8 +134,8 @@ class SteeringSettings(Strict):
     candidates: int = Field(16, ge=1, le=1024)  # source ports traced per destination
     ports_per_dst: int = Field(4, ge=1, le=1024)  # how many of those avoiding the element are kept
     # what one kept port's traffic adds to the utilization of the links on its path (`hop_loads`
-    # units; 0.25 = a NIC at line rate over 4 ports): a route's share of the movers' stripe is how
-    # many such ports fit on it (correlator.actions.steering.stripe); 0: the least loaded ports alone
+    # units; 0.25 = a NIC at line rate over 4 ports): the movers' ports are poured onto the routes
+    # in these (correlator.actions.steering.stripe); 0: the least loaded ports alone
     port_load: float = Field(0.25, ge=0, le=1)
     # the port map: the candidates' paths to every peer traced ahead, in the background, so a steer
     # answers without tracing; re-traced after this long or when the prober's paths change; 0: off

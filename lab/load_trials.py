@@ -15,6 +15,9 @@ source ports are picked with the kernel's `ip route get` (lab/paths.py):
   one hash function on every switch polarizes it (the same uplink hot on every leaf);
 * balanced: round robin over the four spines (a pair's QPs on different ones).
 
+The jobs are posted to the service for each trial (POST /jobs), as a scheduler adapter would: the
+planner then steers only the flows between job peers (correlator/actions/planner.py `job_peers`).
+
 A trial is `clean` (collide, no fault: the collision alone is the congestion) or `degraded`
 (balanced, then leaf1's egress to spine1 cut to `CUT` by TBF, healed after the observation, and
 the time until every flow sends from its own port again measured).
@@ -71,6 +74,20 @@ def job_pairs(kind: str, hosts: list[str]) -> list[tuple[str, str]]:
     if kind == "a2a":
         return [(s, d) for s in hosts for d in hosts if s != d]
     return [(hosts[i], hosts[(i + 1) % len(hosts)]) for i in range(len(hosts))]  # ring
+
+
+def register_jobs(mesh: MeshLab, scenario: str) -> list[str]:
+    """The scenario's jobs as a scheduler adapter would post them (their hosts; a ring's ranks with
+    their peers, the NCCL plugin's data): the planner then steers only the flows they have."""
+    ids, now = [], time.time_ns()
+    for name, kind, hosts in JOBS[scenario]:
+        job: dict = {"id": f"{scenario}-{name}", "hosts": hosts, "start": now}
+        if kind == "ring":
+            n = len(hosts)
+            job["ranks"] = [{"rank": i, "host": h, "peers": [(i + 1) % n, (i - 1) % n]} for i, h in enumerate(hosts)]
+        mesh.api("POST", "/jobs", json=job).raise_for_status()
+        ids.append(job["id"])
+    return ids
 
 
 def job_flows(topo, scenario: str, layout: str, hot: float = 0.8,
@@ -161,6 +178,7 @@ def trial(mesh: MeshLab, flows: list[Flow], owner: dict[int, str], scenario: str
     tables = {h.name: agents_dir(mesh.dir) / h.name / "steering.json" for h in mesh.topo.by_role("host")}
     first_action = max((a["id"] for a in mesh.api("GET", "/actions").json()), default=0)
     home = {f.id: f.sport for f in flows}
+    registered = register_jobs(mesh, scenario)
     job = JobTraffic(mesh.topo, flows, Path(tempfile.mkdtemp(prefix=f"{scenario}-{fault}-{mode}-", dir=workdir)),
                      steering=tables).start(24 * 3600)
     fault_id = None
@@ -193,6 +211,8 @@ def trial(mesh: MeshLab, flows: list[Flow], owner: dict[int, str], scenario: str
         if fault_id is not None:
             faults.heal(mesh.dir, fault_id)
         job.stop()
+        for job_id in registered:
+            mesh.api("DELETE", f"/jobs/{job_id}")
 
 
 def roll_back_live(mesh: MeshLab) -> int:

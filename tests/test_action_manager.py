@@ -13,7 +13,7 @@ from correlator.actions.base import Actuator, ActuatorError
 from correlator.actions.manager import ActionManager, ActionRefused
 from correlator.incidents import IncidentManager
 from nms.config.models import ActionsConfig, FabricConfig, SwitchConfig
-from nms.records import Action, Finding
+from nms.records import Action, Finding, Job
 
 S = 10**9
 
@@ -121,6 +121,15 @@ def test_a_reroute_carries_hop_loads_unless_load_aware_is_off(open_state, load_a
     rig.window(finding())
     (action,) = rig.actions()
     assert action.params["hop_loads"] == ({"10.2.2.0": 0.5} if load_aware else {})  # off: avoid_hops alone
+
+
+def test_a_reroute_steers_the_running_jobs_flows_only(open_state):
+    rig = Rig(open_state, **AUTO)
+    rig.state.put_job(Job(id="a", hosts=["h1", "h3"], start=rig.clock.now - S))
+    rig.state.put_job(Job(id="gone", hosts=["h2", "h3"], start=1, end=rig.clock.now - S))  # ended: no say
+    rig.window(finding())
+    (action,) = rig.actions()
+    assert action.params["dsts"] == {"h1": ["h3"], "h2": ["h3", "h4"], "h3": ["h1"], "h4": ["h1", "h2"]}
 
 
 def test_dry_run_records_and_sends_nothing(open_state):

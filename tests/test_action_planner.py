@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from _act_fabric import addresses, incident, topology, uplink
 
-from correlator.actions.planner import avoid_hops, host_pairs, plan
+from correlator.actions.planner import avoid_hops, host_pairs, job_peers, plan
 from correlator.actions.steering import Limits
+from nms.records import Job, RankPlacement
 
 
 def test_congestion_reroutes_every_host_whose_flows_may_cross_the_link():
@@ -22,6 +23,8 @@ def test_congestion_reroutes_every_host_whose_flows_may_cross_the_link():
     assert reroute.params["avoid_hops"] == ["10.1.1.0", "10.1.1.1"]
     assert reroute.params["dport"] == 4791 and reroute.params["proto"] == "udp"
     assert "incident 7" in reroute.reason
+    # the movers behind one leaf share its uplinks: one stripe each (rank, movers)
+    assert reroute.params["stripe"] == {"h1": [0, 2], "h2": [1, 2], "h3": [0, 2], "h4": [1, 2]}
 
 
 def test_a_reroute_in_a_known_direction_moves_the_flows_that_go_that_way():
@@ -36,6 +39,22 @@ def test_a_reroute_in_a_known_direction_moves_the_flows_that_go_that_way():
     both = plan(incident("congestion", direction=up, evidence={"also_direction": "spine1:leaf1->leaf1:up1"}),
                 topology(4), addresses(4))
     assert both.proposals[0].targets == ["h1", "h2", "h3", "h4"]
+
+
+def test_a_host_in_a_running_job_steers_only_its_flows_to_its_job_peers():
+    # h1 and h3 run a job together, h2 and h4 another (their ranks' peers known: h2 only sends to
+    # h4's rank); h1 -> h4 carries no job traffic, so it is not steered, nor is h3 -> h2
+    jobs = [Job(id="a", hosts=["h1", "h3"], start=1),
+            Job(id="b", hosts=["h2", "h4"], start=1,
+                ranks=[RankPlacement(rank=0, host="h2", peers=[1]), RankPlacement(rank=1, host="h4", peers=[0])])]
+    peers = job_peers(jobs)
+    assert peers == {"h1": {"h3"}, "h3": {"h1"}, "h2": {"h4"}, "h4": {"h2"}}
+    [reroute] = plan(incident("congestion"), topology(4), addresses(4), peers=peers).proposals
+    assert reroute.params["dsts"] == {"h1": ["h3"], "h2": ["h4"], "h3": ["h1"], "h4": ["h2"]}
+    # a host in no job keeps every pair; no jobs: as before
+    [reroute] = plan(incident("congestion"), topology(4), addresses(4), peers=job_peers(jobs[:1])).proposals
+    assert reroute.params["dsts"] == {"h1": ["h3"], "h2": ["h3", "h4"], "h3": ["h1"], "h4": ["h1", "h2"]}
+    assert job_peers([]) == {}
 
 
 def test_path_imbalance_reroutes_too():

@@ -115,8 +115,8 @@ def test_a_host_reroute_action_reaches_every_target_agent_signed(bed):
         assert c["args"]["action_id"] == action["id"] and c["args"]["avoid_hops"] == ["10.1.1.0", "10.1.1.1"]
         assert c["args"]["expires_ns"] == action["expires_ns"]
         assert c["args"]["hop_loads"] == action["params"]["hop_loads"]  # the agent places its ports by them
-        # its own slots of the movers' one stripe: its place among the targets, and how many they are
-        assert c["args"]["rank"] == action["targets"].index(c["host"]) and c["args"]["movers"] == len(HOSTS)
+        # its own slots of one stripe with the movers behind its switch: its place among them, their number
+        assert [c["args"]["rank"], c["args"]["movers"]] == action["params"]["stripe"][c["host"]]
     events = bed.api.get(f"/actions/{action['id']}/events", headers=auth("read")).json()
     assert [e["by"] for e in events[:2]] == ["t-act", "t-act"]
     if action["state"] == "failed":  # until hostprobe/steer.py lands, each host's reason is in the result

@@ -146,7 +146,7 @@ class ActionManager:
         await self._withdraw(inc.id, planner.fitting_kinds(inc)[0],
                              f"incident {inc.id} is now {inc.kind}, for which the planner does not propose it")
         result = planner.plan(inc, topology, addresses, self.limits, self._avoided(), self.config.dport,
-                                  self.port_loads())
+                              self.port_loads(), self._job_peers())
         for note in result.notes:
             log.info("incident %d (%s on %s): %s", inc.id, inc.kind, inc.element, note)
         for element, reason in result.refused.items():
@@ -191,6 +191,10 @@ class ActionManager:
             if a.kind in STEERING_KINDS and not a.dry_run:
                 out.setdefault(a.element, set()).add(a.kind)
         return out
+
+    def _job_peers(self) -> dict[str, set[str]]:
+        """Host -> the hosts it has job traffic with, from the jobs running now (planner.job_peers)."""
+        return planner.job_peers(self.state.list_jobs(active_at=self.clock(), limit=1_000_000))
 
     def _rate_refusal(self, kind: str) -> str | None:
         now = self.clock()
@@ -422,7 +426,7 @@ class ActionManager:
             proposals = [proposal]
         else:
             result = planner.plan(incident, topology, addresses, self.limits, self._avoided(), self.config.dport,
-                                  self.port_loads())
+                                  self.port_loads(), self._job_peers())
             proposals = [p for p in result.proposals if kind is None or p.kind == kind]
             if not proposals:
                 raise ActionRefused("; ".join(result.notes) or f"nothing to do for {kind}")

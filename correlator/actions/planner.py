@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from itertools import permutations
 
 from correlator.actions.steering import Limits, allowed_avoid
-from nms.records import ActionKind, FabricPath, FabricTopology, Incident, InterfaceAddress
+from nms.records import ActionKind, FabricPath, FabricTopology, Incident, InterfaceAddress, Job
 from nms.topology import ecmp_paths, parse_end
 
 REROUTE_KINDS = frozenset({"congestion", "path_imbalance"})
@@ -85,6 +85,42 @@ def _pairs_to_move(pairs: dict[str, set[str]], every: list[tuple[str, str]]) -> 
     if len(pairs) * len(dsts) <= MAX_PAIRS:
         return {(s, d) for s in pairs for d in dsts if d != s}
     return {(s, d) for s, ds in pairs.items() for d in ds}
+
+
+def job_peers(jobs: Iterable[Job]) -> dict[str, set[str]]:
+    """Host -> the hosts it exchanges a job's traffic with, from the running jobs: its ranks' peers'
+    hosts where the job knows them (the NCCL plugin's data, or the scheduler's), else every other
+    host of the job. A host in no job is absent (its flows are not known)."""
+    out: dict[str, set[str]] = {}
+    for job in jobs:
+        host_of = {r.rank: r.host for r in job.ranks}
+        if any(r.peers for r in job.ranks):
+            for r in job.ranks:
+                out.setdefault(r.host, set()).update(host_of[p] for p in r.peers if p in host_of)
+        else:
+            for h in job.hosts:
+                out.setdefault(h, set()).update(job.hosts)
+    for host, peers in out.items():
+        peers.discard(host)
+    return out
+
+
+def stripes(topology: FabricTopology, hosts: Iterable[str]) -> dict[str, list[int]]:
+    """Host -> [rank, movers] among the given hosts behind the same switch: the movers whose flows
+    share that switch's uplinks place their ports as one stripe (correlator.actions.steering.stripe);
+    those behind other switches use other uplinks. A host with no known switch is a stripe alone."""
+    host_set = set(hosts)
+    switch_of: dict[str, str] = {}
+    for link in topology.links:
+        (a, _), (b, _) = parse_end(link.a), parse_end(link.b)
+        if a in host_set and b not in host_set:
+            switch_of.setdefault(a, b)
+        elif b in host_set and a not in host_set:
+            switch_of.setdefault(b, a)
+    groups: dict[str, list[str]] = {}
+    for h in sorted(host_set):
+        groups.setdefault(switch_of.get(h, h), []).append(h)
+    return {h: [i, len(g)] for g in groups.values() for i, h in enumerate(g)}
 
 
 def _crosses(topology: FabricTopology, src: str, dst: str, element: str, direction: str | None) -> bool:
@@ -208,10 +244,13 @@ def fitting_kinds(incident: Incident) -> tuple[frozenset[str], str]:
 
 def plan(incident: Incident, topology: FabricTopology, addresses: Iterable[InterfaceAddress],
          limits: Limits = Limits(), avoided: Mapping[str, Iterable[str]] | None = None,
-         dport: int = ROCE_DPORT, port_loads: Mapping[tuple[str, str], float] | None = None) -> Plan:
+         dport: int = ROCE_DPORT, port_loads: Mapping[tuple[str, str], float] | None = None,
+         peers: Mapping[str, set[str]] | None = None) -> Plan:
     """What to do about one incident. `avoided`: element -> the kinds of the active actions that
     steer off it already (a drain may still join a host reroute on the same element).
-    `port_loads`: (device, port) -> inbound utilization, for the reroute's `hop_loads`."""
+    `port_loads`: (device, port) -> inbound utilization, for the reroute's `hop_loads`.
+    `peers` (`job_peers` of the running jobs): a host in a job steers only its flows to its job
+    peers, the traffic it has (the agents then place those alone); a host in none, every pair."""
     out = Plan()
     kinds, why_not = fitting_kinds(incident)
     active = set((avoided or {}).get(incident.element, ()))
@@ -262,12 +301,14 @@ def plan(incident: Incident, topology: FabricTopology, addresses: Iterable[Inter
             direction = None if incident.evidence.get("also_direction") else incident.direction
             movers: dict[str, list[str]] = {}
             for s, d in sorted(considered):
+                if peers and s in peers and d not in peers[s]:
+                    continue  # no job traffic between them
                 if any(element in p for p in groups[f"{s}>{d}"]) and _crosses(topology, s, d, element, direction):
                     movers.setdefault(s, []).append(d)
             if movers:
                 loads = hop_loads(common["moved_to"], addresses, port_loads or {})
                 out.proposals.append(Proposal("host_reroute", element, "link", sorted(movers),
                                               {"avoid_hops": hops, "dsts": movers, "proto": "udp", "dport": dport,
-                                               "hop_loads": loads} | common,
+                                               "hop_loads": loads, "stripe": stripes(topology, movers)} | common,
                                               why))
     return out

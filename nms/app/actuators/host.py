@@ -36,14 +36,16 @@ class HostRerouteActuator(Actuator):
             raise ActuatorError(f"no agent registered on {', '.join(missing)}")
         p = action.params
         commands = {}
-        for rank, host in enumerate(action.targets):
+        stripe = p.get("stripe") or {h: [i, len(action.targets)] for i, h in enumerate(action.targets)}
+        for host in action.targets:
+            rank, movers = stripe.get(host, [0, 1])
             args = {"action_id": action.id, "element": action.element, "avoid_hops": list(p.get("avoid_hops", [])),
                     "dsts": list(p.get("dsts", {}).get(host, [])), "proto": p.get("proto", "udp"),
                     "dport": p.get("dport", 4791), "expires_ns": action.expires_ns or 0,
                     # the moved-to links' loads: the agent places its ports by them (docs/steering.md)
                     "hop_loads": dict(p.get("hop_loads") or {}),
-                    # the agents placing by load at once take their own slots of one stripe
-                    "rank": rank, "movers": len(action.targets)}
+                    # the agents behind one switch place at once: each takes its own slots of one stripe
+                    "rank": rank, "movers": movers}
             (cmd,) = await self.agents.issue([host], "steer", args, f"action {action.id}")
             commands[host] = cmd.id
         return await self._outcome(commands, "steer")
