@@ -75,8 +75,8 @@ def main() -> None:
     args = ap.parse_args()
     steering = Steering(SteeringSettings(candidates=16, ports_per_dst=PORTS, port_load=0.12), Path("/nonexistent"),
                         b"k" * 16, 1, 8, 1.0, lambda: 1)
-    print(f"{'case':22} {'jobs':5} {'placement':9} {'busiest uplink p50 / p95 / max':>30} {'level':>5}  "
-          f"mean flows per spine 2..4")
+    print(f"{'case':22} {'jobs':5} {'placement':9} {'busiest uplink p50 / p95 / max':>30} {'level':>5} "
+          f"{'p50/level':>9}  mean flows per spine 2..4")
     for name, (by_spine, other) in CASES.items():
         loads = {f"{kind}{s}from{leaf}" if kind == "S" else f"L{leaf}from{s}": u
                  for s, u in by_spine.items() for leaf in (1, 2) for kind in ("S", "L")}
@@ -96,7 +96,8 @@ def main() -> None:
                 q = statistics.quantiles(busiest, n=20)
                 mean = [round(total[s] / args.layouts, 1) for s in (2, 3, 4)]
                 print(f"{name:22} {'known' if jobs else 'no':5} {mode:9} "
-                      f"{statistics.median(busiest):>14.2f} / {q[18]:.2f} / {max(busiest):.2f} {level:5.2f}  {mean}")
+                      f"{statistics.median(busiest):>14.2f} / {q[18]:.2f} / {max(busiest):.2f} {level:5.2f} "
+                      f"{statistics.median(busiest) / level:9.2f}  {mean}")
 
 
 if __name__ == "__main__":
