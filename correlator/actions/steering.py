@@ -10,8 +10,11 @@ is the set of element names it crosses (links as `dev:port--dev:port`, NICs, dev
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,17 @@ def fill_shares(base: Sequence[float], amount: float, slots: int) -> list[int]:
     return whole
 
 
+@functools.lru_cache(maxsize=256)
+def _round_robin(weight: tuple[int, ...]) -> list[int]:
+    """Route indexes in stride-scheduling order: route r's k-th turn at (k + 0.5) / weight[r], ties
+    to the lower index; every prefix of the sequence holds each route in proportion to its weight
+    (within about one). Cached: a steer's destinations behind one switch mostly share their weights."""
+    w = np.asarray(weight, dtype=np.int64)
+    route = np.repeat(np.arange(w.size), w)
+    turn = np.arange(route.size) - np.repeat(np.cumsum(w) - w, w)
+    return route[np.argsort((turn + 0.5) / w[route], kind="stable")].tolist()
+
+
 def stripe(paths: Sequence[Sequence[Hashable]], avoid: Collection[Hashable], load: Mapping[Hashable, float],
            n: int, slot: int, slots: int, unit: float) -> list[int]:
     """Indices of up to `n` distinct paths that cross nothing in `avoid`: slots `slot` ..
@@ -110,8 +124,8 @@ def stripe(paths: Sequence[Sequence[Hashable]], avoid: Collection[Hashable], loa
     alone on the least loaded route would herd onto it. The stripe gives each route the slots that
     water-filling gives it: the `slots` flows of `unit` (one flow's load) poured onto the routes'
     busiest elements, so the routes end level; a route already above that level gets none. The
-    order of the slots is the smooth weighted round robin's (nginx's), so any run of them is spread
-    over the routes in proportion, not bunched. Routes are ordered by their elements in the given
+    slots are in stride-scheduling order, so any run of them is spread over the routes in
+    proportion, not bunched. Routes are ordered by their elements in the given
     order (the hops of a trace, nearest first), which orders them alike on every sender behind the
     same switch. A route with no unused path left passes its slot to the next one. Empty when none
     avoids."""
@@ -125,13 +139,7 @@ def stripe(paths: Sequence[Sequence[Hashable]], avoid: Collection[Hashable], loa
     order = sorted(routes, key=lambda r: tuple(map(str, r)))
     slots = max(slots, slot + n, 1)
     base = [max((float(load.get(e, 0.0)) for e in r), default=0.0) for r in order]
-    weight = fill_shares(base, slots * unit, slots)
-    sequence, current = [], [0] * len(order)
-    for _ in range(slots):  # smooth weighted round robin: the heaviest so far, less the total
-        current = [c + w for c, w in zip(current, weight)]
-        pick = max(range(len(order)), key=lambda k: (current[k], -k))
-        current[pick] -= slots
-        sequence.append(pick)
+    sequence = _round_robin(tuple(fill_shares(base, slots * unit, slots)))
     free = {r: list(routes[r]) for r in order}
     out: list[int] = []
     for k in range(n):

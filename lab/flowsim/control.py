@@ -19,9 +19,9 @@ accepted element, each move counted at once (the next pair sees it); a hot link 
 emptied. Otherwise `choose` gets no load and a host pair's moved subflows are spread over the first
 paths that avoid (what an agent that only receives `avoid_hops` can do). `stripe`: what the host
 agents do with `hop_loads` (hostprobe/steer.py): every host pair with a subflow on an avoided element
-re-places all its subflows with `stripe`, the pairs taking consecutive slots of one stripe over
-their candidate routes filled to one level (offered load / capacity), as the movers of one action
-do by their rank. `planner`: one round of the
+re-places all its subflows with `stripe`, the pairs behind one edge switch taking consecutive slots
+of one stripe over their candidate routes filled to one level (offered load / capacity), as the
+movers of one action do by their rank. `planner`: one round of the
 global path planner (planner.py) instead: a path for every subflow at once, ports that reach them,
 the links it leaves empty checked by the same limits; with `traced_only` it keeps to the paths of the
 32 candidate ports the agent traced.
@@ -357,15 +357,21 @@ class Controller:
         for f, g in enumerate(self.group_of.tolist()):
             if g in by_group:
                 members.setdefault(g, []).append(f)
-        slot = moved = 0
-        slots = sum(len(flows) for flows in members.values())
+        # one stripe per edge switch: the movers behind it share its uplinks (planner.stripes)
+        edge_of = {g: int(ft.edge(job.src[flows[0]])) for g, flows in members.items()}
+        slots: dict[int, int] = {}
+        for g, flows in members.items():
+            slots[edge_of[g]] = slots.get(edge_of[g], 0) + len(flows)
+        taken: dict[int, int] = {}
+        moved = 0
         for g in sorted(members):  # group ids follow (src, dst) order
-            flows = members[g]
+            flows, edge = members[g], edge_of[g]
             paths = [tuple(x for x in row if x != PAD) for row in self.cand_links[g, :, 2:].tolist()]
             elements = {e for p in paths for e in p}
             load = {e: float(util[e]) for e in elements}
-            picks = stripe(paths, avoid, load, len(flows), slot, slots, float(weight[flows].mean()))
-            slot += len(flows)
+            slot = taken.get(edge, 0)
+            picks = stripe(paths, avoid, load, len(flows), slot, slots[edge], float(weight[flows].mean()))
+            taken[edge] = slot + len(flows)
             for i, f in enumerate(flows):
                 if picks:
                     ports[f] = self.cand_port[g, picks[i % len(picks)]]
