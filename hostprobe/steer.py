@@ -3,12 +3,13 @@ table that the job's traffic follows (docs/steering.md).
 
 `steer` {"action_id", "element", "avoid_hops": [ip...], "dsts": [peer host...], "proto": "udp",
 "dport": 4791, "expires_ns", "hop_loads": {ip: utilization}, "rank", "movers"}: for every NIC
-address of each peer, Paris-traceroute (hostprobe.trace) each candidate source port with the flow's own 5-tuple (our
-address:port -> peer:dport), or take its path from the port map, keep `ports_per_dst` of the ports
-whose forward hops include none of `avoid_hops` (a trace with a silent router in it is unknown and
-never kept): with `hop_loads`, this agent's slots (by its `rank` among the action's `movers`) of
-one stripe of every mover's ports over the avoiding routes, filled to one level
-(correlator.actions.steering.stripe), else the lowest, and write them to the steering table. The result:
+address of each peer, Paris-traceroute (hostprobe.trace) each candidate source port with the
+flow's own 5-tuple (our address:port -> peer:dport), or take its path from the port map, keep
+`ports_per_dst` of the ports whose forward hops include none of `avoid_hops` (a trace with a
+silent router in it is unknown and never kept): with `hop_loads`, this agent's slots (its `rank`
+among the `movers` behind its switch) of their one stripe over the avoiding routes, filled to one
+level (correlator.actions.steering.stripe), else the lowest; and write them to the steering
+table. The result:
 {"dsts": {host: {"ports": [...], "candidates": n, "kept": k}}}. A dst where no port avoids the
 element gets no entry (its traffic keeps hashing as before) and says so in the result.
 
@@ -280,8 +281,8 @@ class Steering:
             avoid = {"?"}.union(parsed["avoid_hops"], *(self.avoiding.get(a, ()) for a in earlier))
             candidates.append((host, addr, found, paths, avoid))
         for j, (host, addr, found, paths, avoid) in enumerate(candidates):
-            # every mover of the action places at once on the same loads: each takes its own slots
-            # of one stripe (docs/steering.md), the movers in `rank` order, this one's pairs in turn
+            # the movers behind our switch place at once on the same loads: each takes its own run
+            # of their one stripe (docs/steering.md), in `rank` order, this one's pairs in turn
             n = self.settings.ports_per_dst
             keep = self.place(paths, avoid, parsed["hop_loads"], (parsed["rank"] * len(candidates) + j) * n,
                               parsed["movers"] * len(candidates) * n)

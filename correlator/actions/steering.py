@@ -125,10 +125,10 @@ def stripe(paths: Sequence[Sequence[Hashable]], avoid: Collection[Hashable], loa
     water-filling gives it: the `slots` flows of `unit` (one flow's load) poured onto the routes'
     busiest elements, so the routes end level; a route already above that level gets none. The
     slots are in stride-scheduling order, so any run of them is spread over the routes in
-    proportion, not bunched. Routes are ordered by their elements in the given
-    order (the hops of a trace, nearest first), which orders them alike on every sender behind the
-    same switch. A route with no unused path left passes its slot to the next one. Empty when none
-    avoids."""
+    proportion, not bunched. Routes are ordered by their elements in the given order (the hops of
+    a trace, nearest first), which orders them alike on every sender behind the same switch. A
+    route with no unused path left passes its slot to the next one; when the routes with slots are
+    used up, the least loaded of the rest. Empty when none avoids."""
     routes: dict[tuple, list[int]] = {}
     avoid = avoid if isinstance(avoid, (set, frozenset)) else set(avoid)
     for i, p in enumerate(paths):
