@@ -128,6 +128,17 @@ def test_stripe_with_equal_room_spreads_any_number_of_senders_evenly(routes, sen
     assert sum(counts) == total and max(counts) - min(counts) <= 1
 
 
+@given(st.lists(st.floats(0, 2), min_size=1, max_size=8), st.integers(1, 200), st.floats(0.01, 0.5))
+@settings(max_examples=100, deadline=None)
+def test_fill_shares_levels_the_routes_it_fills(base, slots, unit):
+    shares = fill_shares(base, slots * unit, slots)
+    assert sum(shares) == slots and min(shares) >= 0
+    ends = [b + n * unit for b, n in zip(base, shares) if n]
+    # the filled routes end level, within a slot's rounding; a route left empty was above that level
+    assert max(ends) - min(ends) <= 2 * unit + 1e-9
+    assert all(b >= min(ends) - 2 * unit - 1e-9 for b, n in zip(base, shares) if not n)
+
+
 def test_stripe_keeps_distinct_paths_avoids_and_falls_back_when_routes_run_out():
     paths = _uplinks(6, 3)  # two ports per spine
     assert stripe(paths, {"spine1", "spine2", "spine3"}, {}, 2, 0, 2, 0.1) == []
