@@ -102,15 +102,18 @@ def fill_shares(base: Sequence[float], amount: float, slots: int) -> list[int]:
     return whole
 
 
-@functools.lru_cache(maxsize=256)
-def _round_robin(weight: tuple[int, ...]) -> list[int]:
+@functools.lru_cache(maxsize=32)
+def _round_robin(weight: tuple[int, ...]) -> np.ndarray:
     """Route indexes in stride-scheduling order: route r's k-th turn at (k + 0.5) / weight[r], ties
     to the lower index; every prefix of the sequence holds each route in proportion to its weight
-    (within about one). Cached: a steer's destinations behind one switch mostly share their weights."""
+    (within about one). Cached (int32, read-only: at most 32 x 4 bytes x the slots): a steer's
+    destinations behind one switch mostly share their weights."""
     w = np.asarray(weight, dtype=np.int64)
     route = np.repeat(np.arange(w.size), w)
     turn = np.arange(route.size) - np.repeat(np.cumsum(w) - w, w)
-    return route[np.argsort((turn + 0.5) / w[route], kind="stable")].tolist()
+    out = route[np.argsort((turn + 0.5) / w[route], kind="stable")].astype(np.int32)
+    out.flags.writeable = False
+    return out
 
 
 def stripe(paths: Sequence[Sequence[Hashable]], avoid: Collection[Hashable], load: Mapping[Hashable, float],
@@ -143,8 +146,8 @@ def stripe(paths: Sequence[Sequence[Hashable]], avoid: Collection[Hashable], loa
     free = {r: list(routes[r]) for r in order}
     out: list[int] = []
     for k in range(n):
-        route = next((order[sequence[(slot + k + s) % slots]] for s in range(slots)
-                      if free[order[sequence[(slot + k + s) % slots]]]), None)
+        route = next((order[int(sequence[(slot + k + s) % slots])] for s in range(slots)
+                      if free[order[int(sequence[(slot + k + s) % slots])]]), None)
         if route is None:  # the routes with slots used up: the least loaded of the rest
             route = min((r for r in order if free[r]), key=lambda r: base[order.index(r)], default=None)
             if route is None:
