@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from nms.config.models import BusConfig
 
 log = logging.getLogger(__name__)
+# JetStream's "no suitable peers for placement": a stream's replicas need more peers than are up now
+NO_SUITABLE_PEERS = 10005
 REPLAY_IDLE_S = 30.0  # a replay's consumer left behind (its process died) goes by itself after this
 
 # a NATS connection that is down or a JetStream request that got no answer: retry later
@@ -341,6 +343,8 @@ class NatsBus:
                         await self._js.update_stream(config)
                         log.info("bus: stream %s updated (%s)", spec.name, ", ".join(changed))
             except nats.js.errors.APIError as e:
+                if e.err_code == NO_SUITABLE_PEERS:  # fewer JetStream peers up than replicas: nodes starting
+                    raise BusUnavailable(f"stream {spec.name}: {e}") from None
                 raise BusError(f"stream {spec.name}: JetStream refused its configuration: {e}") from None
             except _UNAVAILABLE as e:
                 raise BusUnavailable(f"stream {spec.name}: no answer from JetStream: {e}") from None

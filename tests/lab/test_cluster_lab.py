@@ -37,6 +37,7 @@ COUNTS = {"api": 2, "poll": 2, "correlate": 2, "write": 2}
 HEARTBEAT = "1s"
 FOUND_S = 30.0  # a takeover re-reads the streams before it correlates (the single process: 10 s)
 RESOLVED_S = 60.0
+SWITCH_DOWN_HOLD_S = 3.0  # a dead spine stays dead this long after its device_down: its links nest under it
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +88,12 @@ def failure(m: ClusterMesh, link, victims, kind: str = "link-down") -> dict:
         found = next((i for i in incidents(m, since=start) if i["element"] == element), None)
         if found is not None:
             flagged = first_as(m, found["id"], want)
+    if kind == "switch-down" and flagged is not None:
+        # the spine's links are the leaves' members': one judged from a poll a second later than the
+        # spine core's own finding opens its link_down then, and is nested under the device_down by
+        # the next window that still finds the spine down. Healed at once, that window never came
+        # and the link's incident stood alone (seen once in a full run)
+        time.sleep(SWITCH_DOWN_HOLD_S)
     faults.heal(m.dir, fault["id"])
     resolved = None
     if found is not None:
