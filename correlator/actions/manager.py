@@ -146,7 +146,7 @@ class ActionManager:
         await self._withdraw(inc.id, planner.fitting_kinds(inc)[0],
                              f"incident {inc.id} is now {inc.kind}, for which the planner does not propose it")
         result = planner.plan(inc, topology, addresses, self.limits, self._avoided(), self.config.dport,
-                              self.port_loads(), self._job_peers())
+                              self.port_loads(), self._job_peers)
         for note in result.notes:
             log.info("incident %d (%s on %s): %s", inc.id, inc.kind, inc.element, note)
         for element, reason in result.refused.items():
@@ -426,7 +426,7 @@ class ActionManager:
             proposals = [proposal]
         else:
             result = planner.plan(incident, topology, addresses, self.limits, self._avoided(), self.config.dport,
-                                  self.port_loads(), self._job_peers())
+                                  self.port_loads(), self._job_peers)
             proposals = [p for p in result.proposals if kind is None or p.kind == kind]
             if not proposals:
                 raise ActionRefused("; ".join(result.notes) or f"nothing to do for {kind}")

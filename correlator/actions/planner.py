@@ -19,7 +19,7 @@ InterfaceAddress of each switch end.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import permutations
 
@@ -245,12 +245,12 @@ def fitting_kinds(incident: Incident) -> tuple[frozenset[str], str]:
 def plan(incident: Incident, topology: FabricTopology, addresses: Iterable[InterfaceAddress],
          limits: Limits = Limits(), avoided: Mapping[str, Iterable[str]] | None = None,
          dport: int = ROCE_DPORT, port_loads: Mapping[tuple[str, str], float] | None = None,
-         peers: Mapping[str, set[str]] | None = None) -> Plan:
+         peers: Callable[[], Mapping[str, set[str]]] | None = None) -> Plan:
     """What to do about one incident. `avoided`: element -> the kinds of the active actions that
     steer off it already (a drain may still join a host reroute on the same element).
     `port_loads`: (device, port) -> inbound utilization, for the reroute's `hop_loads`.
-    `peers` (`job_peers` of the running jobs): a host in a job steers only its flows to its job
-    peers, the traffic it has (the agents then place those alone); a host in none, every pair."""
+    `peers`: gives `job_peers` of the running jobs, asked only when a reroute is built: a host in a
+    job steers only its flows to its job peers, the traffic it has; a host in none, every pair."""
     out = Plan()
     kinds, why_not = fitting_kinds(incident)
     active = set((avoided or {}).get(incident.element, ()))
@@ -300,8 +300,9 @@ def plan(incident: Incident, topology: FabricTopology, addresses: Iterable[Inter
             # the loaded / lossy direction's flows (both when both or neither is known)
             direction = None if incident.evidence.get("also_direction") else incident.direction
             movers: dict[str, list[str]] = {}
+            talks = peers() if peers is not None else {}
             for s, d in sorted(considered):
-                if peers and s in peers and d not in peers[s]:
+                if s in talks and d not in talks[s]:
                     continue  # no job traffic between them
                 if any(element in p for p in groups[f"{s}>{d}"]) and _crosses(topology, s, d, element, direction):
                     movers.setdefault(s, []).append(d)

@@ -143,16 +143,16 @@ def stripe(paths: Sequence[Sequence[Hashable]], avoid: Collection[Hashable], loa
     slots = max(slots, slot + n, 1)
     base = [max((float(load.get(e, 0.0)) for e in r), default=0.0) for r in order]
     sequence = _round_robin(tuple(fill_shares(base, slots * unit, slots)))
-    free = {r: list(routes[r]) for r in order}
+    free = [list(routes[r]) for r in order]
     out: list[int] = []
     for k in range(n):
-        route = next((order[int(sequence[(slot + k + s) % slots])] for s in range(slots)
-                      if free[order[int(sequence[(slot + k + s) % slots])]]), None)
-        if route is None:  # the routes with slots used up: the least loaded of the rest
-            route = min((r for r in order if free[r]), key=lambda r: base[order.index(r)], default=None)
-            if route is None:
+        at = next((int(sequence[(slot + k + s) % slots]) for s in range(slots)
+                   if free[sequence[(slot + k + s) % slots]]), None)
+        if at is None:  # the routes with slots used up: the least loaded of the rest
+            at = min((i for i in range(len(order)) if free[i]), key=lambda i: base[i], default=None)
+            if at is None:
                 break  # every avoiding path is taken
-        out.append(free[route].pop(0))
+        out.append(free[at].pop(0))
     return out
 
 
