@@ -1,5 +1,6 @@
-"""Load-aware steering on a wider lab (issue #26): jobs' goodput under ECMP, avoid-only steering and
-load-aware steering, with no fault and with one degraded link, and the flows' return after the heal.
+"""Load-aware steering on a wider lab (issue #26): jobs' goodput under ECMP, avoid-only steering,
+load-aware steering and planned routes, with no fault and with one degraded link, and the flows'
+return after the heal.
 
     sudo .venv/bin/python bench/traffic_load_aware.py [--trials 2] [--observe 15] [--window 5]
 
@@ -15,9 +16,10 @@ per pair (lab/load_trials.py): scenario A two all-to-all jobs, B an all-to-all a
 
 Modes, one after the other on one lab (the service restarts between them): ecmp (actions.dry_run),
 avoid (actions.load_aware false: the steer carries avoid_hops only), load (hop_loads: the agents
-place their ports by load). Reported per scenario, fault and mode: each job's goodput over the
-observation's last `--window` s (aggregate, slowest flow, collective = slowest x flows) and the
-ratios to ECMP. Target: >= 1.3x ECMP for the two all-to-all jobs.
+place their ports by load; actions.plan_routes false), plan (the service's planned routes, which
+the agents follow; the same ports_per_dst and port_load as the agents'). Reported per scenario,
+fault and mode: each job's goodput over the observation's last `--window` s (aggregate, slowest
+flow, collective = slowest x flows) and the ratios to ECMP. Target: >= 1.3x ECMP for the two all-to-all jobs.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=2)
     ap.add_argument("--observe", type=float, default=15.0, help="seconds per trial (of the fault, when degraded)")
     ap.add_argument("--window", type=float, default=5.0, help="goodput over the observation's last seconds")
-    ap.add_argument("--modes", default="ecmp,avoid,load")
+    ap.add_argument("--modes", default="ecmp,avoid,load,plan")
     ap.add_argument("--cases", default=",".join(f"{s}-{f}" for s, f in CASES))
     ap.add_argument("--hot", type=float, default=0.8, help="clean: share of each leaf's cross flows on spine1")
     ap.add_argument("--rate", type=float, default=RATE / 1e6, help="Mbit/s per flow (and the agents' port_load)")
@@ -106,7 +108,7 @@ def report(results: list[Trial], cases: list) -> None:
           f"{'agg ratio':>9} {'coll ratio':>10} {'return s':>8}")
     for scenario, fault in cases:
         base: dict[str, dict[str, float]] = {}
-        for mode in ("ecmp", "avoid", "load"):
+        for mode in ("ecmp", "avoid", "load", "plan"):
             ts = [t for t in results if (t.scenario, t.fault, t.mode) == (scenario, fault, mode)]
             if not ts:
                 continue

@@ -2,11 +2,14 @@
 table that the job's traffic follows (docs/steering.md).
 
 `steer` {"action_id", "element", "avoid_hops": [ip...], "dsts": [peer host...], "proto": "udp",
-"dport": 4791, "expires_ns", "hop_loads": {ip: utilization}, "rank", "movers"}: for every NIC
+"dport": 4791, "expires_ns", "hop_loads": {ip: utilization}, "rank", "movers",
+"routes": {peer host: [[ip...]...]}}: for every NIC
 address of each peer, Paris-traceroute (hostprobe.trace) each candidate source port with the
 flow's own 5-tuple (our address:port -> peer:dport), or take its path from the port map, keep
 `ports_per_dst` of the ports whose forward hops include none of `avoid_hops` (a trace with a
-silent router in it is unknown and never kept): with `hop_loads`, this agent's slots (its `rank`
+silent router in it is unknown and never kept): first, for each of the service's planned `routes`
+to the peer, a port whose hops hold every address of the route (the service placed every mover's
+flows at once: correlator.actions.placement); the rest with `hop_loads`, this agent's slots (its `rank`
 among the `movers` behind its switch) of their one stripe over the avoiding routes, filled to one
 level (correlator.actions.steering.stripe), else the lowest; and write them to the steering
 table. The result:
@@ -130,7 +133,14 @@ def parse_steer(args: dict) -> dict:
             isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e6
             for k, v in loads.items()):
         raise SteerError("bad hop_loads: want {address: utilization >= 0}")
+    routes = args.get("routes", {})
+    if not isinstance(routes, dict) or not all(
+            isinstance(d, str) and isinstance(rs, list) and all(
+                isinstance(r, list) and r and all(isinstance(h, str) for h in r) for r in rs)
+            for d, rs in routes.items()):
+        raise SteerError("bad routes: want {peer host: [[address...]...]}")
     out = {"action_id": _int(args, "action_id", 0, 2**63), "avoid_hops": set(hops), "dsts": dsts,
+           "routes": {d: [tuple(r) for r in rs] for d, rs in routes.items()},
            "hop_loads": {k: float(v) for k, v in loads.items()},
            "rank": _int({"rank": args.get("rank", 0)}, "rank", 0, 1 << 16),
            "dport": _int({"dport": args.get("dport", ROCE_V2_PORT)}, "dport", 1, 65535),
@@ -284,10 +294,14 @@ class Steering:
             # the movers behind our switch place at once on the same loads: each takes its own run
             # of their one stripe (docs/steering.md), in `rank` order, this one's pairs in turn
             n = self.settings.ports_per_dst
-            keep = self.place(paths, avoid, parsed["hop_loads"], (parsed["rank"] * len(candidates) + j) * n,
-                              parsed["movers"] * len(candidates) * n)
+            planned = follow(parsed["routes"].get(host, []), paths, avoid, n)
+            keep = planned + [i for i in self.place(paths, avoid, parsed["hop_loads"],
+                                                    (parsed["rank"] * len(candidates) + j) * n,
+                                                    parsed["movers"] * len(candidates) * n)
+                              if i not in planned][:n - len(planned)]
             ports = sorted(found[i][0] for i in keep)
-            entry = result.setdefault(host, {"ports": [], "candidates": 0, "kept": 0})
+            entry = result.setdefault(host, {"ports": [], "candidates": 0, "kept": 0, "planned": 0})
+            entry["planned"] += len(planned)
             entry["ports"] += ports
             entry["candidates"] += len(found)
             entry["kept"] += sum(1 for p in paths if not avoid.intersection(p))
@@ -353,6 +367,22 @@ class Steering:
             out[key] = [(j.sport, [h for h in j.fwd] if j.finished and None not in j.fwd else None)
                         for j in js]
         return out
+
+
+def follow(routes: list[tuple[str, ...]], paths: list[tuple[str, ...]], avoid: set[str], n: int) -> list[int]:
+    """For each planned route in turn (up to `n`), an unused candidate whose traced hops hold every
+    address of the route and none of `avoid`; a route no candidate takes is skipped (its flow is
+    placed as the agent would)."""
+    out: list[int] = []
+    for route in routes:
+        if len(out) == n:
+            break
+        want = set(route)
+        i = next((i for i, p in enumerate(paths) if i not in out and want.issubset(p) and not avoid.intersection(p)),
+                 None)
+        if i is not None:
+            out.append(i)
+    return out
 
 
 def _open(address: str, base: int, count: int) -> list[StampedSocket]:

@@ -1,8 +1,9 @@
 """Load-aware steering on a wider lab (issue #26; the harness of bench/traffic_load_aware.py): two
 jobs' paced UDP flows (lab/jobtraffic.py) on a 4-spine, 2-leaf lab with 4 hosts per leaf, links
 shaped to `LINK_RATE`, and per trial each job's goodput with the action engine only proposing
-(ecmp), steering with `avoid_hops` alone (avoid: `actions.load_aware: false`) or with `hop_loads`
-(load: the agents place their ports by load).
+(ecmp), steering with `avoid_hops` alone (avoid: `actions.load_aware: false`), with `hop_loads`
+(load: the agents place their ports by load, `plan_routes: false`) or with the service's planned
+`routes` (plan: the agents follow them).
 
 Jobs (disjoint hosts, two per leaf each): scenario A two all-to-all jobs, scenario B an all-to-all
 and a ring. Every pair of a job on different leaves runs `QPS` flows of `RATE` (pairs under one
@@ -51,10 +52,12 @@ JOBS = {  # scenario -> [(job, kind, hosts)]
           ("ring", "ring", ["host3", "host7", "host4", "host8"])],
 }
 ACTIONS = {"enabled": True, "dry_run": True, "load_aware": True, "hold": "20s", "expiry": "60s",
+           "ports_per_dst": QPS,
            "rate": {"per_kind": 1000, "max_concurrent": 64},
            "policies": {"host_reroute": {"policy": "auto"}}}
 MODES = {"ecmp": {"dry_run": True}, "avoid": {"dry_run": False, "load_aware": False},
-         "load": {"dry_run": False, "load_aware": True}}
+         "load": {"dry_run": False, "load_aware": True, "plan_routes": False},
+         "plan": {"dry_run": False, "load_aware": True, "plan_routes": True}}
 
 
 def new_lab(prefix: str, mgmt: str, rate: int = RATE) -> MeshLab:
@@ -62,7 +65,8 @@ def new_lab(prefix: str, mgmt: str, rate: int = RATE) -> MeshLab:
     (what an operator sets from the job's per-QP rate: the agent does not measure it)."""
     steering = {"ports_per_dst": QPS, "port_load": round(rate / LINK_RATE, 3)}
     return MeshLab(prefix, mgmt, link_rate_bps=LINK_RATE, snmp_interval="1s",
-                   service_config={**SERVICE, "actions": ACTIONS}, agent_config={"steering": steering},
+                   service_config={**SERVICE, "actions": {**ACTIONS, "port_load": steering["port_load"]}},
+                   agent_config={"steering": steering},
                    spines=SPINES, leaves=LEAVES, hosts_per_leaf=HOSTS_PER_LEAF)
 
 

@@ -152,51 +152,73 @@ def ecmp_paths(topology: FabricTopology, src: str, dst: str, *, include_down: bo
 
     Only switches forward: a path never passes through another host. Parallel cables between two
     devices give distinct paths. Cables that are down (or missing) are left out unless
-    `include_down`."""
-    kinds = {n.name: n.kind for n in topology.nodes}
-    adj: dict[str, list[tuple[str, str, str]]] = defaultdict(list)  # device -> (peer, local port, peer port)
-    for link in topology.links:
-        if link.check not in USABLE_CHECKS or (link.state == "down" and not include_down):
-            continue
-        a, b = parse_end(link.a), parse_end(link.b)
-        adj[a[0]].append((b[0], a[1], b[1]))
-        adj[b[0]].append((a[0], b[1], a[1]))
-    if src == dst or src not in adj or dst not in adj:
-        return []
+    `include_down`. Many pairs of one topology: `PathFinder` (the graph built once)."""
+    return PathFinder(topology, include_down=include_down).paths(src, dst, max_paths=max_paths)
 
-    def forwards(device: str) -> bool:
-        return kinds.get(device) != "host"
 
-    def distances(start: str) -> dict[str, int]:
-        dist = {start: 0}
-        queue = deque([start])
-        while queue:
-            u = queue.popleft()
-            if u != start and not forwards(u):
+class PathFinder:
+    """`ecmp_paths` for many pairs of one topology: the graph, each host's distances and each pair's
+    paths built once (a planner asks for the same pairs several times)."""
+
+    def __init__(self, topology: FabricTopology, *, include_down: bool = False):
+        self.kinds = {n.name: n.kind for n in topology.nodes}
+        adj: dict[str, list[tuple[str, str, str]]] = defaultdict(list)  # device -> (peer, local port, peer port)
+        for link in topology.links:
+            if link.check not in USABLE_CHECKS or (link.state == "down" and not include_down):
                 continue
-            for v, _, _ in adj[u]:
-                if v not in dist:
-                    dist[v] = dist[u] + 1
-                    queue.append(v)
-        return dist
+            a, b = parse_end(link.a), parse_end(link.b)
+            adj[a[0]].append((b[0], a[1], b[1]))
+            adj[b[0]].append((a[0], b[1], a[1]))
+        self.adj = {u: sorted(vs) for u, vs in adj.items()}
+        self._dist: dict[str, dict[str, int]] = {}
+        self._paths: dict[tuple[str, str, int], list[FabricPath]] = {}
 
-    from_src, to_dst = distances(src), distances(dst)
-    if dst not in from_src:
-        return []
-    length = from_src[dst]
-    paths: list[FabricPath] = []
+    def _forwards(self, device: str) -> bool:
+        return self.kinds.get(device) != "host"
 
-    def walk(u: str, ingress: str | None, hops: list[PathHop]) -> None:
-        if len(paths) >= max_paths:
-            return
-        if u == dst:
-            paths.append(FabricPath(hops=[*hops, PathHop(device=u, ingress=ingress, egress=None)]))
-            return
-        if u != src and not forwards(u):
-            return
-        for v, out_port, in_port in sorted(adj[u]):
-            if from_src.get(u, -1) + 1 + to_dst.get(v, length + 1) == length:
-                walk(v, in_port, [*hops, PathHop(device=u, ingress=ingress, egress=out_port)])
+    def distances(self, start: str) -> dict[str, int]:
+        """Hops from `start` to every device, through switches only (cached)."""
+        if start not in self._dist:
+            dist = {start: 0}
+            queue = deque([start])
+            while queue:
+                u = queue.popleft()
+                if u != start and not self._forwards(u):
+                    continue
+                for v, _, _ in self.adj[u]:
+                    if v not in dist:
+                        dist[v] = dist[u] + 1
+                        queue.append(v)
+            self._dist[start] = dist
+        return self._dist[start]
 
-    walk(src, None, [])
-    return paths
+    def paths(self, src: str, dst: str, *, max_paths: int = 10_000) -> list[FabricPath]:
+        key = (src, dst, max_paths)
+        if key not in self._paths:
+            self._paths[key] = self._walk(src, dst, max_paths)
+        return self._paths[key]
+
+    def _walk(self, src: str, dst: str, max_paths: int) -> list[FabricPath]:
+        adj = self.adj
+        if src == dst or src not in adj or dst not in adj:
+            return []
+        from_src, to_dst = self.distances(src), self.distances(dst)
+        if dst not in from_src:
+            return []
+        length = from_src[dst]
+        paths: list[FabricPath] = []
+
+        def walk(u: str, ingress: str | None, hops: list[PathHop]) -> None:
+            if len(paths) >= max_paths:
+                return
+            if u == dst:
+                paths.append(FabricPath(hops=[*hops, PathHop(device=u, ingress=ingress, egress=None)]))
+                return
+            if u != src and not self._forwards(u):
+                return
+            for v, out_port, in_port in adj[u]:
+                if from_src.get(u, -1) + 1 + to_dst.get(v, length + 1) == length:
+                    walk(v, in_port, [*hops, PathHop(device=u, ingress=ingress, egress=out_port)])
+
+        walk(src, None, [])
+        return paths

@@ -34,6 +34,7 @@ def bed(tmp_path_factory):
                          actions={"enabled": True})
     service = Service(config)
     service.actions.context = lambda: (topology(4), addresses(4))
+    service.actions.port_loads = lambda: {("spine2", "leaf1"): 0.5, ("spine3", "leaf1"): 0.1}  # the poller's
     app = create_app(service)
     url, server, thread = serve_in_thread(app)
     probe_port = free_port()
@@ -117,6 +118,8 @@ def test_a_host_reroute_action_reaches_every_target_agent_signed(bed):
         assert c["args"]["hop_loads"] == action["params"]["hop_loads"]  # the agent places its ports by them
         # its own slots of one stripe with the movers behind its switch: its place among them, their number
         assert [c["args"]["rank"], c["args"]["movers"]] == action["params"]["stripe"][c["host"]]
+        # the service's placement of every mover's flows, this host's part of it
+        assert c["args"]["routes"] == action["params"]["routes"][c["host"]] and c["args"]["routes"]
     events = bed.api.get(f"/actions/{action['id']}/events", headers=auth("read")).json()
     assert [e["by"] for e in events[:2]] == ["t-act", "t-act"]
     if action["state"] == "failed":  # until hostprobe/steer.py lands, each host's reason is in the result

@@ -23,7 +23,8 @@ def test_parse_steer_names_the_bad_field():
     for bad, field in [({"avoid_hops": []}, "avoid_hops"), ({"dsts": "host3"}, "dsts"), ({"proto": "tcp"}, "proto"),
                        ({"dport": 0}, "dport"), ({"action_id": True}, "action_id"),
                        ({"expires_ns": 5}, "expires_ns"), ({"rank": 2, "movers": 2}, "rank"),
-                       ({"movers": 0}, "movers")]:
+                       ({"movers": 0}, "movers"), ({"routes": {"host3": [[]]}}, "routes"),
+                       ({"routes": {"host3": ["10.1.0.1"]}}, "routes")]:
         with pytest.raises(SteerError, match=field):
             parse_steer({**GOOD, "expires_ns": later, **bad})
 
@@ -111,7 +112,8 @@ def test_the_port_map_answers_a_steer_without_tracing_until_routing_changes(tmp_
     assert s.warm(peers) == 0  # fresh: nothing due
     details = _steer_now(s, {"host3": [peer]})
     assert s.traced == [("198.19.2.1", 4791)]  # answered from the map
-    assert details["dsts"]["host3"] == {"ports": [49152, 49154], "candidates": 8, "kept": 4}
+    assert details["dsts"]["host3"] == {"ports": [49152, 49154], "candidates": 8, "kept": 4,
+                                       "planned": 0}
     assert live_routes(read_table(s.path)) == {"198.19.2.1": [49152, 49154]}
     moved = Peer(peer.local, peer.addr, 3, frozenset({"p1", "p3"}))  # the prober saw the paths change
     assert s.fresh(moved, 4791) is None and s.map_size({"host3": [moved]}) == 0
@@ -177,6 +179,38 @@ def test_kept_ports_spread_by_load_instead_of_herding_onto_one_spine(tmp_path):
     assert sorted(f"10.{(p - 1) % 4 + 1}.0.1" for p in ports) == ["10.3.0.1", "10.4.0.1"]
     off = MappedSteering(tmp_path, spines=4, port_load=0.0)
     assert _steer_with_loads(off, loads) == [49155, 49159]  # the herd: both on 10.3
+
+
+def test_a_steer_follows_the_services_planned_routes_where_a_traced_port_takes_them(tmp_path):
+    # by the loads alone both ports would take 10.3 (test above: port_load 0 herds there); the
+    # service placed every mover's flows and wants one on 10.4 and one on 10.2: the agent keeps a
+    # port whose hops hold each route's addresses
+    from hostprobe.steer import Peer
+    spine = {p: f"10.{(p - 1) % 4 + 1}.0.1" for p in range(49152, 49160)}
+    loads = {"10.2.0.1": 0.9, "10.3.0.1": 0.6, "10.4.0.1": 0.65}
+
+    def steer(routes: dict) -> dict:
+        done = []
+        args = {**GOOD, "avoid_hops": ["10.1.0.1"], "expires_ns": time.time_ns() + 10**10, "hop_loads": loads,
+                "routes": routes}
+        s = MappedSteering(tmp_path, spines=4, port_load=0.0)
+        s.start_steer(args, {"host3": [Peer("198.19.1.1", "198.19.2.1", routers=3)]}, lambda *a: done.append(a))
+        deadline = time.monotonic() + 5
+        while not done and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert done and done[0][0] == "done", done
+        return done[0][2]["dsts"]["host3"]
+
+    got = steer({"host3": [["10.4.0.1", "10.9.0.1"], ["10.2.0.1"]]})
+    assert sorted(spine[p] for p in got["ports"]) == ["10.2.0.1", "10.4.0.1"] and got["planned"] == 2
+    # two subflows on one route: two distinct ports that take it
+    got = steer({"host3": [["10.4.0.1"], ["10.4.0.1"]]})
+    assert [spine[p] for p in got["ports"]] == ["10.4.0.1", "10.4.0.1"] and len(set(got["ports"])) == 2
+    # a route through the avoided spine, or one no traced port takes, is not followed: the agent
+    # places that flow itself (here by the loads: 10.3)
+    got = steer({"host3": [["10.1.0.1"], ["10.4.0.1"], ["10.7.0.1"]]})
+    assert sorted(spine[p] for p in got["ports"]) == ["10.3.0.1", "10.4.0.1"] and got["planned"] == 1
+    assert steer({"host4": [["10.2.0.1"]]})["planned"] == 0  # routes for another peer
 
 
 def test_kept_ports_never_take_the_avoided_spine_even_when_all_others_are_full(tmp_path):

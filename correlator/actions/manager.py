@@ -78,6 +78,8 @@ class ActionManager:
         # (device, port) -> inbound utilization now, for host_reroute's hop_loads; none when not load_aware
         # (the agents then keep the first ports that avoid: avoid-only steering)
         self.port_loads = (port_loads if config.load_aware else None) or dict
+        self.routing = (planner.Routing(config.ports_per_dst, config.port_load)
+                        if config.load_aware and config.plan_routes else None)
         self.store = store
         self.clock = clock
         self.window_ns = window_ns
@@ -146,7 +148,7 @@ class ActionManager:
         await self._withdraw(inc.id, planner.fitting_kinds(inc)[0],
                              f"incident {inc.id} is now {inc.kind}, for which the planner does not propose it")
         result = planner.plan(inc, topology, addresses, self.limits, self._avoided(), self.config.dport,
-                              self.port_loads(), self._job_peers)
+                              self.port_loads(), self._job_peers, self.routing)
         for note in result.notes:
             log.info("incident %d (%s on %s): %s", inc.id, inc.kind, inc.element, note)
         for element, reason in result.refused.items():
@@ -426,7 +428,7 @@ class ActionManager:
             proposals = [proposal]
         else:
             result = planner.plan(incident, topology, addresses, self.limits, self._avoided(), self.config.dport,
-                                  self.port_loads(), self._job_peers)
+                                  self.port_loads(), self._job_peers, self.routing)
             proposals = [p for p in result.proposals if kind is None or p.kind == kind]
             if not proposals:
                 raise ActionRefused("; ".join(result.notes) or f"nothing to do for {kind}")

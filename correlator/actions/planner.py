@@ -9,7 +9,7 @@
 
 Blast radius: `correlator.actions.steering.allowed_avoid` decides whether the element may be avoided at
 all, together with what active actions avoid already. Its flow groups are host pairs with their
-ECMP paths (`nms.topology.ecmp_paths`): the affected pairs, and for drain_link every host pair the
+ECMP paths (`nms.topology.PathFinder`): the affected pairs, and for drain_link every host pair the
 topology knows (a drained uplink moves everyone's traffic). A refusal proposes nothing and says why.
 
 avoid_hops: what a traceroute shows for the link. A switch answers a probe from its ingress
@@ -23,9 +23,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import permutations
 
+from correlator.actions.placement import place
 from correlator.actions.steering import Limits, allowed_avoid
 from nms.records import ActionKind, FabricPath, FabricTopology, Incident, InterfaceAddress, Job
-from nms.topology import ecmp_paths, parse_end
+from nms.topology import PathFinder, parse_end
 
 REROUTE_KINDS = frozenset({"congestion", "path_imbalance"})
 DRAIN_KINDS = frozenset({"corrupting_link", "link_flapping"})
@@ -123,10 +124,10 @@ def stripes(topology: FabricTopology, hosts: Iterable[str]) -> dict[str, list[in
     return {h: [i, len(g)] for g in groups.values() for i, h in enumerate(g)}
 
 
-def _crosses(topology: FabricTopology, src: str, dst: str, element: str, direction: str | None) -> bool:
+def _crosses(finder: PathFinder, src: str, dst: str, element: str, direction: str | None) -> bool:
     """Whether an ECMP path src -> dst crosses `element` (in `direction` `dev:port->dev:port`, if given)."""
     return any(link_name(a, b) == element and (direction is None or f"{a}->{b}" == direction)
-               for path in ecmp_paths(topology, src, dst) for a, b in path.links)
+               for path in finder.paths(src, dst) for a, b in path.links)
 
 
 def avoid_hops(element: str, topology: FabricTopology, addresses: Iterable[InterfaceAddress]) -> list[str]:
@@ -146,8 +147,54 @@ def hop_loads(links: Iterable[str], addresses: Iterable[InterfaceAddress],
             if (a.device, a.port) in ends and (a.device, a.port) in port_loads}
 
 
-def flow_groups(topology: FabricTopology, pairs: Iterable[tuple[str, str]]) -> dict[str, list[frozenset[str]]]:
-    return {f"{s}>{d}": [path_elements(p) for p in ecmp_paths(topology, s, d)] for s, d in pairs}
+@dataclass(frozen=True)
+class Routing:
+    """How the service plans a reroute's routes (`plan_routes`): the subflows each mover sends to
+    each destination and what one adds to a link's utilization, as the agents' `steering.ports_per_dst`
+    and `steering.port_load`."""
+
+    ports_per_dst: int = 4
+    port_load: float = 0.25
+
+
+def plan_routes(topology: FabricTopology, movers: Mapping[str, Iterable[str]], addresses: Iterable[InterfaceAddress],
+                port_loads: Mapping[tuple[str, str], float], avoid: Iterable[str], routing: Routing = Routing(),
+                finder: PathFinder | None = None) -> dict[str, dict[str, list[list[str]]]]:
+    """Mover -> destination -> the route of each of its subflows, as the hop addresses a trace shows
+    (each switch's ingress port): every mover's subflows placed at once on the ECMP paths that cross
+    nothing in `avoid` (correlator.actions.placement). The links' loads count other traffic only: the
+    movers' own, spread by the hash over all their paths now, is taken off. A path with no known
+    address is not offered (an agent could not recognise it); a pair with none gets no routes."""
+    address_of = {(a.device, a.port): a.address for a in addresses}
+    finder = finder or PathFinder(topology)
+    avoid = set(avoid)
+    groups: dict[str, list[list[str]]] = {}
+    hops: dict[str, list[list[str]]] = {}
+    allowed: dict[str, list[int]] = {}
+    for s, dsts in movers.items():
+        for d in dsts:
+            paths = finder.paths(s, d)
+            key = f"{s}>{d}"
+            groups[key] = [[f"{h.device}:{h.ingress}" for h in p.hops[1:]] for p in paths]
+            hops[key] = [[address_of[(h.device, h.ingress)] for h in p.hops[1:-1]
+                          if (h.device, h.ingress) in address_of] for p in paths]
+            allowed[key] = [j for j, p in enumerate(paths) if hops[key][j] and not path_elements(p) & avoid]
+    load = {f"{d}:{p}": float(u) for (d, p), u in port_loads.items()}
+    for paths in groups.values():
+        for p in paths:
+            for e in p:
+                if e in load:
+                    load[e] = max(0.0, load[e] - routing.ports_per_dst * routing.port_load / len(paths))
+    out: dict[str, dict[str, list[list[str]]]] = {}
+    for key, js in place(groups, routing.ports_per_dst, load, routing.port_load, allowed).items():
+        if js:
+            s, d = key.split(">", 1)
+            out.setdefault(s, {})[d] = [hops[key][j] for j in js]
+    return out
+
+
+def flow_groups(finder: PathFinder, pairs: Iterable[tuple[str, str]]) -> dict[str, list[frozenset[str]]]:
+    return {f"{s}>{d}": [path_elements(p) for p in finder.paths(s, d)] for s, d in pairs}
 
 
 def moved_to(element: str, groups: Mapping[str, list[frozenset[str]]]) -> list[str]:
@@ -216,7 +263,7 @@ def blast_radius(element: str, topology: FabricTopology, limits: Limits = Limits
                  avoided: Mapping[str, object] | None = None) -> str | None:
     """Why avoiding `element` (beside `avoided`) breaks the limits for some host pair, or None."""
     hosts = sorted(n.name for n in topology.nodes if n.kind == "host")
-    groups = flow_groups(topology, list(permutations(hosts, 2))[:MAX_PAIRS])
+    groups = flow_groups(PathFinder(topology), list(permutations(hosts, 2))[:MAX_PAIRS])
     bad = {e: ALREADY_AVOIDED for e in (avoided or {})} | {element: 1.0}
     _, refused = allowed_avoid(bad, groups, limits)
     return refused.get(element)
@@ -245,12 +292,14 @@ def fitting_kinds(incident: Incident) -> tuple[frozenset[str], str]:
 def plan(incident: Incident, topology: FabricTopology, addresses: Iterable[InterfaceAddress],
          limits: Limits = Limits(), avoided: Mapping[str, Iterable[str]] | None = None,
          dport: int = ROCE_DPORT, port_loads: Mapping[tuple[str, str], float] | None = None,
-         peers: Callable[[], Mapping[str, set[str]]] | None = None) -> Plan:
+         peers: Callable[[], Mapping[str, set[str]]] | None = None, routing: Routing | None = None) -> Plan:
     """What to do about one incident. `avoided`: element -> the kinds of the active actions that
     steer off it already (a drain may still join a host reroute on the same element).
     `port_loads`: (device, port) -> inbound utilization, for the reroute's `hop_loads`.
     `peers`: gives `job_peers` of the running jobs, asked only when a reroute is built: a host in a
-    job steers only its flows to its job peers, the traffic it has; a host in none, every pair."""
+    job steers only its flows to its job peers, the traffic it has; a host in none, every pair.
+    `routing`: with `port_loads`, the service places every mover's subflows itself (`plan_routes`)
+    and sends them as `routes`; the agents follow them where a traced port takes the route."""
     out = Plan()
     kinds, why_not = fitting_kinds(incident)
     active = set((avoided or {}).get(incident.element, ()))
@@ -273,7 +322,8 @@ def plan(incident: Incident, topology: FabricTopology, addresses: Iterable[Inter
     considered = _pairs_to_move(pairs, every)
     if drain:
         considered |= set(every[:MAX_PAIRS])
-    groups = flow_groups(topology, sorted(considered))
+    finder = PathFinder(topology)
+    groups = flow_groups(finder, sorted(considered))
     if not any(element in p for paths in groups.values() for p in paths):
         out.notes.append(f"no ECMP path of the affected host pairs crosses {element}")
         return out
@@ -304,12 +354,14 @@ def plan(incident: Incident, topology: FabricTopology, addresses: Iterable[Inter
             for s, d in sorted(considered):
                 if s in talks and d not in talks[s]:
                     continue  # no job traffic between them
-                if any(element in p for p in groups[f"{s}>{d}"]) and _crosses(topology, s, d, element, direction):
+                if any(element in p for p in groups[f"{s}>{d}"]) and _crosses(finder, s, d, element, direction):
                     movers.setdefault(s, []).append(d)
             if movers:
                 loads = hop_loads(common["moved_to"], addresses, port_loads or {})
-                out.proposals.append(Proposal("host_reroute", element, "link", sorted(movers),
-                                              {"avoid_hops": hops, "dsts": movers, "proto": "udp", "dport": dport,
-                                               "hop_loads": loads, "stripe": stripes(topology, movers)} | common,
-                                              why))
+                params = {"avoid_hops": hops, "dsts": movers, "proto": "udp", "dport": dport,
+                          "hop_loads": loads, "stripe": stripes(topology, movers)}
+                if port_loads and routing is not None:
+                    params["routes"] = plan_routes(topology, movers, addresses, port_loads, bad, routing,
+                                                   finder)
+                out.proposals.append(Proposal("host_reroute", element, "link", sorted(movers), params | common, why))
     return out

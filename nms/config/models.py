@@ -466,6 +466,14 @@ class ActionsConfig(Strict):
     # host_reroute sends the moved-to links' utilization (`hop_loads`), and the agents place their
     # ports by load; false: only `avoid_hops` (avoid-only steering: the first ports that avoid)
     load_aware: bool = True
+    # with load_aware: the service places every mover's subflows at once on the paths that avoid the
+    # element and sends each agent its `routes` (docs/steering.md "Planned routes"); false: the agents
+    # place theirs alone (one stripe per switch)
+    plan_routes: bool = True
+    # as the agents' steering.ports_per_dst and steering.port_load: the subflows each mover sends to
+    # a destination, and what one adds to a link's utilization (the planned routes' units)
+    ports_per_dst: int = Field(4, ge=1, le=1024)
+    port_load: float = Field(0.25, gt=0, le=1)
 
     @field_validator("policies")
     @classmethod

@@ -45,7 +45,9 @@ class HostRerouteActuator(Actuator):
                     # the moved-to links' loads: the agent places its ports by them (docs/steering.md)
                     "hop_loads": dict(p.get("hop_loads") or {}),
                     # the agents behind one switch place at once: each takes its own slots of one stripe
-                    "rank": rank, "movers": movers}
+                    "rank": rank, "movers": movers,
+                    # the service's placement of every mover's flows: the agent follows it where it can
+                    "routes": dict((p.get("routes") or {}).get(host) or {})}
             (cmd,) = await self.agents.issue([host], "steer", args, f"action {action.id}")
             commands[host] = cmd.id
         return await self._outcome(commands, "steer")
