@@ -6,16 +6,18 @@ and the agents' own steer code (`hostprobe.steer.Steering.steer` on canned trace
 
 A k-ary fat tree (k^3/4 hosts, every switch port addressed), one all-to-all job of every host at
 full load (each host's NIC at `--load` of a link: 4 subflows per peer), other traffic on a quarter
-of the aggregation-core links (`--hot` of a link each way), and a congestion incident on one edge
-aggregation-core link. Each host's flows hash onto random ECMP paths (what the poller's port loads show); the
-planner moves every pair whose paths cross the link, both ways. Each mover's agent traces
-`--candidates` source ports per peer (each hashed onto a random path) and keeps 4 by its mode:
-`avoid` (the lowest ports that avoid: avoid-only), `stripe` (hop_loads, one stripe per switch: the
-service's `plan_routes: false`), `planned` (the service's routes, followed where a candidate takes
-them, the rest by the stripe). Printed per mode: the busiest link's level (its other traffic plus
-its subflows; over 1.0 it overflows) and `opt/level`: the fluid optimum of that level (a linear
-program: the movers' subflows split freely over the paths that avoid the link, everything else
-where it is) over the mode's, 1.0 = optimal; `ecmp` is before the action. Also the planner's time
+of the aggregation-core links (`--hot` of a link each way), and a congestion incident on one
+aggregation-core link. Each host's flows hash onto random ECMP paths (what the poller's port loads
+show); the planner moves every pair whose paths cross the link, both ways. Each mover's agent
+traces `--candidates` source ports per peer (each hashed onto a random path) and keeps 4 by its
+mode: `avoid` (the lowest ports that avoid: avoid-only), `stripe` (hop_loads, one stripe per
+switch: the service's `plan_routes: false`), `planned` (the service's routes, followed where a
+candidate takes them, the rest by the stripe), `exact` (planned, the planner fed exact loads: its
+estimate of what the movers carry now, their flows spread evenly over their paths, made true).
+Printed per mode: the busiest link's level (its other traffic plus its subflows; over 1.0 it
+overflows) and `opt/level`: the fluid optimum of that level (a linear program: the movers'
+subflows split freely over the paths that avoid the link, everything else where it is) over the
+mode's, 1.0 = optimal; `ecmp` is before the action. Also the planner's time
 (the whole plan: paths, blast radius, routes) and how many planned routes the agents followed.
 """
 
@@ -153,8 +155,19 @@ def run(k: int, seed: int, candidates: list[int], load: float, hot: float) -> li
     avoid_links = set(element.split("--"))  # the link's ingress ends, both ways
     free = {f"{s}>{d}": [list(p[1]) for p in paths[s, d] if not avoid_links & set(p[1])] for s, d in moved}
     best = optimum(fixed, free, PORTS * unit)
+    # `exact`: the same planner fed loads whose even spread of the movers' flows is exact (what it takes
+    # off is what they carry), so the placement's own quality shows apart from the estimate's error
+    exact = dict(fixed)
+    for s, d in moved:
+        for p in paths[s, d]:
+            for e in p[1]:
+                exact[e] = exact.get(e, 0.0) + PORTS * unit / len(paths[s, d])
+    exact_loads = {tuple(e.split(":")): u for e, u in exact.items() if not e.startswith("h")}
+    routes = {"planned": params["routes"],
+              "exact": plan(incident, topo, addresses, port_loads=exact_loads,
+                            routing=Routing(PORTS, unit)).proposals[0].params["routes"]}
     with tempfile.TemporaryDirectory() as tmp:
-        for n_cand, mode in itertools.product(candidates, ("avoid", "stripe", "planned")):
+        for n_cand, mode in itertools.product(candidates, ("avoid", "stripe", "planned", "exact")):
             level = dict(fixed)
             followed = wanted = 0
             for host in params["dsts"]:
@@ -166,7 +179,7 @@ def run(k: int, seed: int, candidates: list[int], load: float, hot: float) -> li
                 args = {"action_id": 1, "avoid_hops": params["avoid_hops"], "dsts": params["dsts"][host],
                         "expires_ns": time.time_ns() + 10**12, "rank": rank, "movers": movers,
                         "hop_loads": {} if mode == "avoid" else params["hop_loads"],
-                        "routes": params["routes"].get(host, {}) if mode == "planned" else {}}
+                        "routes": routes[mode].get(host, {}) if mode in routes else {}}
                 peers = {d: [Peer(host, d, routers=len(paths[host, d][0][0]))] for d in params["dsts"][host]}
                 result = agent.steer(parse_steer(args), peers)
                 traced = agent._trace([(d, p[0]) for d, p in peers.items()], 4791)
@@ -179,7 +192,7 @@ def run(k: int, seed: int, candidates: list[int], load: float, hot: float) -> li
                         for e in link_path:
                             level[e] = level.get(e, 0.0) + unit
             top = max(level.values())
-            out.append((mode, n_cand, top, best / top, f"{followed}/{wanted}" if mode == "planned" else "", plan_s))
+            out.append((mode, n_cand, top, best / top, f"{followed}/{wanted}" if mode in routes else "", plan_s))
     return out
 
 

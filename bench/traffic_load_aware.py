@@ -87,7 +87,8 @@ def main() -> None:
                     ret = t.return_s if t.return_s is None else round(t.return_s, 1)
                     print(f"{mode:5} {scenario}-{fault:8} #{n + 1}: [Mbit/s agg/slowest] {jobs}; uplinks {t.uplinks}; "
                           f"moved {t.moved} (back before the heal {t.back_early}); return {ret} s "
-                          f"({t.returned}); incidents {sorted(set(t.incidents))}; actions {t.actions}", flush=True)
+                          f"({t.returned}); planned routes followed {t.followed[0]}/{t.followed[1]} ports; "
+                          f"incidents {sorted(set(t.incidents))}; actions {t.actions}", flush=True)
     finally:
         keep_logs(mesh, workdir)
         mesh.down()
@@ -121,8 +122,8 @@ def report(results: list[Trial], cases: list) -> None:
                 back = sum(1 for t in ts if t.returned)
                 ratio = (f"{m['aggregate'] / b['aggregate']:9.2f} {m['collective'] / max(b['collective'], 1):10.2f}"
                          if b else f"{'':9} {'':10}")
-                ret_s = f"{statistics.mean(ret):5.1f} ({back}/{len(ts)})" if fault == "degraded" and mode != "ecmp" \
-                    else ""
+                mean_ret = f"{statistics.mean(ret):5.1f}" if ret else "    -"  # none back within the wait
+                ret_s = f"{mean_ret} ({back}/{len(ts)})" if fault == "degraded" and mode != "ecmp" else ""
                 print(f"{scenario + '-' + fault:12} {mode:5} {job:6} {m['aggregate'] / 1e6:9.2f} "
                       f"{m['slowest'] / 1e6:8.2f} {m['collective'] / 1e6:10.2f} {ratio} {ret_s:>8}")
 

@@ -163,6 +163,7 @@ class Trial:
     incidents: list[str] = field(default_factory=list)  # kind@element of those opened in the trial
     actions: list[str] = field(default_factory=list)
     moved: int = 0  # flows that left their own port during the observation
+    followed: tuple[int, int] = (0, 0)  # the reroutes' kept ports that took a planned route, of all kept
     back_early: int = 0  # of those, back on their own port at its end (a rollback before the heal)
     return_s: float | None = None  # degraded: heal -> every flow on its own port again
     returned: bool | None = None
@@ -175,6 +176,18 @@ class Trial:
             rates = [r for fid, r in self.per_flow.items() if self.owner[fid] == job]
             out[job] = {"aggregate": sum(rates), "slowest": min(rates), "collective": min(rates) * len(rates)}
         return out
+
+
+def followed_routes(actions: list[dict]) -> tuple[int, int]:
+    """(ports that took one of the service's planned routes, ports kept) over the agents' steer
+    results of these actions (hostprobe/steer.py: per destination `planned` and `ports`)."""
+    followed = kept = 0
+    for a in actions:
+        for host in ((a.get("after") or {}).get("hosts") or {}).values():
+            for dst in ((host.get("result") or {}).get("dsts") or {}).values():
+                followed += int(dst.get("planned", 0))
+                kept += len(dst.get("ports", []))
+    return followed, kept
 
 
 def trial(mesh: MeshLab, flows: list[Flow], owner: dict[int, str], scenario: str, fault: str, mode: str,
@@ -200,8 +213,9 @@ def trial(mesh: MeshLab, flows: list[Flow], owner: dict[int, str], scenario: str
         t.moved = len({m["flow"] for m in job.moves() if m["sport"] != home[m["flow"]]})
         t.back_early = sum(1 for fid in {m["flow"] for m in job.moves() if m["sport"] != home[m["flow"]]}
                            if now[fid] == home[fid])
-        t.actions = [f"{a['kind']}@{a.get('element')}:{a['state']}" for a in mesh.api("GET", "/actions").json()
-                     if a["id"] > first_action]
+        actions = [a for a in mesh.api("GET", "/actions").json() if a["id"] > first_action]
+        t.actions = [f"{a['kind']}@{a.get('element')}:{a['state']}" for a in actions]
+        t.followed = followed_routes(actions)
         t.incidents = [f"{i['kind']}@{i['element']}" for i in incidents(mesh, since=start) if i["opened_ns"] >= start]
         if fault_id is not None:
             faults.heal(mesh.dir, fault_id)

@@ -87,3 +87,8 @@ def test_a_reroute_carries_planned_routes_that_avoid_the_element():
     for kw in ({"routing": Routing()}, {"port_loads": loads}):
         assert "routes" not in plan(incident("congestion"), topology(4), addresses(4), **kw).proposals[0].params
     assert reroute.element == uplink("leaf1", 1)
+    # too many subflows for the service to place (here 4 pairs x 5000 > MAX_PLANNED_SUBFLOWS): the agents
+    # place theirs, and the plan says why
+    big = plan(incident("congestion", direction="leaf1:up1->spine1:leaf1"), topology(4), addresses(4),
+               port_loads=loads, routing=Routing(ports_per_dst=5000, port_load=0.001))
+    assert "routes" not in big.proposals[0].params and any("routes not planned" in n for n in big.notes)

@@ -33,6 +33,9 @@ DRAIN_KINDS = frozenset({"corrupting_link", "link_flapping"})
 SEVERITY_WEIGHT = {"warning": 1.0, "minor": 2.0, "major": 3.0, "critical": 4.0}
 ALREADY_AVOIDED = 1e9  # what active actions avoid is kept first: a new element must fit beside it
 MAX_PAIRS = 4096  # host pairs considered for a drain's blast radius (beyond: the affected pairs only)
+# subflows the service places itself (`plan_routes`; beyond: the agents place theirs by their stripes):
+# bounds the plan's time and the action record (each subflow's route is in its params)
+MAX_PLANNED_SUBFLOWS = 16384
 ROCE_DPORT = 4791
 
 
@@ -360,8 +363,12 @@ def plan(incident: Incident, topology: FabricTopology, addresses: Iterable[Inter
                 loads = hop_loads(common["moved_to"], addresses, port_loads or {})
                 params = {"avoid_hops": hops, "dsts": movers, "proto": "udp", "dport": dport,
                           "hop_loads": loads, "stripe": stripes(topology, movers)}
-                if port_loads and routing is not None:
+                subflows = sum(map(len, movers.values())) * (routing.ports_per_dst if routing else 0)
+                if port_loads and routing is not None and subflows <= MAX_PLANNED_SUBFLOWS:
                     params["routes"] = plan_routes(topology, movers, addresses, port_loads, bad, routing,
                                                    finder)
+                elif port_loads and routing is not None:
+                    out.notes.append(f"routes not planned: {subflows} subflows (max {MAX_PLANNED_SUBFLOWS}); "
+                                     "the agents place theirs")
                 out.proposals.append(Proposal("host_reroute", element, "link", sorted(movers), params | common, why))
     return out
