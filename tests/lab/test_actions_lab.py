@@ -86,6 +86,10 @@ def test_with_actions_the_job_leaves_the_congested_link_and_recovers_without_it_
         for addr, dst in addr_of.items():
             assert steered[addr] and result[dst]["candidates"] == 16 and 0 < result[dst]["kept"] < 16, result
             assert _spines(topo, src, dst, steered[addr]) == {"spine2"}, (src, dst, steered[addr])
+            # the service placed the movers' flows itself (planned routes, the poller's port loads) and
+            # the agent kept a traced port on each route
+            planned = reroute["params"]["routes"][src][dst]
+            assert 0 < result[dst]["planned"] == len(planned) == len(steered[addr]), (planned, result[dst])
     assert all(control.per_flow[f.id] > 0.85 * f.rate_bps for f in flows), control.per_flow
     assert control.aggregate_bps > 1.3 * ecmp.aggregate_bps
     events = [e["event"] for e in mesh.api("GET", f"/actions/{reroute['id']}/events").json()]
