@@ -211,14 +211,15 @@ class PathFinder:
         def walk(u: str, ingress: str | None, hops: list[PathHop]) -> None:
             if len(paths) >= max_paths:
                 return
-            if u == dst:
-                paths.append(FabricPath(hops=[*hops, PathHop(device=u, ingress=ingress, egress=None)]))
+            if u == dst:  # built unvalidated: every field comes from the validated topology's links
+                paths.append(FabricPath.model_construct(
+                    hops=[*hops, PathHop.model_construct(device=u, ingress=ingress, egress=None)]))
                 return
             if u != src and not self._forwards(u):
                 return
             for v, out_port, in_port in adj[u]:
                 if from_src.get(u, -1) + 1 + to_dst.get(v, length + 1) == length:
-                    walk(v, in_port, [*hops, PathHop(device=u, ingress=ingress, egress=out_port)])
+                    walk(v, in_port, [*hops, PathHop.model_construct(device=u, ingress=ingress, egress=out_port)])
 
         walk(src, None, [])
         return paths

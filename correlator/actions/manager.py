@@ -147,8 +147,10 @@ class ActionManager:
         topology, addresses = self.context()
         await self._withdraw(inc.id, planner.fitting_kinds(inc)[0],
                              f"incident {inc.id} is now {inc.kind}, for which the planner does not propose it")
-        result = planner.plan(inc, topology, addresses, self.limits, self._avoided(), self.config.dport,
-                              self.port_loads(), self._job_peers, self.routing)
+        # in a thread: a big fabric's plan (every pair's paths, the routes) takes seconds, which the
+        # service's event loop (ingest, the API) must not wait for
+        result = await asyncio.to_thread(planner.plan, inc, topology, addresses, self.limits, self._avoided(),
+                                         self.config.dport, self.port_loads(), self._job_peers, self.routing)
         for note in result.notes:
             log.info("incident %d (%s on %s): %s", inc.id, inc.kind, inc.element, note)
         for element, reason in result.refused.items():
@@ -427,8 +429,9 @@ class ActionManager:
                 raise ActionRefused(refusal)
             proposals = [proposal]
         else:
-            result = planner.plan(incident, topology, addresses, self.limits, self._avoided(), self.config.dport,
-                                  self.port_loads(), self._job_peers, self.routing)
+            result = await asyncio.to_thread(planner.plan, incident, topology, addresses, self.limits,
+                                             self._avoided(), self.config.dport, self.port_loads(), self._job_peers,
+                                             self.routing)
             proposals = [p for p in result.proposals if kind is None or p.kind == kind]
             if not proposals:
                 raise ActionRefused("; ".join(result.notes) or f"nothing to do for {kind}")
