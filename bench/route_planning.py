@@ -12,13 +12,16 @@ show); the planner moves every pair whose paths cross the link, both ways. Each 
 traces `--candidates` source ports per peer (each hashed onto a random path) and keeps 4 by its
 mode: `avoid` (the lowest ports that avoid: avoid-only), `stripe` (hop_loads, one stripe per
 switch: the service's `plan_routes: false`), `planned` (the service's routes, followed where a
-candidate takes them, the rest by the stripe), `exact` (planned, the planner fed exact loads: its
-estimate of what the movers carry now, their flows spread evenly over their paths, made true).
-Printed per mode: the busiest link's level (its other traffic plus its subflows; over 1.0 it
-overflows) and `opt/level`: the fluid optimum of that level (a linear program: the movers'
-subflows split freely over the paths that avoid the link, everything else where it is) over the
-mode's, 1.0 = optimal; `ecmp` is before the action. Also the planner's time
-(the whole plan: paths, blast radius, routes) and how many planned routes the agents followed.
+candidate takes them, the rest by the stripe; `steering.route_search: 0`), `searched` (the same,
+the agents tracing up to `--route-search` further blocks of candidates for a route none takes),
+`exact` (searched, the planner fed exact loads: its estimate of what the movers carry now, their
+flows spread evenly over their paths, made true). Printed per mode: the busiest link's level (its
+other traffic plus its subflows; over 1.0 it overflows) and `opt/level`: the fluid optimum of that
+level (a linear program: the movers' subflows split freely over the paths that avoid the link,
+everything else where it is) over the mode's, 1.0 = optimal; `ecmp` is before the action;
+`traced`: source ports traced per moved pair (the candidates and the search's further blocks).
+Also the planner's time (the whole plan: paths, blast radius, routes) and how many planned routes
+the agents followed.
 """
 
 from __future__ import annotations
@@ -76,14 +79,14 @@ class CannedSteering(Steering):
         super().__init__(settings, path, b"k" * 16, 1, 8, 1.0, lambda: 1)
         self.host, self.routes_to = host, routes_to  # peer -> [(hop addresses, directed links)]
 
-    def _trace(self, pairs, dport):
-        out = {}
-        for peer_host, peer in pairs:
-            routes = self.routes_to[peer_host]
-            out[(peer.local, peer.addr)] = [
-                (port, list(routes[zlib.crc32(f"{self.host}>{peer_host}:{port}".encode()) % len(routes)][0]))
-                for port in range(self.settings.port_base, self.settings.port_base + self.settings.candidates)]
-        return out
+    def route_of(self, peer_host: str, port: int) -> tuple:
+        routes = self.routes_to[peer_host]
+        return routes[zlib.crc32(f"{self.host}>{peer_host}:{port}".encode()) % len(routes)]
+
+    def _trace(self, pairs, dport, base):
+        return {(peer.local, peer.addr): [(port, list(self.route_of(peer_host, port)[0]))
+                                          for port in range(base, base + self.settings.candidates)]
+                for peer_host, peer in pairs}
 
 
 def optimum(fixed: dict[str, float], movers: dict[str, list[list[str]]], demand: float) -> float:
@@ -111,7 +114,7 @@ def optimum(fixed: dict[str, float], movers: dict[str, list[list[str]]], demand:
     return float(res.x[-1])
 
 
-def run(k: int, seed: int, candidates: list[int], load: float, hot: float) -> list[tuple]:
+def run(k: int, seed: int, candidates: list[int], load: float, hot: float, route_search: int) -> list[tuple]:
     rng = random.Random(seed)
     topo, addresses = fat_tree(k)
     hosts = sorted((n.name for n in topo.nodes if n.kind == "host"), key=lambda x: int(x[1:]))
@@ -139,7 +142,7 @@ def run(k: int, seed: int, candidates: list[int], load: float, hot: float) -> li
     incident = Incident(id=1, dedup_key=f"link:{element}", kind="congestion", element=element,
                         element_kind="link", severity="major", summary="congestion", confidence=0.9,
                         paths=[f"{hosts[0]}:eth0>{hosts[-1]}:eth0/1"], opened_ns=1, updated_ns=1, last_seen_ns=1)
-    out = [("ecmp", "-", max(before.values()), None, "", None)]
+    out = [("ecmp", "-", max(before.values()), None, "", None, None)]
     t0 = time.perf_counter()
     planned = plan(incident, topo, addresses, port_loads=loads, routing=Routing(PORTS, unit))
     plan_s = time.perf_counter() - t0
@@ -163,16 +166,17 @@ def run(k: int, seed: int, candidates: list[int], load: float, hot: float) -> li
             for e in p[1]:
                 exact[e] = exact.get(e, 0.0) + PORTS * unit / len(paths[s, d])
     exact_loads = {tuple(e.split(":")): u for e, u in exact.items() if not e.startswith("h")}
-    routes = {"planned": params["routes"],
+    routes = {"planned": params["routes"], "searched": params["routes"],
               "exact": plan(incident, topo, addresses, port_loads=exact_loads,
                             routing=Routing(PORTS, unit)).proposals[0].params["routes"]}
     with tempfile.TemporaryDirectory() as tmp:
-        for n_cand, mode in itertools.product(candidates, ("avoid", "stripe", "planned", "exact")):
+        for n_cand, mode in itertools.product(candidates, ("avoid", "stripe", "planned", "searched", "exact")):
             level = dict(fixed)
-            followed = wanted = 0
+            followed = wanted = ports_traced = 0
             for host in params["dsts"]:
                 settings = SteeringSettings(candidates=n_cand, ports_per_dst=PORTS,
-                                            port_load=0.0 if mode == "avoid" else unit)
+                                            port_load=0.0 if mode == "avoid" else unit,
+                                            route_search=0 if mode == "planned" else route_search)
                 agent = CannedSteering(settings, Path(tmp) / f"{host}-{mode}-{n_cand}.json", host,
                                        {d: paths[host, d] for d in params["dsts"][host]})
                 rank, movers = params["stripe"][host]
@@ -182,17 +186,16 @@ def run(k: int, seed: int, candidates: list[int], load: float, hot: float) -> li
                         "routes": routes[mode].get(host, {}) if mode in routes else {}}
                 peers = {d: [Peer(host, d, routers=len(paths[host, d][0][0]))] for d in params["dsts"][host]}
                 result = agent.steer(parse_steer(args), peers)
-                traced = agent._trace([(d, p[0]) for d, p in peers.items()], 4791)
                 for d, r in result["dsts"].items():
                     followed += r["planned"]
                     wanted += len(args["routes"].get(d, []))
-                    hops_of = dict(traced[(host, d)])
+                    ports_traced += r["candidates"]
                     for port in r["ports"]:
-                        link_path = next(p[1] for p in paths[host, d] if list(p[0]) == hops_of[port])
-                        for e in link_path:
+                        for e in agent.route_of(d, port)[1]:
                             level[e] = level.get(e, 0.0) + unit
             top = max(level.values())
-            out.append((mode, n_cand, top, best / top, f"{followed}/{wanted}" if mode in routes else "", plan_s))
+            out.append((mode, n_cand, top, best / top, f"{followed}/{wanted}" if mode in routes else "", plan_s,
+                        ports_traced / len(moved)))
     return out
 
 
@@ -202,22 +205,25 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--candidates", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--load", type=float, default=1.0, help="each host's NIC, as a share of a link")
+    ap.add_argument("--route-search", type=int, default=3, help="the agents' steering.route_search (searched, exact)")
     ap.add_argument("--hot", type=float, default=0.5, help="other traffic on a hot aggregation-core link")
     args = ap.parse_args()
     print(f"{'k':>2} {'mode':8} {'cand':>4} {'busiest level p50 (min..max)':>29} {'opt/level p50 (min)':>20} "
-          f"{'routes followed':>16} {'plan s':>6}")
+          f"{'traced':>6} {'routes followed':>16} {'plan s':>6}")
     for k in args.k:
         rows: dict[tuple, list] = {}
         for seed in range(args.seeds):
-            for mode, cand, top, ratio, followed, plan_s in run(k, seed, args.candidates, args.load, args.hot):
-                rows.setdefault((mode, cand), []).append((top, ratio, followed, plan_s))
+            for mode, cand, top, ratio, followed, plan_s, traced in run(k, seed, args.candidates, args.load,
+                                                                        args.hot, args.route_search):
+                rows.setdefault((mode, cand), []).append((top, ratio, followed, plan_s, traced))
         for (mode, cand), rs in rows.items():
             tops = [r[0] for r in rs]
             ratios = [r[1] for r in rs if r[1] is not None]
             ratio = f"{statistics.median(ratios):.3f} ({min(ratios):.3f})" if ratios else "-"
             plan_s = f"{statistics.median(r[3] for r in rs):.2f}" if rs[0][3] is not None else "-"
+            traced = f"{statistics.mean(r[4] for r in rs):.1f}" if rs[0][4] is not None else "-"
             print(f"{k:>2} {mode:8} {cand:>4} {statistics.median(tops):>14.3f} ({min(tops):.3f}..{max(tops):.3f}) "
-                  f"{ratio:>20} {' '.join(r[2] for r in rs):>16} {plan_s:>6}")
+                  f"{ratio:>20} {traced:>6} {' '.join(r[2] for r in rs):>16} {plan_s:>6}")
 
 
 if __name__ == "__main__":

@@ -137,6 +137,9 @@ class SteeringSettings(Strict):
     # units; 0.25 = a NIC at line rate over 4 ports): the movers' ports are poured onto the routes
     # in these (correlator.actions.steering.stripe); 0: the least loaded ports alone
     port_load: float = Field(0.25, ge=0, le=1)
+    # a planned route (the service's `routes`) that no candidate takes: up to this many further
+    # blocks of `candidates` ports (port_base + candidates ...) traced for its pair; 0: none
+    route_search: int = Field(3, ge=0, le=64)
     # the port map: the candidates' paths to every peer traced ahead, in the background, so a steer
     # answers without tracing; re-traced after this long or when the prober's paths change; 0: off
     warm_every: float = Field(300.0, ge=0)
@@ -144,8 +147,8 @@ class SteeringSettings(Strict):
 
     @model_validator(mode="after")
     def _fits(self) -> SteeringSettings:
-        if self.port_base + self.candidates - 1 > 65535:
-            raise ValueError("port_base + candidates runs past port 65535")
+        if self.port_base + self.candidates * (1 + self.route_search) - 1 > 65535:
+            raise ValueError("port_base + candidates x (1 + route_search) runs past port 65535")
         if self.ports_per_dst > self.candidates:
             raise ValueError("ports_per_dst is more than candidates")
         return self

@@ -277,23 +277,23 @@ class Steering:
         routes: dict[str, list[int]] = {}
         self.avoiding[parsed["action_id"]] = frozenset(parsed["avoid_hops"])
         steered = read_table(self.path)["routes"]
-        candidates = []
-        for host, peer in pairs:
-            addr = peer.addr
-            found = traced.get((peer.local, addr), [])
-            # ECMP paths are equal-cost, so a full trace has as many hops as the longest one; a
-            # shorter one lost a hop (it may be the avoided one): as unknown as a silent router
-            full = max((len(h) for _, h in found if h is not None), default=0)
-            paths = [tuple(h) if h is not None and len(h) == full else ("?",) for _, h in found]
-            # a trace with a silent router could cross anything; and what the live actions that
-            # steer this dst already avoid is avoided too (this steer replaces their ports)
-            earlier = (steered.get(addr) or {}).get("action_ids") or []
-            avoid = {"?"}.union(parsed["avoid_hops"], *(self.avoiding.get(a, ()) for a in earlier))
-            candidates.append((host, addr, found, paths, avoid))
+        # a trace with a silent router could cross anything; and what the live actions that steer a
+        # dst already avoid is avoided too (this steer replaces their ports)
+        avoid_of = {(p.local, p.addr): {"?"}.union(parsed["avoid_hops"], *(
+            self.avoiding.get(a, ()) for a in (steered.get(p.addr) or {}).get("action_ids") or []))
+            for _, p in pairs}
+        n = self.settings.ports_per_dst
+        # planned routes that no candidate takes: further blocks of source ports traced for those pairs
+        for block in range(1, self.settings.route_search + 1):
+            short = [(h, p) for h, p in pairs if len(follow(want := parsed["routes"].get(h, []), _paths(
+                traced.get((p.local, p.addr), [])), avoid_of[(p.local, p.addr)], n)) < min(n, len(want))]
+            for key, found in self.trace(short, dport, block).items():
+                traced[key] = traced.get(key, []) + found
+        candidates = [(host, p.addr, found, _paths(found), avoid_of[(p.local, p.addr)]) for host, p in pairs
+                      for found in [traced.get((p.local, p.addr), [])]]
         for j, (host, addr, found, paths, avoid) in enumerate(candidates):
             # the movers behind our switch place at once on the same loads: each takes its own run
             # of their one stripe (docs/steering.md), in `rank` order, this one's pairs in turn
-            n = self.settings.ports_per_dst
             planned = follow(parsed["routes"].get(host, []), paths, avoid, n)
             keep = planned + [i for i in self.place(paths, avoid, parsed["hop_loads"],
                                                     (parsed["rank"] * len(candidates) + j) * n,
@@ -329,20 +329,27 @@ class Steering:
             return stripe(paths, avoid, hop_loads, n, slot, slots, self.settings.port_load)
         return choose([frozenset(p) for p in paths], avoid, load=hop_loads, n=n)
 
-    def trace(self, pairs: list[tuple[str, Peer]], dport: int) -> dict[tuple[str, str], list]:
+    def trace(self, pairs: list[tuple[str, Peer]], dport: int, block: int = 0) -> dict[tuple[str, str], list]:
         """Forward hops of every candidate source port to every (local, peer) address pair; the
-        port map remembers them."""
+        port map remembers them. `block` k > 0: the k-th block of `candidates` ports past them
+        (a search for planned routes), added to the pair's map entry."""
         if not pairs:
             return {}
         started = time.monotonic()
-        out = self._trace(pairs, dport)
+        out = self._trace(pairs, dport, self.settings.port_base + block * self.settings.candidates)
         for _host, peer in pairs:
-            found = out[(peer.local, peer.addr)]
-            if all(hops is not None for _, hops in found):  # a silent hop (a fault on the way) maps nothing
-                self.known[(peer.local, peer.addr, dport)] = (started, peer.paths, found)
+            key, found = (peer.local, peer.addr, dport), out[(peer.local, peer.addr)]
+            if any(hops is None for _, hops in found):
+                continue  # a silent hop (a fault on the way) maps nothing
+            if not block:
+                self.known[key] = (started, peer.paths, found)
+            elif key in self.known:
+                entry = self.known[key]
+                self.known[key] = (entry[0], entry[1], entry[2] + [f for f in found if f[0] not in
+                                                                   {port for port, _ in entry[2]}])
         return out
 
-    def _trace(self, pairs: list[tuple[str, Peer]], dport: int) -> dict[tuple[str, str], list]:
+    def _trace(self, pairs: list[tuple[str, Peer]], dport: int, base: int) -> dict[tuple[str, str], list]:
         s = self.settings
         tracer = Tracer(self.key, self.session, self.max_hops, self.trace_rate, self.next_seq)
         sockets: dict[str, list[StampedSocket]] = {}
@@ -351,7 +358,7 @@ class Steering:
             for _host, peer in pairs:
                 local, addr = peer.local, peer.addr
                 if local not in sockets:
-                    sockets[local] = _open(local, s.port_base, s.candidates)
+                    sockets[local] = _open(local, base, s.candidates)
                 dest = Dest(addr, dport, known_hops=peer.routers)
                 for sock in sockets[local]:
                     job = TraceJob(sock, dest)
@@ -367,6 +374,14 @@ class Steering:
             out[key] = [(j.sport, [h for h in j.fwd] if j.finished and None not in j.fwd else None)
                         for j in js]
         return out
+
+
+def _paths(found: list) -> list[tuple[str, ...]]:
+    """The traced candidates' hops; ECMP paths are equal-cost, so a full trace has as many hops as
+    the longest one: a shorter one lost a hop (it may be the avoided one), as unknown ("?") as a
+    silent router."""
+    full = max((len(h) for _, h in found if h is not None), default=0)
+    return [tuple(h) if h is not None and len(h) == full else ("?",) for _, h in found]
 
 
 def follow(routes: list[tuple[str, ...]], paths: list[tuple[str, ...]], avoid: set[str], n: int) -> list[int]:

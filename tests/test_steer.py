@@ -81,11 +81,11 @@ class MappedSteering(Steering):
         self.silent: set[int] = set()
         self.spines = spines  # port p crosses spine address 10.<p % spines + 1>.0.1
 
-    def _trace(self, pairs, dport):
+    def _trace(self, pairs, dport, base):
         self.traced += [(p.addr, dport) for _, p in pairs]
         return {(p.local, p.addr): [(port, None if port in self.silent else
                                      ["10.0.0.1", f"10.{(port - 1) % self.spines + 1}.0.1", "10.9.0.1"])
-                                    for port in range(49152, 49160)] for _, p in pairs}
+                                    for port in range(base, base + self.settings.candidates)] for _, p in pairs}
 
 
 def _steer_now(s: Steering, peers: dict) -> dict:
@@ -211,6 +211,39 @@ def test_a_steer_follows_the_services_planned_routes_where_a_traced_port_takes_t
     got = steer({"host3": [["10.1.0.1"], ["10.4.0.1"], ["10.7.0.1"]]})
     assert sorted(spine[p] for p in got["ports"]) == ["10.3.0.1", "10.4.0.1"] and got["planned"] == 1
     assert steer({"host4": [["10.2.0.1"]]})["planned"] == 0  # routes for another peer
+
+
+def test_a_planned_route_no_candidate_takes_is_searched_for_in_further_blocks_of_ports(tmp_path):
+    # 12 spines: the first 8 candidates (49152-49159) reach spines 12, 1-7; the service wants one
+    # flow via spine 10 and one via spine 11, which only the next block (49160-49167) reaches
+    from hostprobe.steer import Peer
+    peer = Peer("198.19.1.1", "198.19.2.1", routers=3, paths=frozenset({"p1"}))
+
+    def steer(s: MappedSteering, routes: list) -> dict:
+        done = []
+        args = {**GOOD, "avoid_hops": ["10.1.0.1"], "expires_ns": time.time_ns() + 10**10,
+                "routes": {"host3": routes}}
+        s.start_steer(args, {"host3": [peer]}, lambda *a: done.append(a))
+        deadline = time.monotonic() + 5
+        while not done and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert done and done[0][0] == "done", done
+        return done[0][2]["dsts"]["host3"]
+
+    s = MappedSteering(tmp_path, spines=12)
+    got = steer(s, [["10.10.0.1"], ["10.11.0.1"]])
+    assert got["planned"] == 2 and got["ports"] == [49162, 49163] and len(s.traced) == 2
+    assert len(s.fresh(peer, 4791)) == 16  # the map keeps the second block: the next steer traces nothing
+    steer(s, [["10.10.0.1"]])
+    assert len(s.traced) == 2
+    # a route that no port reaches: 1 + route_search blocks traced, then the flow is placed as usual
+    s = MappedSteering(tmp_path, spines=12, route_search=2)
+    got = steer(s, [["10.99.0.1"]])
+    assert got["planned"] == 0 and len(got["ports"]) == 2 and len(s.traced) == 3
+    off = MappedSteering(tmp_path, spines=12, route_search=0)
+    assert steer(off, [["10.10.0.1"]])["planned"] == 0 and len(off.traced) == 1
+    with pytest.raises(ValueError, match="route_search"):
+        SteeringSettings(port_base=65000, candidates=16, route_search=64)
 
 
 def test_kept_ports_never_take_the_avoided_spine_even_when_all_others_are_full(tmp_path):

@@ -32,17 +32,18 @@ def place(groups: Mapping[str, Sequence[Sequence[str]]], count: int, load: Mappi
     options = {g: sorted(set(range(len(p))) if allowed is None or g not in allowed else set(allowed[g]))
                for g, p in groups.items()}
     # what every allowed path of a group crosses (its hosts' access links) is loaded wherever its
-    # subflows go: it decides nothing for the group (`paths`), the levels count it (`full`)
-    full = {g: [frozenset(p) for p in ps] for g, ps in groups.items()}
-    paths: dict[str, list[frozenset[str]]] = {}
-    for g, sets in full.items():
-        common = frozenset.intersection(*(sets[j] for j in options[g])) if options[g] else frozenset()
-        paths[g] = [p - common for p in sets]
+    # subflows go: it decides nothing for the group (`paths`), the levels count it (`full`). Tuples
+    # in the given order, not sets: the sums, and so the ties, come out alike on every run
+    full = {g: [tuple(dict.fromkeys(p)) for p in ps] for g, ps in groups.items()}
+    paths: dict[str, list[tuple[str, ...]]] = {}
+    for g, ps in full.items():
+        common = set.intersection(*(set(ps[j]) for j in options[g])) if options[g] else set()
+        paths[g] = [tuple(e for e in p if e not in common) for p in ps]
     level: dict[str, float] = {}
     on: dict[str, set[tuple[str, int]]] = {}  # element -> the subflows (group, i) a move could take off it
     out: dict[str, list[int]] = {g: [] for g in groups}
 
-    def peak_after(g: str, j: int, leaving: frozenset[str] = frozenset()) -> tuple[float, float]:
+    def peak_after(g: str, j: int, leaving: tuple[str, ...] = ()) -> tuple[float, float]:
         after = [level.get(e, float(load.get(e, 0.0))) + (0.0 if e in leaving else unit) for e in paths[g][j]]
         return max(after, default=0.0), sum(after)
 
