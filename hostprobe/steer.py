@@ -284,11 +284,15 @@ class Steering:
             for _, p in pairs}
         n = self.settings.ports_per_dst
         # planned routes that no candidate takes: further blocks of source ports traced for those pairs
+        # (a block the port map holds already from an earlier search is not traced again)
         for block in range(1, self.settings.route_search + 1):
-            short = [(h, p) for h, p in pairs if len(follow(want := parsed["routes"].get(h, []), _paths(
-                traced.get((p.local, p.addr), [])), avoid_of[(p.local, p.addr)], n)) < min(n, len(want))]
+            short = [(h, p) for h, p in pairs
+                     if len(have := traced.get((p.local, p.addr), [])) < (block + 1) * self.settings.candidates
+                     and len(follow(want := parsed["routes"].get(h, []), _paths(have), avoid_of[(p.local, p.addr)],
+                                    n)) < min(n, len(want))]
             for key, found in self.trace(short, dport, block).items():
-                traced[key] = traced.get(key, []) + found
+                known = {port for port, _ in traced.get(key, [])}
+                traced[key] = traced.get(key, []) + [f for f in found if f[0] not in known]
         candidates = [(host, p.addr, found, _paths(found), avoid_of[(p.local, p.addr)]) for host, p in pairs
                       for found in [traced.get((p.local, p.addr), [])]]
         for j, (host, addr, found, paths, avoid) in enumerate(candidates):

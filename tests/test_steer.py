@@ -236,6 +236,10 @@ def test_a_planned_route_no_candidate_takes_is_searched_for_in_further_blocks_of
     assert len(s.fresh(peer, 4791)) == 16  # the map keeps the second block: the next steer traces nothing
     steer(s, [["10.10.0.1"]])
     assert len(s.traced) == 2
+    # a route no port reaches, with blocks 0-1 mapped: blocks 2 and 3 traced (route_search 3), not 1
+    # again, and no port comes twice
+    got = steer(s, [["10.4.0.1"], ["10.99.0.1"]])
+    assert len(s.traced) == 4 and len(s.fresh(peer, 4791)) == 32 and len(set(got["ports"])) == len(got["ports"])
     # a route that no port reaches: 1 + route_search blocks traced, then the flow is placed as usual
     s = MappedSteering(tmp_path, spines=12, route_search=2)
     got = steer(s, [["10.99.0.1"]])
