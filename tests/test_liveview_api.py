@@ -109,8 +109,8 @@ def test_logout_deletes_the_session_server_side(client):
 
 
 def test_the_cookie_opens_only_the_views_routes(client):
-    """An admin's session reads the page and the streams, and nothing else: not the JSON API, not
-    ingest, not act."""
+    """An admin's session reads the page, the streams and one incident (the details panel), and
+    nothing else: not the rest of the JSON API, not ingest, not act."""
     assert login(client, "admin").status_code == 200
     for path in ("/ui/session", "/fabric/stream", "/incidents/stream"):
         assert client.get(path).status_code == 200, path
@@ -120,6 +120,8 @@ def test_the_cookie_opens_only_the_views_routes(client):
                                ("POST", "/audits/run", {})):
         r = client.request(method, path, json=body, headers={"Origin": ORIGIN})
         assert r.status_code == 401, (method, path, r.status_code, r.text)
+    # the details panel re-reads the incidents it shows: one incident, read only
+    assert client.get("/incidents/424242").status_code == 404  # past the cookie check: no such incident
     # a bearer token still works on the streams (the CLI and scripts), and its scope is checked
     client.cookies.clear()
     assert client.get("/fabric/stream", headers=auth("read")).status_code == 200

@@ -137,8 +137,10 @@ def list_incidents(incidents: IncidentsDep, state: IncidentState | None = None, 
     return found if flat else list(_nested(incidents, found))
 
 
-@router.get("/{incident_id}", response_model=IncidentWithChildren, dependencies=[Depends(require("read"))],
-            responses=NOT_FOUND, summary="One incident, with its children (parent_id names a child's parent)")
+@router.get("/{incident_id}", response_model=IncidentWithChildren, dependencies=[Depends(require_ui("read"))],
+            responses=NOT_FOUND, summary="One incident, with its children (parent_id names a child's parent); "
+                                         "also accepts the live view's session cookie (its details panel re-reads "
+                                         "the incidents it shows)")
 def get_incident(incident_id: IncidentId, incidents: IncidentsDep) -> IncidentWithChildren:
     return _nested(incidents, [_incident(incidents, incident_id)])[0]
 

@@ -120,6 +120,29 @@ function renderIncidents() {
 }
 
 const changed = (event) => { state.incidents.set(event.incident.id, event.incident); renderIncidents(); };
+
+// The stream carries an incident when it changes the way an operator calls a change; its evidence
+// (loss, delay, paths) is refreshed in the store every correlator window without an event. So the
+// open incidents the details panel shows are read again every REFRESH_MS while it shows them.
+const REFRESH_MS = 3000;
+async function refreshShown() {
+  const ids = [...document.querySelectorAll("#details [data-incident]")].map((el) => Number(el.dataset.incident));
+  let changedAny = false;
+  for (const id of new Set(ids)) {
+    if (!state.incidents.has(id)) continue;
+    const r = await fetch(`/incidents/${id}`, { credentials: "same-origin" });
+    if (!r.ok) continue;
+    const now = await r.json();
+    const held = state.incidents.get(id);
+    // only newer than what the stream gave meanwhile, and only while still open here
+    if (!held || now.state !== "open" || now.last_seen_ns < held.last_seen_ns) continue;
+    state.incidents.set(id, { ...held, evidence: now.evidence, summary: now.summary,
+                              last_seen_ns: now.last_seen_ns });
+    changedAny = true;
+  }
+  if (changedAny) refreshDetails();
+}
+setInterval(() => { refreshShown().catch(() => {}); }, REFRESH_MS);
 follow("/incidents/stream?state=open", "incidents", {
   open() { state.incidents.clear(); renderIncidents(); },  // the snapshot that follows is the whole truth
   snapshot(incident) { state.incidents.set(incident.id, incident); renderIncidents(); },
