@@ -148,7 +148,9 @@ def trial(mesh: MeshLab, kind: str, rng: random.Random) -> dict:
         found = next((i for i in incidents(mesh, since=start) if _names(i, element)), None)
         if found is not None:
             flagged_ns = first_as(mesh, found["id"], want)
-    faults.heal(mesh.dir, fault["id"])
+    # what the fault did (a blackhole's drop count, from its nftables counter): a trial that finds
+    # nothing says whether there was anything to find
+    [ended] = faults.heal(mesh.dir, fault["id"])
     healed = time.time_ns()
     if load is not None:
         load.join()
@@ -168,6 +170,7 @@ def trial(mesh: MeshLab, kind: str, rng: random.Random) -> dict:
     return {"kind": kind, "target": target, "opts": opts, "element": element, "detected": flagged_ns is not None,
             "latency_s": (flagged_ns - start) / 1e9 if flagged_ns is not None else None,
             "resolved_s": resolved_s, "ambiguous": found is not None and found["element"] != element,
+            "fault_result": ended.get("result"),
             "wrong": [f"{i['kind']} {i['element']}" for i in others],
             "wrong_why": [f"{(i['opened_ns'] - start) / 1e9:.1f} s: {i['summary']} {json.dumps(i['evidence'])[:1500]}"
                           for i in others]}
