@@ -44,7 +44,7 @@ from nms.records import (
 )
 from nms.state import ActionEventEntry, StateStore
 from nms.store.base import Point, TimeSeriesStore, declare_fields
-from nms.topology import ecmp_paths, parse_end
+from nms.topology import PathFinder, parse_end
 
 log = logging.getLogger(__name__)
 CONTROLLER = "controller"
@@ -442,8 +442,9 @@ class ActionManager:
     def _synthetic(self, element: str, kind: str, topology: FabricTopology) -> Incident:
         """A stand-in incident for a request on an element: every host pair whose paths cross it."""
         hosts = sorted(n.name for n in topology.nodes if n.kind == "host")
+        finder = PathFinder(topology)
         paths = [f"{s}:x>{d}:x/0" for s in hosts for d in hosts if s != d and
-                 any(element in planner.path_elements(p) for p in ecmp_paths(topology, s, d))]
+                 any(element in planner.path_elements(p) for p in finder.paths(s, d))]
         fault = {"host_reroute": "congestion", "drain_link": "corrupting_link"}.get(kind, "congestion")
         now = self.clock()
         return Incident(id=0, dedup_key=f"link:{element}", kind=fault, element=element, element_kind="link",

@@ -7,7 +7,7 @@ from itertools import combinations
 
 from nms.app.audits.model import AuditFinding, AuditResult, Snapshot, result
 from nms.config.models import ProbeCoverageAudit
-from nms.topology import ecmp_paths, parse_end
+from nms.topology import PathFinder, parse_end
 
 NAME = "probe_coverage"
 MAX_LISTED = 20  # peers listed per finding
@@ -19,7 +19,7 @@ class PathCounter:
     unless the two hosts are cabled to each other."""
 
     def __init__(self, topology):
-        self.topology = topology
+        self.finder = PathFinder(topology)
         self.attached: dict[str, list[str]] = defaultdict(list)
         for link in topology.links:
             a, b = parse_end(link.a)[0], parse_end(link.b)[0]
@@ -29,10 +29,10 @@ class PathCounter:
 
     def __call__(self, a: str, b: str) -> int:
         if b in self.attached[a]:
-            return len(ecmp_paths(self.topology, a, b))
+            return len(self.finder.paths(a, b))
         key = (tuple(sorted(self.attached[a])), tuple(sorted(self.attached[b])))
         if key not in self._cache:
-            self._cache[key] = len(ecmp_paths(self.topology, a, b))
+            self._cache[key] = len(self.finder.paths(a, b))
         return self._cache[key]
 
 
